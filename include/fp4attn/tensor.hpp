@@ -1,0 +1,30 @@
+// Shapes of attention problems and a small owning 4-D array for host code.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace fp4attn {
+
+// Sizes of one attention call. Tensors are (B, S, H, D), D contiguous.
+struct AttentionShape {
+  std::int64_t B = 1;
+  std::int64_t Hq = 1;
+  std::int64_t Hkv = 1;
+  std::int64_t Sq = 1;
+  std::int64_t Sk = 1;
+  std::int64_t D = 64;
+
+  std::int64_t q_elems() const { return B * Sq * Hq * D; }
+  std::int64_t kv_elems() const { return B * Sk * Hkv * D; }
+  std::int64_t lse_elems() const { return B * Hq * Sq; }
+  std::int64_t group() const { return Hq / Hkv; }  // query heads per key/value head
+};
+
+// Index into a contiguous (B, S, H, D) tensor.
+inline std::int64_t bshd_index(std::int64_t S, std::int64_t H, std::int64_t D, std::int64_t b, std::int64_t s,
+                               std::int64_t h, std::int64_t d) {
+  return ((b * S + s) * H + h) * D + d;
+}
+
+}  // namespace fp4attn
