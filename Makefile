@@ -6,7 +6,7 @@ CUDA_HOME ?= /usr/local/cuda
 export PATH := $(PATH):$(CUDA_HOME)/bin
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test gpu-test bench clean
+.PHONY: all deps configure build run test python-test gpu-test bench clean
 
 all: build
 
@@ -25,8 +25,18 @@ build: deps configure
 run: build
 	$(BUILD)/fp4attn run
 
-test: build
+test: build python-test
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 1500
+
+# The Python package: pip builds it from pyproject.toml into $(PY_PKG) (never
+# into the user's site-packages; its CMake build folder is kept, so a rerun
+# only recompiles what changed), then pytest runs its suite.
+PYTHON ?= python3
+PY_PKG = $(BUILD)/python-package
+python-test: deps
+	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps --upgrade --target $(PY_PKG)/site \
+		-C build-dir=$(PY_PKG)/cmake .
+	PYTHONPATH=$(abspath $(PY_PKG)/site) $(PYTHON) -m pytest -q python/tests
 
 gpu-test: build
 	cd $(BUILD) && FP4ATTN_REQUIRE_GPU=1 ctest --output-on-failure -L gpu --timeout 1500 --no-tests=error

@@ -14,6 +14,9 @@ apt_pins=(
 pip_pins=(
   "numpy==2.1.3"
   "ml_dtypes==0.5.1"
+  "pytest==8.4.2"
+  "scikit-build-core==0.11.6"
+  "nanobind==2.9.2"
 )
 
 missing=()

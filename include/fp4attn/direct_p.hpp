@@ -87,7 +87,9 @@ inline constexpr int kNoBlockExponent = -127;  // block that holds only masked s
 // E2M1 code of 2^v by seven comparisons (v = -inf gives 0).
 FP4ATTN_HD inline std::uint8_t e2m1_code_of_exp2(float v) {
   std::uint8_t code = 0;
+#if defined(__CUDACC__)
 #pragma unroll
+#endif
   for (int i = 0; i < 7; ++i) code += v >= kE2M1Log2Bounds[i] ? 1 : 0;
   return code;
 }
@@ -113,20 +115,24 @@ FP4ATTN_HD inline std::uint8_t nvfp4_block_scale(float u_max) {
   return encode_rne_sat(ElemFormat::ue4m3, exp2_poly(u_max + kNvfp4Offset) * kInv6);
 }
 
-// log2 of a finite, nonzero UE4M3 value (exact to float precision, table-free).
+// log2 of a finite UE4M3 value (exact to float precision); -inf for the zero
+// scale of an all-underflow block, whose codes then all compare to 0.
 FP4ATTN_HD inline float log2_of_ue4m3(std::uint8_t code) {
   constexpr float kLog2OnePlusEighths[8] = {0.0f, 0.169925001442312f, 0.321928094887362f, 0.459431618637297f,
                                             0.584962500721156f, 0.700439718141092f, 0.807354922057604f,
                                             0.906890595608519f};
   const int ef = (code >> 3) & 0xF;
   const int m = code & 7;
+  if (ef == 0 && m == 0) return -bits_float(0x7F800000u);
   if (ef == 0) return static_cast<float>(floor_log2(static_cast<float>(m))) - 9.0f +
                       kLog2OnePlusEighths[(m << (3 - floor_log2(static_cast<float>(m)))) & 7];
   return static_cast<float>(ef - 7) + kLog2OnePlusEighths[m];
 }
 
 // NVFP4 P element code: E2M1 rounding of 2^(u + 8) / s_b, by thresholds.
+// A zero block scale (log2 = -inf) gives code 0: the block underflowed.
 FP4ATTN_HD inline std::uint8_t nvfp4_code(float u, float log2_block_scale) {
+  if (!(log2_block_scale > -1e30f)) return 0;
   return e2m1_code_of_exp2(u + kNvfp4Offset - log2_block_scale);
 }
 

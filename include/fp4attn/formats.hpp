@@ -134,9 +134,13 @@ FP4ATTN_HD constexpr float decode_e8m0(std::uint8_t code) {
   return code == kE8M0Nan ? bits_float(0x7FC00000u) : exp2i(static_cast<int>(code) - kE8M0Bias);
 }
 
-// floor(log2 |x|) for finite nonzero x, exact for float subnormals too.
+// Returned by floor_log2 for zero, below every finite float's exponent.
+inline constexpr int kLog2OfZero = -150;
+
+// floor(log2 |x|) for finite x, exact for float subnormals too; kLog2OfZero for 0.
 FP4ATTN_HD constexpr int floor_log2(float x) {
   const std::uint32_t a = float_bits(x) & 0x7FFFFFFFu;
+  if (a == 0) return kLog2OfZero;
   if ((a >> 23) != 0) return static_cast<int>(a >> 23) - 127;
   int e = -127;
   for (std::uint32_t m = a; m < 0x400000u; m <<= 1) --e;  // subnormal: find the leading one

@@ -12,6 +12,10 @@
 
 namespace fp4attn {
 
+// Elements per block scale (DESIGN §2): OCP MX uses 32, NVFP4 16.
+inline constexpr int kMxfp4Block = 32;
+inline constexpr int kNvfp4Block = 16;
+
 // Which dimension the scale blocks run along: the reduction dimension of the
 // product that consumes the tensor (Q, K: D for QKᵀ; V: the sequence for PV).
 enum class BlockAxis : std::uint8_t { along_d, along_s };

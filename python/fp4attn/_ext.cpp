@@ -1,0 +1,175 @@
+// fp4attn._ext: the nanobind module behind the Python package. It only
+// converts: arrays arrive zero-copy through DLPack as C-contiguous host fp32
+// (the Python layer has already checked and converted them), options as the
+// C++ structs, and results leave as NumPy arrays that own the C++ buffers.
+// Argument checks live in fp4attn::validate (C++) and fp4attn/_validate.py.
+// fp4attn::Error derives from std::invalid_argument, which nanobind raises
+// as ValueError with the message, so errors keep naming the argument.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "fp4attn/attention.hpp"
+#include "fp4attn/quantize.hpp"
+#include "fp4attn/recipe.hpp"
+
+namespace nb = nanobind;
+
+namespace fp4attn::python {
+namespace {
+
+using HostInput = nb::ndarray<const float, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
+template <class T>
+using NumpyArray = nb::ndarray<nb::numpy, T>;
+
+// Hands a result vector to NumPy without copying: the capsule owns it.
+template <class T, std::size_t N>
+NumpyArray<T> to_numpy(std::vector<T>&& values, const std::array<std::size_t, N>& shape) {
+  auto* owned = new std::vector<T>(std::move(values));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return NumpyArray<T>(owned->data(), N, shape.data(), owner);
+}
+
+std::span<const float> span_of(const HostInput& a) { return {a.data(), a.size()}; }
+std::int64_t extent(const HostInput& a, std::size_t i) { return static_cast<std::int64_t>(a.shape(i)); }
+std::size_t dim(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+nb::tuple forward_host(const HostInput& q, const HostInput& k, const HostInput& v, const AttentionOptions& opt,
+                       Executor executor) {
+  // (B, S, H, D) tensors: the query shape gives B, Sq, Hq, D; the key shape Sk, Hkv.
+  AttentionShape shape;
+  shape.B = extent(q, 0);
+  shape.Sq = extent(q, 1);
+  shape.Hq = extent(q, 2);
+  shape.D = extent(q, 3);
+  shape.Sk = extent(k, 1);
+  shape.Hkv = extent(k, 2);
+  ForwardOutput out;
+  {
+    // The emulator runs for seconds on its own threads; let other Python threads go on.
+    nb::gil_scoped_release no_gil;
+    out = fp4attn::forward(shape, span_of(q), span_of(k), span_of(v), opt, executor);
+  }
+  auto o = to_numpy(std::move(out.o), std::array{dim(shape.B), dim(shape.Sq), dim(shape.Hq), dim(shape.D)});
+  auto lse = to_numpy(std::move(out.lse), std::array{dim(shape.B), dim(shape.Hq), dim(shape.Sq)});
+  return nb::make_tuple(o, lse, out.executor);
+}
+
+QuantizedTensor quantize_host(const HostInput& x, TensorFormat format, BlockAxis axis, const QuantizeOptions& opt,
+                              const std::string& name) {
+  nb::gil_scoped_release no_gil;
+  return fp4attn::quantize(span_of(x), extent(x, 0), extent(x, 1), extent(x, 2), extent(x, 3), format, axis, opt, name);
+}
+
+// Shape of QuantizedTensor::scales, as documented beside the struct.
+std::vector<std::size_t> scale_shape(const QuantizedTensor& t) {
+  const std::int64_t s_blocks = (t.S + t.block - 1) / t.block;
+  if (t.format == TensorFormat::fp8_e4m3) {
+    if (t.axis == BlockAxis::along_d) return {dim(t.B), dim(t.H), dim(s_blocks)};
+    return {dim(t.B), dim(t.H), dim(t.D)};
+  }
+  if (t.axis == BlockAxis::along_d) return {dim(t.B), dim(t.S), dim(t.H), dim(t.D / t.block)};
+  return {dim(t.B), dim(s_blocks), dim(t.H), dim(t.D)};
+}
+
+// A NumPy view of a buffer inside the QuantizedTensor `self`; the view holds a
+// reference to `self`, so the buffer outlives every view of it.
+template <class T>
+NumpyArray<T> view(nb::handle self, std::vector<T>& data, const std::vector<std::size_t>& shape) {
+  return NumpyArray<T>(data.data(), shape.size(), shape.data(), self);
+}
+
+void bind_enums(nb::module_& m) {
+  nb::enum_<Recipe>(m, "Recipe")
+      .value("fp8", Recipe::fp8)
+      .value("mxfp4", Recipe::mxfp4)
+      .value("nvfp4", Recipe::nvfp4)
+      .value("mxfp4_train", Recipe::mxfp4_train);
+  nb::enum_<MaskKind>(m, "MaskKind")
+      .value("none", MaskKind::none)
+      .value("causal", MaskKind::causal)
+      .value("causal_top_left", MaskKind::causal_top_left);
+  nb::enum_<MxScaleRule>(m, "MxScaleRule")
+      .value("round_up", MxScaleRule::round_up)
+      .value("ocp_floor", MxScaleRule::ocp_floor);
+  nb::enum_<TensorFormat>(m, "TensorFormat")
+      .value("fp8_e4m3", TensorFormat::fp8_e4m3)
+      .value("mxfp4", TensorFormat::mxfp4)
+      .value("nvfp4", TensorFormat::nvfp4);
+  nb::enum_<BlockAxis>(m, "BlockAxis").value("along_d", BlockAxis::along_d).value("along_s", BlockAxis::along_s);
+  nb::enum_<Executor>(m, "Executor")
+      .value("automatic", Executor::automatic)
+      .value("emulator", Executor::emulator)
+      .value("sm90", Executor::sm90);
+}
+
+// The options the Python API sets; the others keep their C++ defaults.
+void bind_options(nb::module_& m) {
+  nb::class_<AttentionOptions>(m, "AttentionOptions")
+      .def(nb::init<>())
+      .def_rw("recipe", &AttentionOptions::recipe)
+      .def_rw("mask", &AttentionOptions::mask)
+      .def_rw("softmax_scale", &AttentionOptions::softmax_scale)
+      .def_rw("smooth_k", &AttentionOptions::smooth_k)
+      .def_rw("direct_p", &AttentionOptions::direct_p);
+  nb::class_<QuantizeOptions>(m, "QuantizeOptions")
+      .def(nb::init<>())
+      .def_rw("fp8_token_block", &QuantizeOptions::fp8_token_block)
+      .def_rw("mx_scale_rule", &QuantizeOptions::mx_scale_rule);
+}
+
+void bind_quantized_tensor(nb::module_& m) {
+  nb::class_<QuantizedTensor>(m, "QuantizedTensor")
+      .def_ro("format", &QuantizedTensor::format)
+      .def_ro("axis", &QuantizedTensor::axis)
+      .def_ro("block", &QuantizedTensor::block)
+      .def_ro("tensor_scale", &QuantizedTensor::tensor_scale)
+      .def_prop_ro("shape", [](const QuantizedTensor& t) { return nb::make_tuple(t.B, t.S, t.H, t.D); })
+      .def_prop_ro("codes",
+                   [](nb::handle self) {
+                     QuantizedTensor& t = nb::cast<QuantizedTensor&>(self);
+                     return view(self, t.codes, {dim(t.B), dim(t.S), dim(t.H), dim(t.D)});
+                   })
+      .def_prop_ro("scales",
+                   [](nb::handle self) {
+                     QuantizedTensor& t = nb::cast<QuantizedTensor&>(self);
+                     return view(self, t.scales, scale_shape(t));
+                   })
+      .def_prop_ro("scale_codes",
+                   [](nb::handle self) -> nb::object {
+                     QuantizedTensor& t = nb::cast<QuantizedTensor&>(self);
+                     if (t.scale_codes.empty()) return nb::none();  // FP8 scales are plain fp32
+                     return nb::cast(view(self, t.scale_codes, scale_shape(t)));
+                   })
+      .def("dequantize", [](const QuantizedTensor& t) {
+        return to_numpy(t.dequantize(), std::array{dim(t.B), dim(t.S), dim(t.H), dim(t.D)});
+      });
+}
+
+}  // namespace
+}  // namespace fp4attn::python
+
+NB_MODULE(_ext, m) {
+  namespace py = fp4attn::python;
+  using fp4attn::Executor;
+  m.doc() = "fp4attn C++ core (see the fp4attn package for the Python API)";
+  py::bind_enums(m);
+  py::bind_options(m);
+  py::bind_quantized_tensor(m);
+  m.def("forward", &py::forward_host, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("options"),
+        nb::arg("executor") = Executor::automatic,
+        "Attention on (B, S, H, D) fp32 host arrays; returns (o, lse, executor).");
+  m.def("quantize", &py::quantize_host, nb::arg("x"), nb::arg("format"), nb::arg("axis"), nb::arg("options"),
+        nb::arg("name"), "Quantize a (B, S, H, D) fp32 host array.");
+  m.def("recipe_has_backward", [](fp4attn::Recipe r) { return fp4attn::spec_of(r).has_backward; });
+  m.def("cuda_built", &fp4attn::cuda_built);
+  m.def("sm90_available", &fp4attn::sm90_available);
+  m.def("device_description", &fp4attn::device_description);
+}

@@ -1,0 +1,124 @@
+"""Attention and quantization on host arrays: conversion to the C++ core's
+(B, S, H, D) float32 arrays, and the call into fp4attn._ext.
+
+Every front end (the NumPy API, the torch custom ops) ends here, so the
+conversion rules live in one place.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _ext, _validate
+
+# Mask names as the C++ MaskKind spells them.
+MASK_NONE = "none"
+MASK_BOTTOM_RIGHT = "causal"  # FlashAttention >= 2.1
+MASK_TOP_LEFT = "causal_top_left"  # PyTorch SDPA
+
+# Errors of numpy.from_dlpack when the producer lives on another device or
+# holds a dtype NumPy lacks; the next conversion route is tried then.
+_DLPACK_ERRORS = (BufferError, RuntimeError, TypeError, ValueError)
+
+
+class Settings(NamedTuple):
+    """One attention call's options, in plain values (the torch op passes them as is)."""
+
+    layout: str  # "bshd" or "bhsd"
+    mask: str  # a MaskKind name
+    scale: float  # 0 means 1/sqrt(D)
+    recipe: str
+    smooth_k: bool
+    direct_p: bool
+    gqa: bool  # may Hkv differ from Hq?
+    names: str  # the caller's names for q, k, v, comma-separated, for error messages
+
+
+def make_settings(*, layout, mask, scale, scale_name, recipe, smooth_k, direct_p, gqa, names) -> Settings:
+    return Settings(
+        layout=_validate.check_layout(layout),
+        mask=mask,
+        scale=_validate.check_scale(scale, scale_name),
+        recipe=_validate.check_recipe(recipe),
+        smooth_k=_validate.check_flag(smooth_k, "smooth_k"),
+        direct_p=_validate.check_flag(direct_p, "direct_p"),
+        gqa=gqa,
+        names=",".join(names),
+    )
+
+
+def check(q, k, v, s: Settings) -> _validate.Dims:
+    """Checks the operands (NumPy arrays or torch tensors) against the settings."""
+    names = tuple(s.names.split(","))
+    dims = _validate.check_qkv(q, k, v, s.layout, names)
+    if not s.gqa and dims.Hkv != dims.Hq:
+        raise ValueError(
+            f"{names[1]}: has {dims.Hkv} heads but {names[0]} has {dims.Hq}; pass enable_gqa=True for grouped-query attention"
+        )
+    return dims
+
+
+def to_host(x, name: str) -> np.ndarray:
+    """A NumPy view of `x` where one exists (NumPy arrays, CPU DLPack producers), else a host copy."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)  # zero-copy
+        except _DLPACK_ERRORS:
+            pass
+        try:
+            # NumPy >= 2.1 can ask a device-side producer for a host copy.
+            return np.from_dlpack(x, device="cpu", copy=True)
+        except _DLPACK_ERRORS:
+            pass
+    if hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
+        try:
+            return np.asarray(x)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"{name}: cannot be read as a host array: {e}") from e
+    raise TypeError(
+        f"{name}: expected a NumPy array or an object with __dlpack__ or __array__, got {type(x).__name__}"
+    )
+
+
+def _to_bshd_f32(x: np.ndarray, layout: str) -> np.ndarray:
+    """The C++ core reads (B, S, H, D) float32, C-contiguous; no copy when x already is."""
+    if layout == "bhsd":
+        x = x.transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def _options(s: Settings) -> "_ext.AttentionOptions":
+    opt = _ext.AttentionOptions()
+    opt.recipe = _ext.Recipe.__members__[s.recipe]
+    opt.mask = _ext.MaskKind.__members__[s.mask]
+    opt.softmax_scale = s.scale
+    opt.smooth_k = s.smooth_k
+    opt.direct_p = s.direct_p
+    return opt
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, s: Settings) -> tuple[np.ndarray, np.ndarray]:
+    """O in the caller's layout (float32, bf16 values) and LSE (B, Hq, Sq); inputs already checked."""
+    o, lse, _executor = _ext.forward(
+        _to_bshd_f32(q, s.layout), _to_bshd_f32(k, s.layout), _to_bshd_f32(v, s.layout), _options(s)
+    )
+    if s.layout == "bhsd":
+        o = np.ascontiguousarray(o.transpose(0, 2, 1, 3))
+    return o, lse
+
+
+def quantize(x: np.ndarray, fmt: str, axis: str, fp8_token_block: int, mx_scale_rule: str) -> "_ext.QuantizedTensor":
+    opt = _ext.QuantizeOptions()
+    opt.fp8_token_block = fp8_token_block
+    opt.mx_scale_rule = _ext.MxScaleRule.__members__[mx_scale_rule]
+    return _ext.quantize(
+        _to_bshd_f32(x, "bshd"),
+        _ext.TensorFormat.__members__[fmt],
+        _ext.BlockAxis.__members__[axis],
+        opt,
+        "x",
+    )

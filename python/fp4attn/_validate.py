@@ -1,0 +1,144 @@
+"""Argument checks of the Python API, in one place.
+
+They cover what only the Python layer knows: array types and dtypes, the
+layout string, names of recipes and options, and how the user's arguments
+(q or query, k or key, ...) relate to each other. Problem-level checks (head
+dim, heads per group, tile sizes) are fp4attn::validate's in C++; its
+fp4attn::Error arrives here as ValueError with the same message.
+Every error names the argument it is about.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _ext
+
+# Floating dtypes an input may have; anything else (ints, bools, complex) is
+# almost certainly a mistake, so it is refused rather than cast.
+SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
+LAYOUTS = ("bshd", "bhsd")
+# Names the C++ enums accept, read once from the extension.
+RECIPES = tuple(_ext.Recipe.__members__)
+FORMATS = tuple(_ext.TensorFormat.__members__)
+BLOCK_AXES = tuple(_ext.BlockAxis.__members__)
+MX_SCALE_RULES = tuple(_ext.MxScaleRule.__members__)
+RANK = 4  # (B, S, H, D) or (B, H, S, D)
+
+# Index of the sequence and head dimensions in each layout; batch is 0, D is 3.
+_SEQ_HEAD_AXES = {"bshd": (1, 2), "bhsd": (2, 1)}
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Sizes of one attention call, read from q and k in the caller's layout."""
+
+    B: int
+    Sq: int
+    Sk: int
+    Hq: int
+    Hkv: int
+    D: int
+
+
+def _dtype_name(x) -> str:
+    # NumPy prints "float32", torch "torch.float32": compare the bare name.
+    return str(x.dtype).rsplit(".", 1)[-1]
+
+
+def _last_stride_elems(x) -> int:
+    """Stride of the last dimension in elements (NumPy counts bytes, torch elements)."""
+    if isinstance(x, np.ndarray):
+        return x.strides[-1] // x.itemsize
+    return x.stride(-1)
+
+
+def check_array(x, name: str) -> None:
+    """Dtype, rank and a contiguous last dimension: what every kernel needs."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
+    dtype = _dtype_name(x)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name}: dtype {dtype} is not supported; use one of {', '.join(SUPPORTED_DTYPES)}")
+    if len(x.shape) != RANK:
+        raise ValueError(f"{name}: expected a {RANK}-D array, got shape {tuple(x.shape)}")
+    # A size-1 D has no meaningful stride; any other needs unit stride, as in FlashAttention.
+    if x.shape[-1] > 1 and _last_stride_elems(x) != 1:
+        raise ValueError(
+            f"{name}: the last dimension (head dim D) must be contiguous, got stride {_last_stride_elems(x)}"
+        )
+
+
+def check_layout(layout) -> str:
+    return check_choice(layout, LAYOUTS, "layout")
+
+
+def check_qkv(q, k, v, layout: str, names=("q", "k", "v")) -> Dims:
+    """Checks the three operands and how their shapes agree; returns the sizes."""
+    q_name, k_name, v_name = names
+    for x, name in ((q, q_name), (k, k_name), (v, v_name)):
+        check_array(x, name)
+    for x, name in ((k, k_name), (v, v_name)):
+        if _dtype_name(x) != _dtype_name(q):
+            raise TypeError(f"{name}: dtype {_dtype_name(x)} differs from {q_name}'s {_dtype_name(q)}")
+        # Host arrays may lack a device attribute; torch tensors must all be on one device.
+        if getattr(x, "device", None) != getattr(q, "device", None):
+            raise ValueError(f"{name}: is on device {x.device}, {q_name} on {q.device}")
+    seq, head = _SEQ_HEAD_AXES[layout]
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"{v_name}: shape {tuple(v.shape)} differs from {k_name}'s {tuple(k.shape)}")
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"{k_name}: batch size {k.shape[0]} differs from {q_name}'s {q.shape[0]}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"{k_name}: head dim {k.shape[3]} differs from {q_name}'s {q.shape[3]}")
+    # Plain ints for arrays; symbolic sizes stay symbolic when torch.compile traces.
+    return Dims(
+        B=q.shape[0], Sq=q.shape[seq], Sk=k.shape[seq], Hq=q.shape[head], Hkv=k.shape[head], D=q.shape[3]
+    )
+
+
+def check_choice(value, choices, name: str) -> str:
+    """`value` if it is one of the names in `choices`, else an error naming `name`."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a string, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name}: unknown {name} {value!r}; use one of {', '.join(choices)}")
+    return value
+
+
+def check_recipe(recipe) -> str:
+    return check_choice(recipe, RECIPES, "recipe")
+
+
+def check_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    return int(value)
+
+
+def check_scale(scale, name: str) -> float:
+    """None means 1/sqrt(D), which the C++ core spells 0."""
+    # Python numbers first: under torch.compile these checks are traced, and
+    # the plain-type branches are the ones tracing handles without surprises.
+    if scale is None:
+        return 0.0
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        value = float(scale)
+    elif isinstance(scale, (np.floating, np.integer)):
+        value = float(scale)
+    else:
+        raise TypeError(f"{name}: expected a float or None, got {type(scale).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}: must be a positive finite number or None, got {scale}")
+    return value
+
+
+def check_flag(value, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")

@@ -1,0 +1,130 @@
+"""The public attention and quantization functions.
+
+NumPy arrays and other host arrays run through fp4attn._host; torch tensors
+through the custom ops of fp4attn.torch_ops (so that torch.compile sees one
+op), which end in the same host code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from . import _host, _validate
+
+# The torch layer loads only where torch is installed; the NumPy API never needs it.
+if importlib.util.find_spec("torch") is not None:
+    from . import torch_ops as _torch_ops
+else:
+    _torch_ops = None
+
+
+def _is_torch(x) -> bool:
+    return _torch_ops is not None and _torch_ops.is_tensor(x)
+
+
+def _forward(q, k, v, s: _host.Settings):
+    if _is_torch(q):
+        return _torch_ops.attention(q, k, v, s)
+    names = s.names.split(",")
+    q, k, v = (_host.to_host(x, name) for x, name in zip((q, k, v), names))
+    _host.check(q, k, v, s)
+    return _host.attention(q, k, v, s)
+
+
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    scale=None,
+    recipe="fp8",
+    smooth_k=True,
+    direct_p=True,
+    layout="bshd",
+    return_lse=False,
+):
+    """Low-precision attention, softmax(scale · q kᵀ) v.
+
+    q: (B, Sq, Hq, D), k and v: (B, Sk, Hkv, D) with Hq a multiple of Hkv, or
+    the (B, H, S, D) order with layout="bhsd". causal masks bottom-right aligned
+    when Sq != Sk (FlashAttention >= 2.1); scale=None means 1/sqrt(D).
+    Returns O in the input layout, and with return_lse also the natural-log
+    LSE of shape (B, Hq, Sq). NumPy inputs give float32 NumPy outputs holding
+    bf16 values; torch inputs give tensors of the input's dtype and device.
+    """
+    s = _host.make_settings(
+        layout=layout,
+        mask=_host.MASK_BOTTOM_RIGHT if _validate.check_flag(causal, "causal") else _host.MASK_NONE,
+        scale=scale,
+        scale_name="scale",
+        recipe=recipe,
+        smooth_k=smooth_k,
+        direct_p=direct_p,
+        gqa=True,
+        names=("q", "k", "v"),
+    )
+    o, lse = _forward(q, k, v, s)
+    return (o, lse) if _validate.check_flag(return_lse, "return_lse") else o
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False, *, recipe="fp8"):
+    """FlashAttention's flash_attn_func: (B, S, H, D) tensors, causal bottom-right aligned, GQA/MQA.
+
+    With return_attn_probs=True it returns (out, softmax_lse, None): the
+    attention probabilities are never formed, so the third element is None.
+    """
+    s = _host.make_settings(
+        layout="bshd",
+        mask=_host.MASK_BOTTOM_RIGHT if _validate.check_flag(causal, "causal") else _host.MASK_NONE,
+        scale=softmax_scale,
+        scale_name="softmax_scale",
+        recipe=recipe,
+        smooth_k=True,
+        direct_p=True,
+        gqa=True,
+        names=("q", "k", "v"),
+    )
+    o, lse = _forward(q, k, v, s)
+    return (o, lse, None) if _validate.check_flag(return_attn_probs, "return_attn_probs") else o
+
+
+def sdpa(query, key, value, is_causal=False, scale=None, enable_gqa=False, *, recipe="fp8"):
+    """PyTorch's scaled_dot_product_attention: (B, H, S, D) tensors, causal top-left aligned.
+
+    As in PyTorch, key and value may have fewer heads than query only with
+    enable_gqa=True. attn_mask and dropout are not supported.
+    """
+    s = _host.make_settings(
+        layout="bhsd",
+        mask=_host.MASK_TOP_LEFT if _validate.check_flag(is_causal, "is_causal") else _host.MASK_NONE,
+        scale=scale,
+        scale_name="scale",
+        recipe=recipe,
+        smooth_k=True,
+        direct_p=True,
+        gqa=_validate.check_flag(enable_gqa, "enable_gqa"),
+        names=("query", "key", "value"),
+    )
+    o, _lse = _forward(query, key, value, s)
+    return o
+
+
+def quantize(x, fmt, *, axis="along_d", fp8_token_block=128, mx_scale_rule="round_up"):
+    """Quantize a (B, S, H, D) array to fp8_e4m3, mxfp4 or nvfp4 (DESIGN §3.2).
+
+    axis="along_d" puts the scale blocks along D (how Q and K are stored),
+    "along_s" along the sequence (V). Returns a QuantizedTensor: codes (one per
+    byte, FP4 unpacked), scales, scale_codes (None for fp8), tensor_scale and
+    dequantize().
+    """
+    fmt = _validate.check_choice(fmt, _validate.FORMATS, "fmt")
+    axis = _validate.check_choice(axis, _validate.BLOCK_AXES, "axis")
+    fp8_token_block = _validate.check_int(fp8_token_block, "fp8_token_block")
+    mx_scale_rule = _validate.check_choice(mx_scale_rule, _validate.MX_SCALE_RULES, "mx_scale_rule")
+    if not _is_torch(x):
+        x = _host.to_host(x, "x")
+    _validate.check_array(x, "x")
+    if _is_torch(x):
+        x = _torch_ops.host_array(x)
+    return _host.quantize(x, fmt, axis, fp8_token_block, mx_scale_rule)

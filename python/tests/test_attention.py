@@ -1,0 +1,227 @@
+"""fp4attn.attention, flash_attn_func and sdpa on NumPy arrays (CPU emulator):
+known answers first, then random problems against the fp64 reference, then
+the semantics users rely on (mask alignment, GQA, layouts, LSE, array types)."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import fp4attn
+from conftest import BOUNDS, SHAPES, make_qkv
+from fp64_reference import attention_bshd, cosine, rel_l2
+
+
+def assert_close_to_reference(o, lse, o_ref, lse_ref, recipe, lse_factor=1.0):
+    """lse_factor: LSE errors grow with the softmax scale; the bounds hold for 1/sqrt(D)."""
+    bounds = BOUNDS[recipe]
+    assert 1 - cosine(o, o_ref) < bounds.one_minus_cos
+    assert rel_l2(o, o_ref) < bounds.rel_l2
+    seen = np.isfinite(lse_ref)
+    np.testing.assert_array_equal(np.isfinite(lse), seen)  # -inf exactly where no key is visible
+    assert np.abs(lse - lse_ref)[seen].max() < bounds.lse * lse_factor
+
+
+def to_bhsd(x):
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3))
+
+
+# ---- known answers
+
+
+@pytest.mark.parametrize("recipe", fp4attn.RECIPES)
+def test_equal_keys_and_unit_values_give_one(rng, recipe):
+    # Every key equal: each row's scores are equal, P is uniform and exactly
+    # representable in every P format, so O = mean(V) = 1 exactly and
+    # LSE = scale·q·k + ln Sk (up to Q's quantization).
+    B, Sq, Sk, H, D = 1, 40, 72, 2, 64
+    q = rng.standard_normal((B, Sq, H, D)).astype(np.float32)
+    k = np.full((B, Sk, H, D), 0.5, dtype=np.float32)
+    v = np.ones((B, Sk, H, D), dtype=np.float32)
+    o, lse = fp4attn.attention(q, k, v, recipe=recipe, return_lse=True)
+    np.testing.assert_array_equal(o, np.ones_like(o))
+    lse_expected = (q.astype(np.float64) @ np.full(D, 0.5)).transpose(0, 2, 1) / np.sqrt(D) + np.log(Sk)
+    assert np.abs(lse - lse_expected).max() < BOUNDS[recipe].lse
+
+
+def test_fully_masked_rows_give_zero_and_minus_inf(rng):
+    # Bottom-right causal with Sq > Sk: the first Sq - Sk queries see no key.
+    q, k, v = make_qkv(rng, 1, 50, 20, 2, 2, 32)
+    o, lse = fp4attn.attention(q, k, v, causal=True, return_lse=True)
+    hidden = 50 - 20
+    np.testing.assert_array_equal(o[:, :hidden], 0.0)
+    assert np.all(lse[:, :, :hidden] == -np.inf)
+    assert np.all(np.isfinite(lse[:, :, hidden:]))
+    assert np.abs(o[:, hidden:]).max() > 0
+
+
+# ---- random problems against the fp64 reference
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}_Sq{}_Sk{}_Hq{}_Hkv{}_D{}".format(*s))
+@pytest.mark.parametrize("recipe", fp4attn.RECIPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_matches_fp64_reference(rng, shape, recipe, causal):
+    q, k, v = make_qkv(rng, *shape)
+    o_ref, lse_ref = attention_bshd(q, k, v, "bottom_right" if causal else "none")
+    for direct_p, smooth_k in itertools.product((True, False), repeat=2):
+        o, lse = fp4attn.attention(
+            q, k, v, causal=causal, recipe=recipe, direct_p=direct_p, smooth_k=smooth_k, return_lse=True
+        )
+        assert o.dtype == np.float32 and o.shape == q.shape
+        assert lse.dtype == np.float32 and lse.shape == (shape[0], shape[3], shape[1])
+        assert_close_to_reference(o, lse, o_ref, lse_ref, recipe)
+
+
+def test_outputs_are_bf16_values(rng):
+    q, k, v = make_qkv(rng, *SHAPES[0])
+    o = fp4attn.attention(q, k, v)
+    low_bits = o.view(np.uint32) & 0xFFFF  # bf16 keeps the top 16 bits of a float32
+    assert np.all(low_bits == 0)
+
+
+def test_explicit_scale_is_used(rng):
+    q, k, v = make_qkv(rng, *SHAPES[0])
+    scale = 0.3  # far from 1/sqrt(64) = 0.125, so using the default would fail
+    o, lse = fp4attn.attention(q, k, v, scale=scale, return_lse=True)
+    o_ref, lse_ref = attention_bshd(q, k, v, scale=scale)
+    assert_close_to_reference(o, lse, o_ref, lse_ref, "fp8", lse_factor=scale * np.sqrt(q.shape[-1]))
+
+
+@pytest.mark.parametrize("recipe", fp4attn.RECIPES)
+def test_smooth_k_keeps_the_true_lse(rng, recipe):
+    # With a large common key offset, smooth_k shifts every score row by
+    # scale·q·k̄; the returned LSE must add it back. Without that the two LSEs
+    # would differ by |scale·q·k̄|, several units here.
+    gap_bound = {"fp8": 0.13, "mxfp4": 0.7, "nvfp4": 0.55, "mxfp4_train": 0.85}[recipe]  # 2x the worst of 8 seeds
+    q, k, v = make_qkv(rng, 1, 48, 80, 2, 2, 64, k_offset=3.0)
+    o_on, lse_on = fp4attn.attention(q, k, v, recipe=recipe, smooth_k=True, return_lse=True)
+    o_off, lse_off = fp4attn.attention(q, k, v, recipe=recipe, smooth_k=False, return_lse=True)
+    assert np.abs(lse_on - lse_off).max() < gap_bound
+    o_ref, _ = attention_bshd(q, k, v)
+    assert 1 - cosine(o_on, o_ref) < BOUNDS[recipe].one_minus_cos
+
+
+# ---- mask alignment: FlashAttention bottom-right, SDPA top-left
+
+
+@pytest.mark.parametrize("sq,sk", [(40, 96), (96, 40)])
+def test_sdpa_top_left_and_flash_bottom_right(rng, sq, sk):
+    q, k, v = make_qkv(rng, 1, sq, sk, 2, 2, 64)
+    flash = fp4attn.flash_attn_func(q, k, v, causal=True)
+    sdpa = fp4attn.sdpa(to_bhsd(q), to_bhsd(k), to_bhsd(v), is_causal=True).transpose(0, 2, 1, 3)
+    bottom_right, _ = attention_bshd(q, k, v, "bottom_right")
+    top_left, _ = attention_bshd(q, k, v, "top_left")
+    bound = BOUNDS["fp8"].one_minus_cos
+    assert 1 - cosine(flash, bottom_right) < bound
+    assert 1 - cosine(sdpa, top_left) < bound
+    # The two alignments differ by far more than the recipe error, so a swapped
+    # alignment cannot pass the checks above.
+    assert 1 - cosine(flash, top_left) > 10 * bound
+    assert 1 - cosine(sdpa, bottom_right) > 10 * bound
+
+
+def test_alignments_agree_when_lengths_are_equal(rng):
+    q, k, v = make_qkv(rng, 1, 64, 64, 2, 2, 64)
+    flash = fp4attn.flash_attn_func(q, k, v, causal=True)
+    sdpa = fp4attn.sdpa(to_bhsd(q), to_bhsd(k), to_bhsd(v), is_causal=True)
+    np.testing.assert_array_equal(to_bhsd(flash), sdpa)
+
+
+# ---- API semantics
+
+
+def test_entry_points_agree_exactly(rng):
+    q, k, v = make_qkv(rng, 1, 40, 72, 4, 2, 64)
+    o, lse = fp4attn.attention(q, k, v, scale=0.2, recipe="nvfp4", return_lse=True)
+    flash_o, flash_lse, probs = fp4attn.flash_attn_func(q, k, v, softmax_scale=0.2, return_attn_probs=True, recipe="nvfp4")
+    np.testing.assert_array_equal(o, flash_o)
+    np.testing.assert_array_equal(lse, flash_lse)
+    assert probs is None
+    sdpa = fp4attn.sdpa(to_bhsd(q), to_bhsd(k), to_bhsd(v), scale=0.2, enable_gqa=True, recipe="nvfp4")
+    np.testing.assert_array_equal(to_bhsd(o), sdpa)
+    np.testing.assert_array_equal(fp4attn.flash_attn_func(q, k, v, softmax_scale=0.2, recipe="nvfp4"), o)
+
+
+def test_bhsd_layout_is_a_transpose_of_bshd(rng):
+    q, k, v = make_qkv(rng, 2, 33, 50, 2, 1, 32)
+    o, lse = fp4attn.attention(q, k, v, causal=True, return_lse=True)
+    o_t, lse_t = fp4attn.attention(to_bhsd(q), to_bhsd(k), to_bhsd(v), causal=True, layout="bhsd", return_lse=True)
+    assert o_t.flags.c_contiguous
+    np.testing.assert_array_equal(to_bhsd(o), o_t)
+    np.testing.assert_array_equal(lse, lse_t)
+
+
+@pytest.mark.parametrize("hkv", [2, 1], ids=["gqa", "mqa"])
+def test_grouped_query_attention_equals_repeated_heads(rng, hkv):
+    q, k, v = make_qkv(rng, 1, 40, 72, 4, hkv, 64)
+    o, lse = fp4attn.attention(q, k, v, return_lse=True)
+    group = 4 // hkv
+    o_rep, lse_rep = fp4attn.attention(q, np.repeat(k, group, axis=2), np.repeat(v, group, axis=2), return_lse=True)
+    np.testing.assert_array_equal(o, o_rep)
+    np.testing.assert_array_equal(lse, lse_rep)
+    o_ref, lse_ref = attention_bshd(q, k, v)
+    assert_close_to_reference(o, lse, o_ref, lse_ref, "fp8")
+
+
+def test_return_lse_only_adds_the_lse(rng):
+    q, k, v = make_qkv(rng, *SHAPES[1])
+    o = fp4attn.attention(q, k, v)
+    o2, lse = fp4attn.attention(q, k, v, return_lse=True)
+    assert isinstance(o, np.ndarray)
+    np.testing.assert_array_equal(o, o2)
+
+
+# ---- array types
+
+
+class DLPackOnly:
+    """An array that offers only the DLPack protocol, as CuPy or JAX arrays do."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+class ArrayProtocolOnly:
+    def __init__(self, a):
+        self._a = a
+
+    def __array__(self, dtype=None, copy=None):
+        return self._a if dtype is None else self._a.astype(dtype)
+
+
+@pytest.mark.parametrize("wrap", [DLPackOnly, ArrayProtocolOnly], ids=["dlpack", "array_protocol"])
+def test_accepts_dlpack_and_array_protocol(rng, wrap):
+    q, k, v = make_qkv(rng, *SHAPES[0])
+    expected = fp4attn.attention(q, k, v)
+    np.testing.assert_array_equal(fp4attn.attention(wrap(q), wrap(k), wrap(v)), expected)
+
+
+def test_strided_inputs_give_the_same_result(rng):
+    q, k, v = make_qkv(rng, 1, 80, 96, 2, 2, 64)
+    # Every other token: outer strides change, D stays contiguous.
+    expected = fp4attn.attention(q[:, ::2].copy(), k[:, ::2].copy(), v[:, ::2].copy())
+    np.testing.assert_array_equal(fp4attn.attention(q[:, ::2], k[:, ::2], v[:, ::2]), expected)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64", "bfloat16"])
+def test_other_float_dtypes(rng, dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    q, k, v = (x.astype(dtype) for x in make_qkv(rng, *SHAPES[0]))
+    o = fp4attn.attention(q, k, v)
+    assert o.dtype == np.float32
+    o_ref, _ = attention_bshd(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    assert 1 - cosine(o, o_ref) < BOUNDS["fp8"].one_minus_cos
+
+
+def test_backend_info():
+    info = fp4attn.backend_info()
+    assert info["version"] == fp4attn.__version__
+    assert isinstance(info["cuda_built"], bool) and isinstance(info["device"], str) and info["device"]

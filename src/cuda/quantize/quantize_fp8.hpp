@@ -1,0 +1,69 @@
+// GPU quantizer for recipe fp8 (DESIGN §2): bf16 / fp16 / fp32 (B, S, H, D)
+// tensors with strides → E4M3 codes and fp32 scales, bit for bit what the CPU
+// quantizer (fp4attn::quantize, emulator::quantize_inputs) produces.
+//
+// Layouts written:
+//   q, k : (B, S, H, D) contiguous codes; scale per (b, h, 128-token block)
+//   vt   : (B, Hkv, D, vt_keys) codes, V transposed, keys padded with zero
+//          codes to a multiple of 128 and permuted inside each group of 32 by
+//          vt_key_of_slot (the order in which the forward kernel's P operand
+//          holds keys, so P never needs a register shuffle); scale per (b, h, d)
+//   k_mean    : (B, Hkv, D) smooth_k mean, sum in double over ascending s
+//   lse_shift : (B, Hq, Sq) softmax_scale · Σ_d q_deq · k_mean, the LSE
+//               correction that smooth_k makes necessary
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace fp4attn::cuda_quantize {
+
+enum class ElementType : std::uint8_t { f32, f16, bf16 };
+
+// A device tensor (B, S, H, D), D contiguous, strides in elements.
+struct StridedInput {
+  const void* data = nullptr;
+  ElementType type = ElementType::bf16;
+  std::int64_t B = 0, S = 0, H = 0, D = 0;
+  std::int64_t stride_b = 0, stride_s = 0, stride_h = 0;
+};
+
+// Device buffers the quantizer fills (sizes in the header comment).
+struct Fp8Buffers {
+  std::uint8_t* q = nullptr;
+  float* q_scale = nullptr;
+  std::uint8_t* k = nullptr;
+  float* k_scale = nullptr;
+  std::uint8_t* vt = nullptr;
+  float* v_scale = nullptr;
+  float* k_mean = nullptr;     // needed when smooth_k
+  float* lse_shift = nullptr;  // needed when smooth_k
+  std::int64_t vt_keys = 0;
+  // Three device ints (q, k, v): set to 1 when a tensor held a non-finite value.
+  int* nonfinite = nullptr;
+};
+
+inline constexpr int kTokenBlock = 128;  // FP8 Q/K scale block, the kernel's tile
+inline constexpr int kVtKeyGroup = 32;   // keys per wgmma k-step; the permutation repeats per group
+
+// Key stored at slot `slot` of a 32-key group of Vᵀ: slot 16h + 4c + i holds
+// key 16h + 2c + (i & 1) + 8·(i >> 1). See pack_p_operand in the kernel.
+constexpr int vt_key_of_slot(int slot) {
+  const int h = slot / 16, c = (slot % 16) / 4, i = slot % 4;
+  return 16 * h + 2 * c + (i & 1) + 8 * (i >> 1);
+}
+
+std::int64_t padded_keys(std::int64_t Sk);
+
+// Quantizes q, k, v into `out` on `stream` (asynchronous). q is (B, Sq, Hq, D),
+// k and v (B, Sk, Hkv, D). With smooth_k, K's per-(b, h, d) mean is subtracted
+// first and out.lse_shift receives the LSE correction for `softmax_scale`.
+void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
+                  float softmax_scale, const Fp8Buffers& out, cudaStream_t stream);
+
+// Synchronizes `stream` and throws fp4attn::Error naming q, k or v if the
+// quantizer saw a non-finite value in it; clears the flags.
+void check_finite(const Fp8Buffers& out, cudaStream_t stream);
+
+}  // namespace fp4attn::cuda_quantize

@@ -1,0 +1,83 @@
+// Tile sizes, pipeline depth and register split of the FP8 Direct-P forward
+// kernel, with the shared-memory budget checked at compile time.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/fwd/fwd.hpp"
+#include "cuda/sm90/ptx.cuh"
+
+namespace fp4attn::sm90::fwd {
+
+inline constexpr int kWarpSize = 32;
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kSmemPerBlockLimit = 227 * 1024;  // sm_90 opt-in maximum per block
+inline constexpr int kRegisterFile = 64 * 1024;        // 32-bit registers per SM
+
+template <int HeadDim>
+struct Fp8Config {
+  static_assert(HeadDim == 64 || HeadDim == 128, "head dims 64 and 128 are implemented");
+  static constexpr int kHeadDim = HeadDim;
+  // Query rows per CTA and keys per tile; both equal the FP8 scale blocks of
+  // the recipe (DESIGN §2), so each tile's Q and K scale is one scalar.
+  static constexpr int kBlockQ = 128;
+  static constexpr int kBlockK = 128;
+  // One producer warpgroup (TMA) and two consumer warpgroups of 64 rows each:
+  // 64 is the M of every wgmma, so a consumer's S tile is one m64n128 product.
+  static constexpr int kConsumers = 2;
+  static constexpr int kRowsPerConsumer = kBlockQ / kConsumers;
+  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  static_assert(kRowsPerConsumer == 64, "a consumer warpgroup owns exactly one wgmma M block");
+
+  // K-major rows of Q and K are HeadDim bytes: 128 B rows use the 128-byte
+  // swizzle, 64 B rows the 64-byte one. Vᵀ rows are kBlockK = 128 keys = 128 B.
+  static constexpr Swizzle kQkSwizzle = HeadDim == 128 ? Swizzle::b128 : Swizzle::b64;
+  static constexpr Swizzle kVSwizzle = Swizzle::b128;
+  static_assert(swizzle_row_bytes(kQkSwizzle) == HeadDim, "one Q/K row must be one swizzle atom");
+  static_assert(swizzle_row_bytes(kVSwizzle) == kBlockK, "one Vᵀ row must be one swizzle atom");
+
+  static constexpr int kQBytes = kBlockQ * HeadDim;
+  static constexpr int kQConsumerBytes = kRowsPerConsumer * HeadDim;
+  static constexpr int kKBytes = kBlockK * HeadDim;
+  static constexpr int kVBytes = HeadDim * kBlockK;
+  // Stages of the K/V ring: enough to keep a tile landing while two are consumed.
+  static constexpr int kStages = HeadDim == 128 ? 3 : 4;
+  static constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 B
+  static_assert(kQConsumerBytes % kSwizzleAlign == 0 && kKBytes % kSwizzleAlign == 0 && kVBytes % kSwizzleAlign == 0,
+                "every tile must start on a swizzle-pattern boundary");
+
+  // wgmma k32 steps: QKᵀ reduces over D, PV over the 128 keys of a tile.
+  static constexpr int kQkSteps = HeadDim / 32;
+  static constexpr int kPvSteps = kBlockK / 32;
+  // fp32 accumulator registers per thread: 64 rows × N columns over 128 threads.
+  static constexpr int kSRegs = kRowsPerConsumer * kBlockK / kWarpgroupThreads;
+  static constexpr int kORegs = kRowsPerConsumer * HeadDim / kWarpgroupThreads;
+
+  // setmaxnreg split: the producer only issues TMA; consumers hold S, O and P.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= kRegisterFile,
+                "register split exceeds the register file");
+};
+
+// Shared memory of one CTA. Tiles first (1024-byte aligned), barriers last.
+template <class Cfg>
+struct alignas(Cfg::kSwizzleAlign) SharedStorage {
+  std::uint8_t q[Cfg::kQBytes];
+  std::uint8_t k[Cfg::kStages][Cfg::kKBytes];
+  std::uint8_t v[Cfg::kStages][Cfg::kVBytes];
+  std::uint64_t q_full;
+  std::uint64_t kv_full[Cfg::kStages];
+  std::uint64_t kv_empty[Cfg::kStages];
+};
+
+// Dynamic shared memory is only guaranteed 16-byte aligned: ask for one
+// alignment unit more and align the base by hand.
+template <class Cfg>
+constexpr int smem_bytes() {
+  return static_cast<int>(sizeof(SharedStorage<Cfg>)) + Cfg::kSwizzleAlign;
+}
+static_assert(smem_bytes<Fp8Config<128>>() <= kSmemPerBlockLimit, "D=128 shared memory over budget");
+static_assert(smem_bytes<Fp8Config<64>>() <= kSmemPerBlockLimit, "D=64 shared memory over budget");
+
+}  // namespace fp4attn::sm90::fwd

@@ -1,0 +1,314 @@
+// FP8 attention forward with Direct-P for sm_90a (recipe fp8, DESIGN §4).
+//
+// One CTA computes 128 query rows of one (batch, query head):
+//
+//   producer warpgroup (one thread issues, the rest idle at 24 registers)
+//     TMA Q[128 × D] once                                    → q_full
+//     for each 128-key tile n: wait kv_empty[stage],
+//       TMA K[128 × D] and Vᵀ[D × 128] into the stage        → kv_full[stage]
+//   consumer warpgroups 0 and 1 (rows 64c .. 64c + 63, 240 registers)
+//     for each tile n: wait kv_full[stage]
+//       S  = Q·Kᵀ                  wgmma m64n128k32, both operands in SMEM, fp32
+//       S  = −inf outside the mask (partial tiles, causal diagonal)
+//       m' = max(m, rowmax(S)·c)   c = q_scale·k_scale·softmax_scale·log2 e
+//       P  = E4M3 code of 2^(S·c − m' + 8), by Direct-P in registers
+//       l  = l·2^(m − m') + Σ decoded P
+//       O  = O·2^(m − m') + P·V    wgmma m64nDk32 into a fresh fp32 tile, P the
+//                                  A operand from registers; summed in fp32
+//       arrive kv_empty[stage]
+//   epilogue: O·v_scale / l → bf16, LSE = (m + log2 l − 8)·ln 2 (+ smooth_k shift)
+//
+// P goes from the accumulator layout to the A-operand layout with byte packing
+// only: the quantizer stores V's keys in the matching order (see
+// pack_p_operand), so no shuffle is needed.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cuda/ptx>
+
+#include "cuda/sm90/fwd/fp8_direct_p/config.h"
+#include "fp4attn/direct_p.hpp"
+
+namespace fp4attn::sm90::fwd {
+
+inline constexpr float kLn2 = 0.693147180559945309f;
+// An E4M3 code shifted left by 20 bits is a float whose value is the code's
+// value times 2^-120 (subnormal codes land on float subnormals): one shift and
+// one multiply decode it exactly.
+inline constexpr int kE4m3ToFloatShift = 20;
+inline constexpr float kE4m3ToFloatScale = 0x1p120f;
+inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
+inline constexpr int kThreadsPerRow = 4;  // lanes of a quad share an accumulator row
+
+FP4ATTN_DEVICE_INLINE float neg_inf() { return __int_as_float(0xFF800000); }
+
+FP4ATTN_DEVICE_INLINE float decode_p(std::uint32_t code) {
+  return __uint_as_float(code << kE4m3ToFloatShift) * kE4m3ToFloatScale;
+}
+
+FP4ATTN_DEVICE_INLINE void wait_barrier(std::uint64_t* bar, std::uint32_t parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+// Where a thread's accumulator elements sit. Element 4j + 2r + e of an
+// m64nN fp32 accumulator is row (16·warp + lane/4 + 8r), column 8j + 2·(lane%4) + e.
+struct Fragment {
+  int row[2];  // rows within the consumer's 64, for r = 0, 1
+  int col;     // 2·(lane % 4)
+  __device__ explicit Fragment(int thread_in_wg) {
+    const int warp = thread_in_wg / kWarpSize, lane = thread_in_wg % kWarpSize;
+    row[0] = 16 * warp + lane / kThreadsPerRow;
+    row[1] = row[0] + 8;
+    col = 2 * (lane % kThreadsPerRow);
+  }
+};
+
+// S = −inf where key ≥ Sk or, causally, key > row + diagonal.
+template <int N>
+FP4ATTN_DEVICE_INLINE void mask_scores(float (&s)[N], const Fragment& f, int first_key, const int (&row_abs)[2], int Sk,
+                                       bool causal, int diagonal) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int limit = causal ? min(Sk - 1, row_abs[r] + diagonal) : Sk - 1;
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (first_key + 8 * j + f.col + e > limit) s[4 * j + 2 * r + e] = neg_inf();
+  }
+}
+
+template <int N>
+FP4ATTN_DEVICE_INLINE void row_max(const float (&s)[N], float (&mx)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m = neg_inf();
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    m = fmaxf(m, __shfl_xor_sync(kFullWarp, m, 1));
+    mx[r] = fmaxf(m, __shfl_xor_sync(kFullWarp, m, 2));
+  }
+}
+
+// E4M3 codes of two scores, low byte first. Direct-P builds them from a
+// polynomial with FMA-pipe and integer ops (DESIGN §3.3), the very function the
+// CPU emulator runs; the baseline spends one MUFU ex2 per score and one F2FP per pair.
+template <PCode kPCode>
+FP4ATTN_DEVICE_INLINE std::uint32_t p_code_pair(float s0, float s1, float c, float m) {
+  const float u0 = direct_p::log2_score(s0, c, m);
+  const float u1 = direct_p::log2_score(s1, c, m);
+  if constexpr (kPCode == PCode::direct_p) {
+    return direct_p::fp8_code(u0) | (static_cast<std::uint32_t>(direct_p::fp8_code(u1)) << 8);
+  } else {
+    float p0, p1;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p0) : "f"(u0 + direct_p::kFp8Offset));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p1) : "f"(u1 + direct_p::kFp8Offset));
+    std::uint16_t pair;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(p1), "f"(p0));  // first source → high byte
+    return pair;
+  }
+}
+
+// Turns the S accumulator into the A operand of the four k32 steps of O += P·V
+// and adds the decoded codes to the row sums.
+//
+// The A operand of k32 step t wants, in register 2h + r, the codes of row r at
+// k = 16h + 4·(lane%4) + {0..3}; this thread's accumulator holds row r at
+// columns 32t + 16h + 2·(lane%4) + {0, 1, 8, 9}. Packing those four codes
+// means operand slot k carries key σ(k) = 16h + 2·(lane%4) + {0, 1, 8, 9}[k%4];
+// the quantizer stores Vᵀ with its keys in the same order σ inside every group
+// of 32, so P·V sums over matching keys and P never leaves its thread.
+template <PCode kPCode, int N>
+FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], float c, const float (&m)[2],
+                                          std::uint32_t (&p)[N / 16][4], float (&l)[2]) {
+  // N accumulator registers hold 2N keys of two rows: 2N / 32 = N / 16 k32 steps.
+#pragma unroll
+  for (int t = 0; t < N / 16; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int j = 4 * t + 2 * h;  // first of the two 8-column chunks
+        const std::uint32_t lo = p_code_pair<kPCode>(s[4 * j + 2 * r], s[4 * j + 2 * r + 1], c, m[r]);
+        const std::uint32_t hi = p_code_pair<kPCode>(s[4 * j + 4 + 2 * r], s[4 * j + 5 + 2 * r], c, m[r]);
+        const std::uint32_t word = lo | (hi << 16);
+        p[t][2 * h + r] = word;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) l[r] += decode_p((word >> (8 * b)) & 0xFFu);
+      }
+}
+
+template <int HeadDim, PCode kPCode>
+__global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
+    fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
+                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
+  using Cfg = Fp8Config<HeadDim>;
+  extern __shared__ std::uint8_t smem_raw[];
+  auto& smem = *reinterpret_cast<SharedStorage<Cfg>*>(
+      (reinterpret_cast<std::uintptr_t>(smem_raw) + Cfg::kSwizzleAlign - 1) & ~std::uintptr_t{Cfg::kSwizzleAlign - 1});
+
+  // Causal grids run their longest CTAs (last query blocks) first.
+  const int q_block = args.mask == MaskKind::none ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / (args.Hq / args.Hkv);
+  const int q0 = q_block * Cfg::kBlockQ;
+  const bool causal = args.mask != MaskKind::none;
+  // Bottom-right alignment: query i sees key j iff j ≤ i + Sk − Sq.
+  const int diagonal = args.mask == MaskKind::causal ? args.Sk - args.Sq : 0;
+  const int num_k_tiles = (args.Sk + Cfg::kBlockK - 1) / Cfg::kBlockK;
+  const int last_row = min(q0 + Cfg::kBlockQ, args.Sq) - 1;
+  const int last_key = causal ? min(args.Sk - 1, last_row + diagonal) : args.Sk - 1;
+  const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlockK + 1;
+
+  const int wg = threadIdx.x / kWarpgroupThreads;
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_init(&smem.q_full, 1);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      cuda::ptx::mbarrier_init(&smem.kv_full[s], 1);
+      cuda::ptx::mbarrier_init(&smem.kv_empty[s], Cfg::kConsumers * kWarpgroupThreads);
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer
+    set_max_registers_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    const std::int32_t q_coord[4] = {0, q0, head, batch};
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                         &smem.q_full, Cfg::kQBytes);
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.q, &tm_q, q_coord,
+                                    &smem.q_full);
+    for (int n = 0; n < k_tiles; ++n) {
+      const int stage = n % Cfg::kStages;
+      wait_barrier(&smem.kv_empty[stage], ((n / Cfg::kStages) & 1) ^ 1);
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           &smem.kv_full[stage], Cfg::kKBytes + Cfg::kVBytes);
+      const std::int32_t k_coord[4] = {0, n * Cfg::kBlockK, kv_head, batch};
+      const std::int32_t v_coord[4] = {n * Cfg::kBlockK, 0, kv_head, batch};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.k[stage], &tm_k, k_coord,
+                                      &smem.kv_full[stage]);
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v[stage], &tm_vt,
+                                      v_coord, &smem.kv_full[stage]);
+    }
+    return;
+  }
+
+  // ---- consumers
+  set_max_registers_inc<Cfg::kConsumerRegs>();
+  const int consumer = wg - 1;
+  const Fragment frag(threadIdx.x % kWarpgroupThreads);
+  const int row_abs[2] = {q0 + consumer * Cfg::kRowsPerConsumer + frag.row[0],
+                          q0 + consumer * Cfg::kRowsPerConsumer + frag.row[1]};
+  const std::uint64_t desc_q = make_kmajor_desc<Cfg::kQkSwizzle>(smem.q + consumer * Cfg::kQConsumerBytes);
+  const int q_blocks = (args.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ;
+  const float q_scale = args.q_scale[(static_cast<std::int64_t>(batch) * args.Hq + head) * q_blocks + q_block];
+  const float* k_scale = args.k_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * num_k_tiles;
+  const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
+
+  float o[Cfg::kORegs];
+#pragma unroll
+  for (int i = 0; i < Cfg::kORegs; ++i) o[i] = 0.0f;
+  float m[2] = {neg_inf(), neg_inf()};
+  float l[2] = {0.0f, 0.0f};  // this thread's share of the row sums
+
+  wait_barrier(&smem.q_full, 0);
+  for (int n = 0; n < k_tiles; ++n) {
+    const int stage = n % Cfg::kStages;
+    wait_barrier(&smem.kv_full[stage], (n / Cfg::kStages) & 1);
+
+    // S = Q·Kᵀ
+    const std::uint64_t desc_k = make_kmajor_desc<Cfg::kQkSwizzle>(smem.k[stage]);
+    float s[Cfg::kSRegs];
+    wgmma_fence();
+    wgmma_m64n128k32_ss_init(s, desc_q, desc_k);
+#pragma unroll
+    for (int t = 1; t < Cfg::kQkSteps; ++t) wgmma_m64n128k32_ss(s, desc_q + t * kDescK32Step, desc_k + t * kDescK32Step);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(s);
+
+    const int first_key = n * Cfg::kBlockK;
+    const bool partial = first_key + Cfg::kBlockK > args.Sk;
+    const bool on_diagonal =
+        causal && first_key + Cfg::kBlockK - 1 > q0 + consumer * Cfg::kRowsPerConsumer + diagonal;
+    if (partial || on_diagonal) mask_scores(s, frag, first_key, row_abs, args.Sk, causal, diagonal);
+
+    // Online softmax in the log2 domain; a row with nothing visible yet keeps
+    // m = −inf and uses 0 in its place so that no −inf − (−inf) appears.
+    const float c = q_scale * k_scale[n] * scale_log2;
+    float mx[2];
+    row_max(s, mx);
+    float m_use[2], alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], mx[r] * c);
+      m_use[r] = m_new == neg_inf() ? 0.0f : m_new;
+      alpha[r] = exp2f(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+
+    // P by Direct-P, straight into the A operand
+    std::uint32_t p[Cfg::kPvSteps][4];
+    pack_p_operand<kPCode>(s, c, m_use, p, l);
+
+    // O = O·alpha + P·V. The FP8 tensor core keeps only about 14 significant
+    // bits while accumulating, so each tile's product starts from zero and is
+    // added to O in fp32 (DESIGN §3.4); the rescale by alpha rides on that FFMA.
+    const std::uint64_t desc_v = make_kmajor_desc<Cfg::kVSwizzle>(smem.v[stage]);
+    float pv[Cfg::kORegs];
+    wgmma_fence();
+    if constexpr (HeadDim == 128) {
+      wgmma_m64n128k32_rs_init(pv, p[0], desc_v);
+#pragma unroll
+      for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n128k32_rs(pv, p[t], desc_v + t * kDescK32Step);
+    } else {
+      wgmma_m64n64k32_rs_init(pv, p[0], desc_v);
+#pragma unroll
+      for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n64k32_rs(pv, p[t], desc_v + t * kDescK32Step);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_registers(pv);
+#pragma unroll
+    for (int j = 0; j < Cfg::kORegs / 4; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) o[4 * j + 2 * r + e] = fmaf(o[4 * j + 2 * r + e], alpha[r], pv[4 * j + 2 * r + e]);
+    cuda::ptx::mbarrier_arrive(&smem.kv_empty[stage]);
+  }
+
+  // ---- epilogue: O = O·v_scale / l in bf16; LSE in natural log
+  const float* v_scale = args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * HeadDim;
+  auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float row_sum = l[r];
+    row_sum += __shfl_xor_sync(kFullWarp, row_sum, 1);
+    row_sum += __shfl_xor_sync(kFullWarp, row_sum, 2);
+    if (row_abs[r] >= args.Sq) continue;
+    const bool empty = row_sum == 0.0f;  // fully masked row: O = 0, LSE = −inf
+    const float inv_sum = empty ? 0.0f : 1.0f / row_sum;
+    __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
+#pragma unroll
+    for (int j = 0; j < HeadDim / 8; ++j) {
+      const int col = 8 * j + frag.col;
+      const float o0 = o[4 * j + 2 * r] * v_scale[col] * inv_sum;
+      const float o1 = o[4 * j + 2 * r + 1] * v_scale[col + 1] * inv_sum;
+      *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(o0, o1);
+    }
+    if (frag.col == 0) {
+      const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
+      const float shift = args.lse_shift != nullptr ? args.lse_shift[lse_index] : 0.0f;
+      args.lse[lse_index] = empty ? neg_inf() : (m[r] + log2f(row_sum) - direct_p::kFp8Offset) * kLn2 + shift;
+    }
+  }
+}
+
+}  // namespace fp4attn::sm90::fwd

@@ -1,0 +1,52 @@
+// Host-side entry of the sm90 forward kernels: argument block and launcher.
+// No device code here, so dispatch and the C ABI can include it from .cpp files.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "fp4attn/recipe.hpp"
+
+namespace fp4attn::sm90::fwd {
+
+// How a score becomes its E4M3 P code (DESIGN §3.3).
+enum class PCode : std::uint8_t {
+  direct_p,  // bits built from a polynomial of the score: no MUFU, no F2FP (the method)
+  exp2_cvt,  // ex2.approx then cvt.rn.satfinite.e4m3x2 (the comparison baseline)
+};
+
+// Keys of one Vᵀ row are padded to this multiple (the kernel's key tile), so
+// Vᵀ tiles never run past the end of a row.
+inline constexpr std::int64_t kVtKeyAlign = 128;
+
+// Device pointers and sizes of one recipe-fp8 forward call. Q and K are
+// (B, S, H, D) E4M3 codes with byte strides on B, S, H (D contiguous; strides
+// multiples of 16, as TMA requires). Vᵀ is the layout the GPU quantizer
+// writes: (B, Hkv, D, vt_keys) with keys permuted inside each group of 32
+// (see cuda/quantize/quantize_fp8.hpp). Scales are those of the fp8 recipe.
+struct Fp8ForwardArgs {
+  const std::uint8_t* q = nullptr;
+  std::int64_t q_stride_b = 0, q_stride_s = 0, q_stride_h = 0;
+  const std::uint8_t* k = nullptr;
+  std::int64_t k_stride_b = 0, k_stride_s = 0, k_stride_h = 0;
+  const std::uint8_t* vt = nullptr;
+  std::int64_t vt_keys = 0;
+  const float* q_scale = nullptr;    // (B, Hq, ceil(Sq / 128))
+  const float* k_scale = nullptr;    // (B, Hkv, ceil(Sk / 128))
+  const float* v_scale = nullptr;    // (B, Hkv, D)
+  const float* lse_shift = nullptr;  // (B, Hq, Sq) added to finite LSE (smooth_k), or null
+  void* o = nullptr;                 // bf16 (B, Sq, Hq, D), element strides on B, S, H
+  std::int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;
+  float* lse = nullptr;  // (B, Hq, Sq), natural log
+  int B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0;
+  float softmax_scale = 0.0f;  // already resolved (> 0)
+  MaskKind mask = MaskKind::none;
+  PCode p_code = PCode::direct_p;
+};
+
+// Launches the kernel for args.D (64 or 128) on `stream`. Throws fp4attn::Error
+// for arguments the kernel cannot take (alignment, head dim) and on CUDA errors.
+void forward_fp8(const Fp8ForwardArgs& args, cudaStream_t stream);
+
+}  // namespace fp4attn::sm90::fwd

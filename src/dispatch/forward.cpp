@@ -1,0 +1,80 @@
+// Executor choice: validate once, then run the sm90 kernels when this build has
+// them, a Hopper GPU is present and the problem is one they implement; the CPU
+// emulator otherwise.
+#include <algorithm>
+#include <iterator>
+#include <string>
+
+#include "dispatch/sm90_executor.hpp"
+#include "fp4attn/attention.hpp"
+#include "fp4attn/emulator.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn {
+
+bool cuda_built() {
+#if defined(FP4ATTN_HAS_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool sm90_available() {
+  // Devices do not come and go during a process; ask the runtime once.
+  static const bool present = dispatch::sm90_device_present();
+  return present;
+}
+
+std::string device_description() {
+  if (!cuda_built()) return "CPU-only build (no CUDA executors): running the CPU emulator";
+  if (!sm90_available()) return "no CUDA GPU found: running the CPU emulator";
+  return "compute-capability 9.0 GPU found: running the sm90 executor";
+}
+
+namespace {
+
+std::string sm90_head_dim_list() {
+  std::string list;
+  for (int d : kSm90HeadDims) list += (list.empty() ? "" : ", ") + std::to_string(d);
+  return list;
+}
+
+ForwardOutput run_emulator(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
+                           std::span<const float> v, const AttentionOptions& opt) {
+  emulator::ForwardResult r = emulator::forward(shape, q, k, v, opt);
+  return ForwardOutput{std::move(r.o), std::move(r.lse), Executor::emulator};
+}
+
+ForwardOutput run_sm90(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
+                       std::span<const float> v, const AttentionOptions& opt) {
+  if (opt.target != Target::sm90)
+    throw Error("executor", "the sm90 executor cannot run target " + std::string(to_string(opt.target)) +
+                                " (only the emulator models it)");
+  if (std::find(std::begin(kSm90HeadDims), std::end(kSm90HeadDims), shape.D) == std::end(kSm90HeadDims))
+    throw Error("D", "D=" + std::to_string(shape.D) + " is not supported by the sm90 executor (D must be one of " +
+                         sm90_head_dim_list() + ")");
+  if (!cuda_built()) throw Error("executor", "this build has no CUDA executors");
+  if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
+  // The recipe and tile checks are the executor's own (it names what it lacks);
+  // non-finite input is reported by its GPU quantizer, naming the tensor.
+  return dispatch::sm90_forward(shape, q, k, v, opt);
+}
+
+}  // namespace
+
+ForwardOutput forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
+                      std::span<const float> v, const AttentionOptions& opt, Executor executor) {
+  validate(shape, opt);
+  validate_sizes(shape, q.size(), k.size(), v.size());
+  switch (executor) {
+    case Executor::automatic:
+      if (sm90_available() && sm90_supports(shape, opt)) return run_sm90(shape, q, k, v, opt);
+      return run_emulator(shape, q, k, v, opt);
+    case Executor::sm90: return run_sm90(shape, q, k, v, opt);
+    case Executor::emulator: return run_emulator(shape, q, k, v, opt);
+  }
+  throw Error("executor", "unknown executor");
+}
+
+}  // namespace fp4attn

@@ -1,0 +1,19 @@
+// Stand-ins for the sm90 executor in a build without CUDA: no device is ever
+// present, and asking for the executor explicitly is an error for the caller.
+#if !defined(FP4ATTN_HAS_CUDA)
+
+#include "dispatch/sm90_executor.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::dispatch {
+
+ForwardOutput sm90_forward(const AttentionShape&, std::span<const float>, std::span<const float>,
+                           std::span<const float>, const AttentionOptions&) {
+  throw Error("executor", "this build has no CUDA executors");
+}
+
+bool sm90_device_present() { return false; }
+
+}  // namespace fp4attn::dispatch
+
+#endif  // !FP4ATTN_HAS_CUDA

@@ -1,0 +1,262 @@
+// Emulator backward (recipes fp8 and mxfp4_train, DESIGN §5): FP8 gradients.
+//
+// Per (query tile, key tile) pair, as the kernel does it:
+//   S  = Q·Kᵀ recomputed from the quantized operands of the forward
+//   P  = Direct-P E4M3 code of u = s·scale_log2 − lse·log2(e), i.e. 2^(u+8)/256
+//   dP = dO·Vᵀ           (FP8 × FP8, fp32)
+//   dS = P ⊙ (dP − D),   D = rowsum(dO ⊙ O) from the unquantized dO and bf16 O
+//   dS → FP8 (E4M3 or E5M2) with one fp32 scale for the pair
+//   dV += Pᵀ·dO, dK += scale·dSᵀ·Q, dQ += scale·dS·K  (FP8 operands, fp32 accumulation)
+// The kernels accumulate dQ across key tiles with atomics or a reduction; to
+// stay deterministic the emulator runs two passes over the same pairs, one
+// owning each query tile (dQ) and one owning each key tile (dK, dV, summed over
+// the GQA group). Both passes call the same pair function, so they see
+// identical P and dS.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "emulator/checks.hpp"
+#include "emulator/numerics.hpp"
+#include "emulator/operands.hpp"
+#include "emulator/parallel.hpp"
+#include "emulator/scores.hpp"
+#include "fp4attn/direct_p.hpp"
+#include "fp4attn/emulator.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::emulator {
+namespace {
+
+// P = 2^(u + 8) / 256: the E4M3 code stands for 2^(u+8), the 2^-8 stays outside.
+const float kPUnscale = exp2i(-static_cast<int>(direct_p::kFp8Offset));
+
+// Row-major operand of a gradient product: per-element values the FP8 MMA
+// multiplies and one factor per row (the FP8 token-block scale). MXFP4 Q and K
+// (mxfp4_train) enter with their exact dequantized values and factor 1.
+struct PlainOperand {
+  std::int64_t H = 0, S = 0, D = 0;
+  std::vector<float> values;  // (B, H, S, D)
+  std::vector<float> factor;  // (B, H, S)
+  const float* row(std::int64_t b, std::int64_t h, std::int64_t s) const { return &values[((b * H + h) * S + s) * D]; }
+  float factor_of(std::int64_t b, std::int64_t h, std::int64_t s) const { return factor[(b * H + h) * S + s]; }
+};
+
+PlainOperand plain_operand(const QuantizedTensor& t) {
+  PlainOperand op{t.H, t.S, t.D, std::vector<float>(static_cast<std::size_t>(t.numel())),
+                  std::vector<float>(static_cast<std::size_t>(t.B * t.H * t.S), 1.0f)};
+  const bool fp8 = t.format == TensorFormat::fp8_e4m3;
+  for (std::int64_t b = 0; b < t.B; ++b)
+    for (std::int64_t h = 0; h < t.H; ++h)
+      for (std::int64_t s = 0; s < t.S; ++s) {
+        float* out = &op.values[((b * t.H + h) * t.S + s) * t.D];
+        if (fp8) op.factor[(b * t.H + h) * t.S + s] = t.scales[t.scale_index(b, s, h, 0)];
+        for (std::int64_t d = 0; d < t.D; ++d)
+          out[d] = fp8 ? decode(ElemFormat::e4m3, t.codes[bshd_index(t.S, t.H, t.D, b, s, h, d)]) : t.value(b, s, h, d);
+      }
+  return op;
+}
+
+struct Problem {
+  AttentionShape shape;
+  AttentionOptions opt;
+  QkOperand q_s, k_s;          // S recomputation: the forward's operands
+  PlainOperand q, k;           // dK = dSᵀ·Q, dQ = dS·K
+  PlainOperand d_o, v;         // dP = dO·Vᵀ (V re-quantized per key tile along D)
+  std::vector<float> delta;    // (B, Hq, Sq) D = rowsum(dO ⊙ O)
+  std::vector<float> lse_log2; // (B, Hq, Sq) log2-domain LSE of the smoothed scores
+  ElemFormat ds_format = ElemFormat::e4m3;
+  float ds_max = kE4M3Max;
+  float scale = 0.0f, scale_log2 = 0.0f;
+};
+
+// P (E4M3 values, 2^-8 outside) and quantized dS of one (query tile, key tile) pair.
+struct PairTile {
+  std::int64_t rows = 0, kn = 0, block_k = 0;
+  std::vector<float> p, ds;  // (block_q, block_k)
+  float ds_scale = 1.0f;
+  KeyTile keys;
+  std::vector<float> s;
+  PairTile(std::int64_t D, std::int64_t block_q, std::int64_t bk)
+      : block_k(bk),
+        p(static_cast<std::size_t>(block_q * bk)),
+        ds(static_cast<std::size_t>(block_q * bk)),
+        keys(D, bk),
+        s(static_cast<std::size_t>(bk)) {}
+};
+
+void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64_t i0, std::int64_t rows,
+                  std::int64_t j0, std::int64_t kn, PairTile& t) {
+  const AttentionShape& sh = pb.shape;
+  const std::int64_t hkv = hq / sh.group(), bk = t.block_k, D = sh.D;
+  t.rows = rows, t.kn = kn;
+  load_key_tile(pb.k_s, b, hkv, j0, kn, t.keys);
+  float amax = 0.0f;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t i = i0 + r, row = (b * sh.Hq + hq) * sh.Sq + i;
+    const std::int64_t seen = std::min(kn, visible_keys(pb.opt.mask, sh.Sq, sh.Sk, i) - j0);
+    float* p = &t.p[r * bk];
+    float* ds = &t.ds[r * bk];
+    std::fill_n(p, kn, 0.0f);
+    std::fill_n(ds, kn, 0.0f);
+    if (seen <= 0 || !std::isfinite(pb.lse_log2[row])) continue;  // no visible key: P = dS = 0
+    score_row(pb.q_s, b, hq, i, t.keys, t.s.data());
+    const float* dov = pb.d_o.row(b, hq, i);
+    const float dof = pb.d_o.factor_of(b, hq, i);
+    for (std::int64_t j = 0; j < seen; ++j) {
+      const float u = direct_p::log2_score(t.s[j], pb.scale_log2, pb.lse_log2[row]);
+      p[j] = decode(ElemFormat::e4m3, pb.opt.direct_p ? direct_p::fp8_code(u) : direct_p::fp8_code_exp2(u));
+      // dP = dO·Vᵀ: exact E4M3 products summed in fp32, then both scales.
+      const float* vv = pb.v.row(b, hkv, j0 + j);
+      float acc = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) acc += dov[d] * vv[d];
+      const float dp = acc * (dof * pb.v.factor_of(b, hkv, j0 + j));
+      ds[j] = p[j] * kPUnscale * (dp - pb.delta[row]);
+      amax = std::max(amax, std::abs(ds[j]));
+    }
+  }
+  // One fp32 scale for the pair maps its largest |dS| to the format's maximum.
+  const float scale = amax / pb.ds_max;
+  t.ds_scale = scale > 0.0f ? scale : 1.0f;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < kn; ++j) t.ds[r * bk + j] = round_to(pb.ds_format, t.ds[r * bk + j] / t.ds_scale);
+}
+
+// Key tiles a query tile's rows can see: a prefix, longest for its last row.
+std::int64_t visible_key_count(const Problem& pb, std::int64_t i0, std::int64_t rows) {
+  return visible_keys(pb.opt.mask, pb.shape.Sq, pb.shape.Sk, i0 + rows - 1);
+}
+
+void dq_item(const Problem& pb, std::int64_t item, std::vector<float>& dq) {
+  const AttentionShape& sh = pb.shape;
+  const std::int64_t bq = pb.opt.block_q, bk = pb.opt.block_k, D = sh.D, q_tiles = ceil_div(sh.Sq, bq);
+  const std::int64_t qt = item % q_tiles, hq = (item / q_tiles) % sh.Hq, b = item / (q_tiles * sh.Hq);
+  const std::int64_t hkv = hq / sh.group(), i0 = qt * bq, rows = std::min(bq, sh.Sq - i0);
+  PairTile t(D, bq, bk);
+  std::vector<float> acc(static_cast<std::size_t>(rows * D), 0.0f), part(static_cast<std::size_t>(D));
+  const std::int64_t keys = visible_key_count(pb, i0, rows);
+  for (std::int64_t j0 = 0; j0 < keys; j0 += bk) {
+    const std::int64_t kn = std::min(bk, sh.Sk - j0);
+    compute_pair(pb, b, hq, i0, rows, j0, kn, t);
+    // K's FP8 scale is one per key tile, so it factors out of the sum over keys.
+    const float factor = t.ds_scale * pb.k.factor_of(b, hkv, j0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::fill(part.begin(), part.end(), 0.0f);
+      for (std::int64_t j = 0; j < kn; ++j) {
+        const float ds = t.ds[r * bk + j];
+        if (ds == 0.0f) continue;
+        const float* kv = pb.k.row(b, hkv, j0 + j);
+        for (std::int64_t d = 0; d < D; ++d) part[d] += ds * kv[d];
+      }
+      for (std::int64_t d = 0; d < D; ++d) acc[r * D + d] += part[d] * factor;
+    }
+  }
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t d = 0; d < D; ++d) dq[bshd_index(sh.Sq, sh.Hq, D, b, i0 + r, hq, d)] = pb.scale * acc[r * D + d];
+}
+
+void dkv_item(const Problem& pb, std::int64_t item, std::vector<float>& dk, std::vector<float>& dv) {
+  const AttentionShape& sh = pb.shape;
+  const std::int64_t bq = pb.opt.block_q, bk = pb.opt.block_k, D = sh.D, k_tiles = ceil_div(sh.Sk, bk);
+  const std::int64_t kt = item % k_tiles, hkv = (item / k_tiles) % sh.Hkv, b = item / (k_tiles * sh.Hkv);
+  const std::int64_t j0 = kt * bk, kn = std::min(bk, sh.Sk - j0);
+  PairTile t(D, bq, bk);
+  std::vector<float> acc_k(static_cast<std::size_t>(kn * D), 0.0f), acc_v(acc_k.size(), 0.0f);
+  std::vector<float> part_k(static_cast<std::size_t>(D)), part_v(static_cast<std::size_t>(D));
+  for (std::int64_t hq = hkv * sh.group(); hq < (hkv + 1) * sh.group(); ++hq)
+    for (std::int64_t i0 = 0; i0 < sh.Sq; i0 += bq) {
+      const std::int64_t rows = std::min(bq, sh.Sq - i0);
+      if (visible_key_count(pb, i0, rows) <= j0) continue;  // the whole pair is masked
+      compute_pair(pb, b, hq, i0, rows, j0, kn, t);
+      // Q's and dO's FP8 scales are one per query tile: they factor out of the sum over queries.
+      const float k_factor = t.ds_scale * pb.q.factor_of(b, hq, i0);
+      const float v_factor = kPUnscale * pb.d_o.factor_of(b, hq, i0);
+      for (std::int64_t j = 0; j < kn; ++j) {
+        std::fill(part_k.begin(), part_k.end(), 0.0f);
+        std::fill(part_v.begin(), part_v.end(), 0.0f);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const float ds = t.ds[r * bk + j], p = t.p[r * bk + j];
+          const float* qv = pb.q.row(b, hq, i0 + r);
+          const float* dov = pb.d_o.row(b, hq, i0 + r);
+          for (std::int64_t d = 0; d < D; ++d) {
+            part_k[d] += ds * qv[d];
+            part_v[d] += p * dov[d];
+          }
+        }
+        for (std::int64_t d = 0; d < D; ++d) {
+          acc_k[j * D + d] += part_k[d] * k_factor;
+          acc_v[j * D + d] += part_v[d] * v_factor;
+        }
+      }
+    }
+  for (std::int64_t j = 0; j < kn; ++j)
+    for (std::int64_t d = 0; d < D; ++d) {
+      const std::int64_t o = bshd_index(sh.Sk, sh.Hkv, D, b, j0 + j, hkv, d);
+      dk[o] = pb.scale * acc_k[j * D + d];
+      dv[o] = acc_v[j * D + d];
+    }
+}
+
+}  // namespace
+
+BackwardResult backward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
+                        std::span<const float> v, std::span<const float> o, std::span<const float> lse,
+                        std::span<const float> d_o, const AttentionOptions& opt) {
+  check_problem(shape, opt);
+  if (!spec_of(opt.recipe).has_backward)
+    throw Error("recipe", std::string(to_string(opt.recipe)) + " is inference only: no backward (use fp8 or mxfp4_train)");
+  check_size(o.size(), shape.q_elems(), "o");
+  check_size(d_o.size(), shape.q_elems(), "d_o");
+  check_size(lse.size(), shape.lse_elems(), "lse");
+  require_finite(d_o, "d_o");
+
+  const QuantizedInputs in = quantize_inputs(shape, q, k, v, opt);
+  Problem pb;
+  pb.shape = shape;
+  pb.opt = opt;
+  pb.q_s = qk_operand(in.q, opt.target, 1);
+  pb.k_s = qk_operand(in.k, opt.target, opt.block_k);
+  pb.q = plain_operand(in.q);
+  pb.k = plain_operand(in.k);
+  // dO and V meet in dP = dO·Vᵀ, a reduction over D: both need scales per
+  // token block (the forward's per-channel V scale would not factor out).
+  QuantizeOptions qo;
+  qo.fp8_token_block = opt.block_q;
+  pb.d_o = plain_operand(quantize(d_o, shape.B, shape.Sq, shape.Hq, shape.D, TensorFormat::fp8_e4m3,
+                                  BlockAxis::along_d, qo, "d_o"));
+  qo.fp8_token_block = opt.block_k;
+  pb.v = plain_operand(quantize(v, shape.B, shape.Sk, shape.Hkv, shape.D, TensorFormat::fp8_e4m3, BlockAxis::along_d,
+                                qo, "v"));
+  pb.ds_format = opt.ds_format == GradFormat::e5m2 ? ElemFormat::e5m2 : ElemFormat::e4m3;
+  pb.ds_max = opt.ds_format == GradFormat::e5m2 ? kE5M2Max : kE4M3Max;
+  pb.scale = resolve_softmax_scale(opt.softmax_scale, shape.D);
+  pb.scale_log2 = pb.scale * direct_p::kLog2e;
+
+  const std::int64_t D = shape.D;
+  pb.delta.resize(static_cast<std::size_t>(shape.lse_elems()));
+  pb.lse_log2.resize(pb.delta.size());
+  for (std::int64_t b = 0; b < shape.B; ++b)
+    for (std::int64_t h = 0; h < shape.Hq; ++h)
+      for (std::int64_t i = 0; i < shape.Sq; ++i) {
+        const std::int64_t row = (b * shape.Hq + h) * shape.Sq + i, base = bshd_index(shape.Sq, shape.Hq, D, b, i, h, 0);
+        float delta = 0.0f;
+        for (std::int64_t d = 0; d < D; ++d) delta += d_o[base + d] * o[base + d];
+        pb.delta[row] = delta;
+        // The forward's LSE is that of the original scores; the recomputed
+        // scores use the smoothed K, so take its smooth_k correction back out.
+        const float correction = smooth_k_shift(in, shape, pb.scale, b, h, i);
+        pb.lse_log2[row] = (lse[row] - correction) * direct_p::kLog2e;
+      }
+
+  BackwardResult out{std::vector<float>(static_cast<std::size_t>(shape.q_elems())),
+                     std::vector<float>(static_cast<std::size_t>(shape.kv_elems())),
+                     std::vector<float>(static_cast<std::size_t>(shape.kv_elems()))};
+  parallel_for(shape.B * shape.Hq * ceil_div(shape.Sq, opt.block_q), opt.threads,
+               [&](std::int64_t item) { dq_item(pb, item, out.dq); });
+  parallel_for(shape.B * shape.Hkv * ceil_div(shape.Sk, opt.block_k), opt.threads,
+               [&](std::int64_t item) { dkv_item(pb, item, out.dk, out.dv); });
+  return out;
+}
+
+}  // namespace fp4attn::emulator

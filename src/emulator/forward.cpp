@@ -1,0 +1,226 @@
+// Emulator forward: the kernels' tiled online-softmax algorithm on the CPU.
+//
+// One work item is what one kernel thread block does: a (batch, query head,
+// query tile of block_q rows) triple. It walks the key tiles of block_k keys
+// that its rows can see and, per tile and row:
+//   S = Q·Kᵀ            with the operands and fp32 accumulation the tensor core has
+//   m_new = max(m, max_j s·scale_log2)
+//   u = s·scale_log2 − m_new, P = codes of u (Direct-P or exp2 + quantizer)
+//   l = l·alpha + Σ P,  O = O·alpha + P·V,  alpha = 2^(m − m_new)
+// and the epilogue divides by l, applies V's per-channel factors and rounds O
+// to bf16. Every rounding rule comes from formats.hpp / direct_p.hpp, the
+// functions the CUDA kernels call.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "emulator/checks.hpp"
+#include "emulator/numerics.hpp"
+#include "emulator/operands.hpp"
+#include "emulator/p_row.hpp"
+#include "emulator/parallel.hpp"
+#include "emulator/scores.hpp"
+#include "fp4attn/direct_p.hpp"
+#include "fp4attn/emulator.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::emulator {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void check_quantized(const QuantizedTensor& t, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D,
+                     TensorFormat format, const char* name) {
+  if (t.B != B || t.S != S || t.H != H || t.D != D || t.format != format ||
+      static_cast<std::int64_t>(t.codes.size()) != t.numel())
+    throw Error(name, "quantized tensor does not match the shape and the recipe's format");
+}
+
+// Everything a work item reads, prepared once per call.
+struct Problem {
+  AttentionShape shape;
+  AttentionOptions opt;
+  const QuantizedInputs* in = nullptr;
+  QkOperand q, k;
+  VOperand v;
+  PConfig p;
+  float scale = 0.0f;       // softmax scale
+  float scale_log2 = 0.0f;  // softmax scale · log2(e): the whole softmax runs in base 2
+  float offset = 0.0f;      // log2 of the factor the P values carry
+};
+
+// Scratch of one work item, sized for one tile.
+struct TileScratch {
+  TileScratch(std::int64_t D, std::int64_t block_q, std::int64_t block_k)
+      : keys(D, block_k),
+        partial(static_cast<std::size_t>(D)),
+        s(static_cast<std::size_t>(block_k)),
+        u(static_cast<std::size_t>(block_k)),
+        p(static_cast<std::size_t>(block_k)),
+        p_block(static_cast<std::size_t>(block_k / kMxfp4Block + 1)),
+        o_tile(static_cast<std::size_t>(D)),
+        o_acc(static_cast<std::size_t>(block_q * D)),
+        m(static_cast<std::size_t>(block_q)),
+        l(static_cast<std::size_t>(block_q)) {}
+
+  KeyTile keys;
+  std::vector<float> partial;    // (D): one 32-key block's partial P·V sums
+  std::vector<float> s;          // (block_k) scores of one row
+  std::vector<float> u;          // (block_k) log2-domain scores
+  std::vector<float> p;          // (block_k) P values
+  std::vector<float> p_block;    // (block_k / 32) P block factors
+  std::vector<float> o_tile;     // (D) one row's P·V for this tile
+  std::vector<float> o_acc;      // (block_q, D)
+  std::vector<float> m, l;       // (block_q) running max (log2 domain) and row sum
+};
+
+// o_tile = P·V for one row against key tile [j0, j0 + kn), before the row factor.
+void pv_row(const Problem& pb, std::int64_t b, std::int64_t hkv, std::int64_t j0, std::int64_t kn, TileScratch& t) {
+  const VOperand& v = pb.v;
+  const std::int64_t D = v.D;
+  std::fill(t.o_tile.begin(), t.o_tile.end(), 0.0f);
+  // Block-scaled V (MXFP4 on sm100) sums 32 keys at a time, then applies
+  // 2^(Ep + Ev); every other operand is one block spanning the tile.
+  const std::int64_t block = v.block > 0 ? v.block : kn;
+  for (std::int64_t k0 = 0; k0 < kn; k0 += block) {
+    const std::int64_t k1 = std::min(kn, k0 + block);
+    float* acc = v.block > 0 ? t.partial.data() : t.o_tile.data();
+    if (v.block > 0) std::fill_n(t.partial.begin(), D, 0.0f);
+    for (std::int64_t j = k0; j < k1; ++j) {
+      const float p = t.p[j];
+      if (p == 0.0f) continue;  // adds exact zeros only
+      const float* vr = v.values_of(b, hkv, j0 + j);
+      for (std::int64_t d = 0; d < D; ++d) acc[d] += p * vr[d];
+    }
+    if (v.block > 0) {
+      const float pf = t.p_block[k0 / v.block];
+      const float* vb = &v.block_factor[(v.head(b, hkv) * ceil_div(v.S, v.block) + (j0 + k0) / v.block) * D];
+      for (std::int64_t d = 0; d < D; ++d) t.o_tile[d] += t.partial[d] * (pf * vb[d]);
+    }
+  }
+}
+
+void run_query_tile(const Problem& pb, std::int64_t item, TileScratch& t, ForwardResult& out) {
+  const AttentionShape& sh = pb.shape;
+  const std::int64_t block_q = pb.opt.block_q, block_k = pb.opt.block_k, D = sh.D;
+  const std::int64_t q_tiles = ceil_div(sh.Sq, block_q);
+  const std::int64_t qt = item % q_tiles, hq = (item / q_tiles) % sh.Hq, b = item / (q_tiles * sh.Hq);
+  const std::int64_t hkv = hq / sh.group();  // GQA: a group of query heads shares one kv head
+  const std::int64_t i0 = qt * block_q, rows = std::min(block_q, sh.Sq - i0);
+
+  std::fill(t.m.begin(), t.m.end(), kNegInf);
+  std::fill(t.l.begin(), t.l.end(), 0.0f);
+  std::fill(t.o_acc.begin(), t.o_acc.end(), 0.0f);
+  // Masks keep a prefix of the keys, longest for the tile's last row: tiles
+  // past it are skipped, as the kernel skips them.
+  const std::int64_t tile_keys = visible_keys(pb.opt.mask, sh.Sq, sh.Sk, i0 + rows - 1);
+  for (std::int64_t j0 = 0; j0 < tile_keys; j0 += block_k) {
+    const std::int64_t kn = std::min(block_k, sh.Sk - j0);
+    load_key_tile(pb.k, b, hkv, j0, kn, t.keys);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t seen = std::min(kn, visible_keys(pb.opt.mask, sh.Sq, sh.Sk, i0 + r) - j0);
+      if (seen <= 0) continue;  // fully masked for this row: m, l, O unchanged
+      score_row(pb.q, b, hq, i0 + r, t.keys, t.s.data());
+      float tile_max = kNegInf;
+      for (std::int64_t j = 0; j < kn; ++j) {
+        if (j >= seen) t.s[j] = kNegInf;
+        else tile_max = std::max(tile_max, t.s[j] * pb.scale_log2);
+      }
+      const float m_new = std::max(t.m[r], tile_max);
+      for (std::int64_t j = 0; j < kn; ++j) t.u[j] = direct_p::log2_score(t.s[j], pb.scale_log2, m_new);
+      const float alpha = exp2f(t.m[r] - m_new);  // 0 on the row's first tile (m = −inf)
+      const PRowResult p = make_p_row(pb.p, std::span<const float>(t.u.data(), kn), std::span<float>(t.p.data(), kn),
+                                      std::span<float>(t.p_block));
+      pv_row(pb, b, hkv, j0, kn, t);
+      float* o = &t.o_acc[r * D];
+      for (std::int64_t d = 0; d < D; ++d) o[d] = o[d] * alpha + t.o_tile[d] * p.row_factor;
+      t.l[r] = t.l[r] * alpha + p.sum;
+      t.m[r] = m_new;
+    }
+  }
+
+  const float* v_col = &pb.v.col_factor[pb.v.head(b, hkv) * D];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t i = i0 + r;
+    float* o_out = &out.o[bshd_index(sh.Sq, sh.Hq, D, b, i, hq, 0)];
+    float& lse = out.lse[(b * sh.Hq + hq) * sh.Sq + i];
+    if (!(t.l[r] > 0.0f)) {  // no visible key: O = 0, LSE = −inf
+      std::fill_n(o_out, D, 0.0f);
+      lse = kNegInf;
+      continue;
+    }
+    const float inv_l = 1.0f / t.l[r];
+    for (std::int64_t d = 0; d < D; ++d) o_out[d] = round_to_bf16(t.o_acc[r * D + d] * inv_l * v_col[d]);
+    // l sums 2^(u + offset) with u = s·scale_log2 − m, so log2 Σ 2^(s·scale_log2) = m + log2 l − offset;
+    // the smooth_k shift is added back so LSE is that of the original scores.
+    lse = (t.m[r] + std::log2(t.l[r]) - pb.offset) * kLn2 + smooth_k_shift(*pb.in, sh, pb.scale, b, hq, i);
+  }
+}
+
+}  // namespace
+
+QuantizedInputs quantize_inputs(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
+                                std::span<const float> v, const AttentionOptions& opt) {
+  check_problem(shape, opt);
+  check_size(q.size(), shape.q_elems(), "q");
+  check_size(k.size(), shape.kv_elems(), "k");
+  check_size(v.size(), shape.kv_elems(), "v");
+  const RecipeSpec spec = spec_of(opt.recipe);
+  QuantizeOptions qo;
+  qo.mx_scale_rule = opt.mx_scale_rule;
+  QuantizedInputs in;
+  // FP8 Q and K scales cover one kernel tile of tokens, so each tile of S has
+  // a single scale product.
+  qo.fp8_token_block = opt.block_q;
+  in.q = quantize(q, shape.B, shape.Sq, shape.Hq, shape.D, spec.qk, BlockAxis::along_d, qo, "q");
+  qo.fp8_token_block = opt.block_k;
+  if (opt.smooth_k) {
+    require_finite(k, "k");  // the mean of a non-finite K would hide which element was bad
+    in.k_mean = sequence_mean(k, shape.B, shape.Sk, shape.Hkv, shape.D);
+    const std::vector<float> smoothed = subtract_sequence_mean(k, in.k_mean, shape.B, shape.Sk, shape.Hkv, shape.D);
+    in.k = quantize(smoothed, shape.B, shape.Sk, shape.Hkv, shape.D, spec.qk, BlockAxis::along_d, qo, "k");
+  } else {
+    in.k = quantize(k, shape.B, shape.Sk, shape.Hkv, shape.D, spec.qk, BlockAxis::along_d, qo, "k");
+  }
+  in.v = quantize(v, shape.B, shape.Sk, shape.Hkv, shape.D, spec.v, BlockAxis::along_s, qo, "v");
+  return in;
+}
+
+ForwardResult forward(const AttentionShape& shape, const QuantizedInputs& in, const AttentionOptions& opt) {
+  check_problem(shape, opt);
+  const RecipeSpec spec = spec_of(opt.recipe);
+  check_quantized(in.q, shape.B, shape.Sq, shape.Hq, shape.D, spec.qk, "q");
+  check_quantized(in.k, shape.B, shape.Sk, shape.Hkv, shape.D, spec.qk, "k");
+  check_quantized(in.v, shape.B, shape.Sk, shape.Hkv, shape.D, spec.v, "v");
+  if (!in.k_mean.empty()) check_size(in.k_mean.size(), shape.B * shape.Hkv * shape.D, "k_mean");
+
+  Problem pb;
+  pb.shape = shape;
+  pb.opt = opt;
+  pb.in = &in;
+  pb.q = qk_operand(in.q, opt.target, 1);             // sm90 fold: one factor per query row
+  pb.k = qk_operand(in.k, opt.target, opt.block_k);   // sm90 fold: one factor per key tile
+  pb.v = v_operand(in.v, opt.target);
+  pb.p = PConfig{spec.p, opt.target, opt.direct_p, opt.mx_scale_rule};
+  pb.scale = resolve_softmax_scale(opt.softmax_scale, shape.D);
+  pb.scale_log2 = pb.scale * direct_p::kLog2e;
+  pb.offset = p_offset(spec.p);
+
+  ForwardResult out{std::vector<float>(static_cast<std::size_t>(shape.q_elems())),
+                    std::vector<float>(static_cast<std::size_t>(shape.lse_elems()))};
+  const std::int64_t items = shape.B * shape.Hq * ceil_div(shape.Sq, opt.block_q);
+  parallel_for(items, opt.threads, [&](std::int64_t item) {
+    // Allocating per item costs little next to a tile's arithmetic.
+    TileScratch t(shape.D, opt.block_q, opt.block_k);
+    run_query_tile(pb, item, t, out);
+  });
+  return out;
+}
+
+ForwardResult forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
+                      std::span<const float> v, const AttentionOptions& opt) {
+  return forward(shape, quantize_inputs(shape, q, k, v, opt), opt);
+}
+
+}  // namespace fp4attn::emulator

@@ -1,0 +1,47 @@
+// Small numeric rules shared by the emulator's forward and backward passes.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "fp4attn/formats.hpp"
+#include "fp4attn/recipe.hpp"
+
+namespace fp4attn::emulator {
+
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// fp32 -> bf16 -> fp32, round to nearest even, as the kernels store O. Adding
+// 0x7FFF plus the lowest kept bit to the bits rounds half to even; NaN is kept
+// quiet explicitly because that addition could carry it into Inf.
+inline float round_to_bf16(float x) {
+  constexpr std::uint32_t kDroppedBits = 16;
+  constexpr std::uint32_t kHalfMinusOne = 0x7FFFu;
+  constexpr std::uint32_t kKeepMask = 0xFFFF0000u;
+  constexpr std::uint32_t kQuietBit = 0x00400000u;
+  const std::uint32_t bits = float_bits(x);
+  if (std::isnan(x)) return bits_float((bits | kQuietBit) & kKeepMask);
+  const std::uint32_t lsb = (bits >> kDroppedBits) & 1u;
+  return bits_float((bits + kHalfMinusOne + lsb) & kKeepMask);
+}
+
+// Every mask lets query row i see a prefix of the keys; its length (0 for a
+// fully masked row). Causal is bottom-right aligned when Sq != Sk (DESIGN §4).
+inline std::int64_t visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk, std::int64_t i) {
+  switch (mask) {
+    case MaskKind::none: return Sk;
+    case MaskKind::causal: return std::clamp<std::int64_t>(i + 1 + (Sk - Sq), 0, Sk);
+    case MaskKind::causal_top_left: return std::clamp<std::int64_t>(i + 1, 0, Sk);
+  }
+  return Sk;
+}
+
+// softmax_scale 0 means 1/sqrt(D), the usual attention temperature.
+inline float resolve_softmax_scale(float softmax_scale, std::int64_t D) {
+  return softmax_scale != 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
+}
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace fp4attn::emulator

@@ -1,0 +1,242 @@
+// fp64 attention forward and backward: the truth every executor is measured
+// against. Each query row gets a plain two-pass softmax in double (row maximum,
+// then exponentials), with no tiling and no online rescaling, so the error of a
+// kernel or of the emulator is always measured against straightforward math.
+//
+// Work is split over (batch, query head) pairs across std::threads. Inside a
+// pair, K and V of the matching key/value head are gathered once into
+// contiguous buffers, both row-major (Sk, D) and transposed (D, Sk), so every
+// inner loop runs with unit stride and the compiler can vectorize it without
+// reordering any floating-point sum.
+#include "fp4attn/reference.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <thread>
+
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::reference {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+void require_positive(std::int64_t value, const char* name) {
+  if (value <= 0) throw Error(name, "must be positive, got " + std::to_string(value));
+}
+
+void require_size(std::size_t actual, std::int64_t expected, const char* name) {
+  if (actual != static_cast<std::size_t>(expected))
+    throw Error(name, "has " + std::to_string(actual) + " elements, the shape needs " + std::to_string(expected));
+}
+
+void validate(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
+              std::span<const double> v, double scale) {
+  require_positive(shape.B, "B");
+  require_positive(shape.Hq, "Hq");
+  require_positive(shape.Hkv, "Hkv");
+  require_positive(shape.Sq, "Sq");
+  require_positive(shape.Sk, "Sk");
+  require_positive(shape.D, "D");
+  if (shape.Hq % shape.Hkv != 0)
+    throw Error("Hq", "must be a multiple of Hkv (" + std::to_string(shape.Hq) + " vs " +
+                          std::to_string(shape.Hkv) + ")");
+  if (!std::isfinite(scale)) throw Error("scale", "must be finite");
+  require_size(q.size(), shape.q_elems(), "q");
+  require_size(k.size(), shape.kv_elems(), "k");
+  require_size(v.size(), shape.kv_elems(), "v");
+}
+
+double resolve_scale(double scale, std::int64_t D) {
+  return scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+}
+
+// Every mask kind lets a row see a prefix of the keys; this is its length,
+// 0 for a fully masked row.
+std::int64_t visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk, std::int64_t i) {
+  switch (mask) {
+    case MaskKind::none: return Sk;
+    case MaskKind::causal: return std::clamp<std::int64_t>(i + 1 + (Sk - Sq), 0, Sk);
+    case MaskKind::causal_top_left: return std::clamp<std::int64_t>(i + 1, 0, Sk);
+  }
+  return Sk;
+}
+
+// Runs body(t) for t in [0, count) on up to hardware_concurrency threads,
+// handing out items one at a time so uneven rows (causal) balance out.
+template <typename Body>
+void parallel_for(std::int64_t count, const Body& body) {
+  const std::int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::int64_t workers = std::min(count, cores);
+  std::atomic<std::int64_t> next{0};
+  const auto work = [&] {
+    for (std::int64_t t = next.fetch_add(1); t < count; t = next.fetch_add(1)) body(t);
+  };
+  std::vector<std::thread> pool;
+  for (std::int64_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (std::thread& th : pool) th.join();
+}
+
+// K or V of one (batch, key/value head), in both layouts the loops need.
+struct HeadMatrix {
+  std::vector<double> rows;        // (Sk, D)
+  std::vector<double> transposed;  // (D, Sk)
+};
+
+HeadMatrix gather_head(std::span<const double> x, const AttentionShape& shape, std::int64_t b, std::int64_t h) {
+  const std::int64_t Sk = shape.Sk, D = shape.D;
+  HeadMatrix m{std::vector<double>(Sk * D), std::vector<double>(D * Sk)};
+  for (std::int64_t j = 0; j < Sk; ++j) {
+    const double* src = x.data() + bshd_index(Sk, shape.Hkv, D, b, j, h, 0);
+    std::copy(src, src + D, m.rows.begin() + j * D);
+    for (std::int64_t d = 0; d < D; ++d) m.transposed[d * Sk + j] = src[d];
+  }
+  return m;
+}
+
+// out[j] = x · row_j for j < n, from the transposed (D, Sk) matrix: the inner
+// loop runs over keys, and each out[j] still sums over d in ascending order.
+void dot_with_rows(const double* x, const std::vector<double>& transposed, std::int64_t Sk, std::int64_t n,
+                   std::int64_t D, double* out) {
+  std::fill(out, out + n, 0.0);
+  for (std::int64_t d = 0; d < D; ++d) {
+    const double xd = x[d];
+    const double* col = transposed.data() + d * Sk;
+    for (std::int64_t j = 0; j < n; ++j) out[j] += xd * col[j];
+  }
+}
+
+// out[d] = Σ_{j<n} w[j] · row_j[d], from the row-major (Sk, D) matrix.
+void weighted_row_sum(const double* w, const std::vector<double>& rows, std::int64_t n, std::int64_t D,
+                      double* out) {
+  std::fill(out, out + D, 0.0);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const double wj = w[j];
+    const double* row = rows.data() + j * D;
+    for (std::int64_t d = 0; d < D; ++d) out[d] += wj * row[d];
+  }
+}
+
+// One query row's softmax over its n visible keys: p[j] = exp(s_j − lse),
+// normalized, with s_j = scale · q·k_j. Returns lse. Subtracting the row
+// maximum before exp keeps every exponential in (0, 1], so nothing overflows.
+double softmax_row(const double* q_row, const HeadMatrix& k, std::int64_t Sk, std::int64_t n, std::int64_t D,
+                   double scale, double* p) {
+  dot_with_rows(q_row, k.transposed, Sk, n, D, p);
+  double m = kNegInf;
+  for (std::int64_t j = 0; j < n; ++j) {
+    p[j] *= scale;
+    m = std::max(m, p[j]);
+  }
+  double l = 0.0;
+  for (std::int64_t j = 0; j < n; ++j) {
+    p[j] = std::exp(p[j] - m);
+    l += p[j];
+  }
+  const double inv_l = 1.0 / l;
+  for (std::int64_t j = 0; j < n; ++j) p[j] *= inv_l;
+  return m + std::log(l);
+}
+
+}  // namespace
+
+bool visible(MaskKind mask, std::int64_t Sq, std::int64_t Sk, std::int64_t i, std::int64_t j) {
+  return j >= 0 && j < visible_keys(mask, Sq, Sk, i);
+}
+
+ForwardResult forward(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
+                      std::span<const double> v, MaskKind mask, double scale) {
+  validate(shape, q, k, v, scale);
+  scale = resolve_scale(scale, shape.D);
+  const std::int64_t Sq = shape.Sq, Sk = shape.Sk, Hq = shape.Hq, D = shape.D, group = shape.group();
+  ForwardResult out{std::vector<double>(shape.q_elems(), 0.0), std::vector<double>(shape.lse_elems(), kNegInf)};
+
+  parallel_for(shape.B * Hq, [&](std::int64_t task) {
+    const std::int64_t b = task / Hq, h = task % Hq;
+    const HeadMatrix kh = gather_head(k, shape, b, h / group);
+    const HeadMatrix vh = gather_head(v, shape, b, h / group);
+    std::vector<double> p(Sk);
+    for (std::int64_t i = 0; i < Sq; ++i) {
+      const std::int64_t n = visible_keys(mask, Sq, Sk, i);
+      if (n == 0) continue;  // fully masked: O stays 0 and LSE −inf
+      const std::int64_t row = bshd_index(Sq, Hq, D, b, i, h, 0);
+      out.lse[(b * Hq + h) * Sq + i] = softmax_row(q.data() + row, kh, Sk, n, D, scale, p.data());
+      weighted_row_sum(p.data(), vh.rows, n, D, out.o.data() + row);
+    }
+  });
+  return out;
+}
+
+BackwardResult backward(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
+                        std::span<const double> v, std::span<const double> d_o, MaskKind mask, double scale) {
+  validate(shape, q, k, v, scale);
+  require_size(d_o.size(), shape.q_elems(), "d_o");
+  scale = resolve_scale(scale, shape.D);
+  const std::int64_t B = shape.B, Sq = shape.Sq, Sk = shape.Sk, Hq = shape.Hq, Hkv = shape.Hkv, D = shape.D;
+  const std::int64_t group = shape.group();
+  const std::int64_t head_elems = Sk * D;
+
+  // Each query head accumulates its own dK and dV, so threads never share an
+  // output; the group sum below then runs in a fixed order (deterministic).
+  std::vector<double> dk_part(B * Hq * head_elems, 0.0), dv_part(B * Hq * head_elems, 0.0);
+  BackwardResult out{std::vector<double>(shape.q_elems(), 0.0), std::vector<double>(shape.kv_elems(), 0.0),
+                     std::vector<double>(shape.kv_elems(), 0.0)};
+
+  parallel_for(B * Hq, [&](std::int64_t task) {
+    const std::int64_t b = task / Hq, h = task % Hq;
+    const HeadMatrix kh = gather_head(k, shape, b, h / group);
+    const HeadMatrix vh = gather_head(v, shape, b, h / group);
+    double* dk = dk_part.data() + task * head_elems;
+    double* dv = dv_part.data() + task * head_elems;
+    std::vector<double> p(Sk), ds(Sk), o_row(D);
+    for (std::int64_t i = 0; i < Sq; ++i) {
+      const std::int64_t n = visible_keys(mask, Sq, Sk, i);
+      if (n == 0) continue;  // fully masked: O is the constant 0, so no gradient flows
+      const std::int64_t row = bshd_index(Sq, Hq, D, b, i, h, 0);
+      const double* q_row = q.data() + row;
+      const double* do_row = d_o.data() + row;
+      softmax_row(q_row, kh, Sk, n, D, scale, p.data());
+      weighted_row_sum(p.data(), vh.rows, n, D, o_row.data());
+      // D_i = rowsum(dO ⊙ O) equals Σ_j P_ij dP_ij, the softmax Jacobian's
+      // shared term, at O(D) instead of O(Sk) cost.
+      double delta = 0.0;
+      for (std::int64_t d = 0; d < D; ++d) delta += do_row[d] * o_row[d];
+      // dP_ij = dO_i · v_j, then dS_ij = P_ij (dP_ij − D_i).
+      dot_with_rows(do_row, vh.transposed, Sk, n, D, ds.data());
+      for (std::int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - delta);
+      // S = scale · Q Kᵀ, so dQ = scale · dS K and dK = scale · dSᵀ Q.
+      double* dq_row = out.dq.data() + row;
+      weighted_row_sum(ds.data(), kh.rows, n, D, dq_row);
+      for (std::int64_t d = 0; d < D; ++d) dq_row[d] *= scale;
+      for (std::int64_t j = 0; j < n; ++j) {
+        const double dsj = scale * ds[j], pj = p[j];
+        double* dk_j = dk + j * D;
+        double* dv_j = dv + j * D;
+        for (std::int64_t d = 0; d < D; ++d) {
+          dk_j[d] += dsj * q_row[d];
+          dv_j[d] += pj * do_row[d];  // dV = Pᵀ dO
+        }
+      }
+    }
+  });
+
+  // dK, dV of a key/value head: the sum over the query heads that share it.
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t hk = 0; hk < Hkv; ++hk)
+      for (std::int64_t g = 0; g < group; ++g) {
+        const std::int64_t part = (b * Hq + hk * group + g) * head_elems;
+        for (std::int64_t j = 0; j < Sk; ++j)
+          for (std::int64_t d = 0; d < D; ++d) {
+            const std::int64_t dst = bshd_index(Sk, Hkv, D, b, j, hk, d);
+            out.dk[dst] += dk_part[part + j * D + d];
+            out.dv[dst] += dv_part[part + j * D + d];
+          }
+      }
+  return out;
+}
+
+}  // namespace fp4attn::reference

@@ -1,0 +1,317 @@
+// GPU suites for recipe fp8 on sm90: the GPU quantizer against the CPU
+// quantizer (bit for bit), then the forward kernel against the CPU emulator
+// (target sm90, same inputs): known answer first, then random shapes with odd
+// lengths, GQA, bottom-right causal with Sq ≠ Sk, fully masked rows, strided
+// tensors, both head dims and Direct-P on and off; finally the public API.
+#include <cmath>
+#include <string>
+
+#include "cuda/quantize/quantize_fp8.hpp"
+#include "cuda/sm90/fwd/fwd.hpp"
+#include "fp4attn/attention.hpp"
+#include "fp4attn/emulator.hpp"
+#include "fp4attn/error.hpp"
+#include "fp4attn/metrics.hpp"
+#include "gpu/gpu_test_util.hpp"
+
+namespace fp4attn {
+namespace {
+
+using gpu_test::DeviceArray;
+namespace cq = cuda_quantize;
+
+constexpr double kMaxRelL2 = 2e-3;  // DESIGN §7, GPU vs emulator
+constexpr double kMaxLseDiff = 1e-3;
+constexpr std::int64_t kHeadPad = 1;  // extra head slot in device layouts: strides ≠ contiguous
+
+struct Case {
+  AttentionShape shape;
+  MaskKind mask;
+  bool direct_p;
+  bool smooth_k;
+  float outlier = 1.0f;  // magnitude of the rare outliers in Q and K (1: none)
+};
+
+std::string describe(const Case& c, std::uint32_t seed) {
+  const auto& s = c.shape;
+  return "B=" + std::to_string(s.B) + " Hq=" + std::to_string(s.Hq) + " Hkv=" + std::to_string(s.Hkv) +
+         " Sq=" + std::to_string(s.Sq) + " Sk=" + std::to_string(s.Sk) + " D=" + std::to_string(s.D) +
+         " mask=" + std::to_string(static_cast<int>(c.mask)) + " direct_p=" + std::to_string(c.direct_p) +
+         " smooth_k=" + std::to_string(c.smooth_k) + " outlier=" + std::to_string(c.outlier) +
+         " seed=" + std::to_string(seed);
+}
+
+// A logical (B, S, H, D) tensor stored on the device as bf16 in (B, S, H + pad, D).
+struct StridedBf16 {
+  DeviceArray<__nv_bfloat16> data;
+  cq::StridedInput view;
+  StridedBf16(const std::vector<float>& x, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D)
+      : data(static_cast<std::size_t>(B * S * (H + kHeadPad) * D)) {
+    std::vector<__nv_bfloat16> h(data.count, __float2bfloat16_rn(0.0f));
+    for (std::int64_t i = 0; i < B * S * H; ++i)
+      for (std::int64_t d = 0; d < D; ++d) {
+        const std::int64_t bs = i / H, hh = i % H;
+        h[(bs * (H + kHeadPad) + hh) * D + d] = __float2bfloat16_rn(x[i * D + d]);
+      }
+    data.upload(h);
+    view = {data.ptr, cq::ElementType::bf16, B, S, H, D, S * (H + kHeadPad) * D, (H + kHeadPad) * D, D};
+  }
+};
+
+// Quantized operands on the device, as the kernel reads them.
+struct DeviceFp8 {
+  std::int64_t vt_keys;
+  DeviceArray<std::uint8_t> q, k, vt;
+  DeviceArray<float> q_scale, k_scale, v_scale, k_mean, lse_shift;
+  DeviceArray<int> flags;
+  cq::Fp8Buffers bufs;
+  explicit DeviceFp8(const AttentionShape& s)
+      : vt_keys(cq::padded_keys(s.Sk)),
+        q(s.q_elems()),
+        k(s.kv_elems()),
+        vt(s.B * s.Hkv * s.D * vt_keys),
+        q_scale(s.B * s.Hq * ((s.Sq + 127) / 128)),
+        k_scale(s.B * s.Hkv * ((s.Sk + 127) / 128)),
+        v_scale(s.B * s.Hkv * s.D),
+        k_mean(s.B * s.Hkv * s.D),
+        lse_shift(s.lse_elems()),
+        flags(3) {
+    for (auto* a : {&q, &k, &vt}) a->poison();
+    for (auto* a : {&q_scale, &k_scale, &v_scale, &k_mean, &lse_shift}) a->poison();
+    cudaMemset(flags.ptr, 0, flags.bytes());
+    bufs = {q.ptr, q_scale.ptr, k.ptr, k_scale.ptr, vt.ptr, v_scale.ptr, k_mean.ptr, lse_shift.ptr, vt_keys, flags.ptr};
+  }
+};
+
+void expect_codes_equal(const std::vector<std::uint8_t>& got, const std::vector<std::uint8_t>& want, const char* what,
+                        const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " codes differ, first at " << first << " (got " << int(got[first])
+                     << ", want " << int(want[first]) << ") " << where;
+}
+
+void expect_floats_bitwise(const std::vector<float>& got, const std::vector<float>& want, const char* what,
+                           const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " values differ, first at " << first << " (got " << got[first]
+                     << ", want " << want[first] << ") " << where;
+}
+
+TEST(GpuQuantizeFp8, MatchesCpuQuantizerBitForBit) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const Case cases[] = {
+      {{2, 4, 2, 300, 257, 128}, MaskKind::none, true, true},
+      {{1, 2, 1, 128, 1000, 64}, MaskKind::none, true, true},
+      {{1, 3, 3, 77, 33, 128}, MaskKind::none, true, false},
+  };
+  for (const Case& c : cases) {
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    const AttentionShape& s = c.shape;
+    const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
+    const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 4.0f, rng);
+    const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+    const std::string where = describe(c, seed);
+
+    StridedBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
+    DeviceFp8 dev(s);
+    AttentionOptions opt;
+    opt.smooth_k = c.smooth_k;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+    cq::quantize_fp8(dq.view, dk.view, dv.view, c.smooth_k, scale, dev.bufs, nullptr);
+    cq::check_finite(dev.bufs, nullptr);
+
+    const emulator::QuantizedInputs cpu = emulator::quantize_inputs(s, q, k, v, opt);
+    expect_codes_equal(dev.q.download(), cpu.q.codes, "q codes", where);
+    expect_floats_bitwise(dev.q_scale.download(), cpu.q.scales, "q scales", where);
+    expect_codes_equal(dev.k.download(), cpu.k.codes, "k codes", where);
+    expect_floats_bitwise(dev.k_scale.download(), cpu.k.scales, "k scales", where);
+    expect_floats_bitwise(dev.v_scale.download(), cpu.v.scales, "v scales", where);
+    if (c.smooth_k) expect_floats_bitwise(dev.k_mean.download(), cpu.k_mean, "k mean", where);
+
+    // Vᵀ back to (B, Sk, Hkv, D) through the slot → key permutation; padding must be zero codes.
+    const auto vt = dev.vt.download();
+    std::vector<std::uint8_t> v_codes(cpu.v.codes.size());
+    std::size_t bad_padding = 0;
+    for (std::int64_t b = 0; b < s.B; ++b)
+      for (std::int64_t h = 0; h < s.Hkv; ++h)
+        for (std::int64_t d = 0; d < s.D; ++d)
+          for (std::int64_t slot = 0; slot < dev.vt_keys; ++slot) {
+            const std::int64_t group = slot / cq::kVtKeyGroup * cq::kVtKeyGroup;
+            const std::int64_t key = group + cq::vt_key_of_slot(static_cast<int>(slot % cq::kVtKeyGroup));
+            const std::uint8_t code = vt[((b * s.Hkv + h) * s.D + d) * dev.vt_keys + slot];
+            if (key < s.Sk) v_codes[bshd_index(s.Sk, s.Hkv, s.D, b, key, h, d)] = code;
+            else bad_padding += code != 0;
+          }
+    expect_codes_equal(v_codes, cpu.v.codes, "v codes", where);
+    EXPECT_EQ(bad_padding, 0u) << "Vᵀ padding keys must hold zero codes " << where;
+  }
+}
+
+TEST(GpuQuantizeFp8, ReportsNonFiniteInput) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 2, 2, 130, 130, 64};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
+  auto k = gpu_test::attention_input(s.kv_elems(), s.D, 0.5f, rng);
+  auto v = gpu_test::attention_input(s.kv_elems(), s.D, 0.5f, rng);
+  v[777] = std::nanf("");
+  StridedBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
+  DeviceFp8 dev(s);
+  cq::quantize_fp8(dq.view, dk.view, dv.view, true, 0.125f, dev.bufs, nullptr);
+  try {
+    cq::check_finite(dev.bufs, nullptr);
+    FAIL() << "NaN in v was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "v");
+  }
+}
+
+struct GpuResult {
+  std::vector<float> o, lse;
+};
+
+// Quantize on the GPU and run the kernel into poisoned, strided outputs.
+GpuResult run_gpu(const Case& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v) {
+  const AttentionShape& s = c.shape;
+  StridedBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
+  DeviceFp8 dev(s);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  cq::quantize_fp8(dq.view, dk.view, dv.view, c.smooth_k, scale, dev.bufs, nullptr);
+  cq::check_finite(dev.bufs, nullptr);
+
+  const std::int64_t o_stride_s = (s.Hq + kHeadPad) * s.D;
+  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.B * s.Sq * o_stride_s));
+  DeviceArray<float> lse(s.lse_elems());
+  o.poison();
+  lse.poison();
+  sm90::fwd::Fp8ForwardArgs a;
+  a.q = dev.q.ptr, a.q_stride_b = s.Sq * s.Hq * s.D, a.q_stride_s = s.Hq * s.D, a.q_stride_h = s.D;
+  a.k = dev.k.ptr, a.k_stride_b = s.Sk * s.Hkv * s.D, a.k_stride_s = s.Hkv * s.D, a.k_stride_h = s.D;
+  a.vt = dev.vt.ptr, a.vt_keys = dev.vt_keys;
+  a.q_scale = dev.q_scale.ptr, a.k_scale = dev.k_scale.ptr, a.v_scale = dev.v_scale.ptr;
+  a.lse_shift = c.smooth_k ? dev.lse_shift.ptr : nullptr;
+  a.o = o.ptr, a.o_stride_b = s.Sq * o_stride_s, a.o_stride_s = o_stride_s, a.o_stride_h = s.D;
+  a.lse = lse.ptr;
+  a.B = s.B, a.Hq = s.Hq, a.Hkv = s.Hkv, a.Sq = s.Sq, a.Sk = s.Sk, a.D = s.D;
+  a.softmax_scale = scale;
+  a.mask = c.mask;
+  a.p_code = c.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt;
+  sm90::fwd::forward_fp8(a, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  GpuResult r;
+  const auto o_raw = o.download();
+  r.o.resize(s.q_elems());
+  for (std::int64_t i = 0; i < s.B * s.Sq * s.Hq; ++i)
+    for (std::int64_t d = 0; d < s.D; ++d)
+      r.o[i * s.D + d] = __bfloat162float(o_raw[((i / s.Hq) * (s.Hq + kHeadPad) + i % s.Hq) * s.D + d]);
+  r.lse = lse.download();
+  return r;
+}
+
+void check_against_emulator(const Case& c, const GpuResult& got, const emulator::ForwardResult& want,
+                            const std::string& where) {
+  std::size_t unwritten = 0;
+  for (float x : got.o) unwritten += std::isnan(x);
+  for (float x : got.lse) unwritten += std::isnan(x);
+  ASSERT_EQ(unwritten, 0u) << "outputs left as poison " << where;
+  const ErrorMetrics m = compare(got.o, want.o);
+  EXPECT_EQ(m.nonfinite_mismatch, 0) << where;
+  EXPECT_LE(m.rel_l2, kMaxRelL2) << "O rel L2 " << where;
+  double max_lse = 0.0;
+  std::size_t inf_mismatch = 0;
+  for (std::size_t i = 0; i < got.lse.size(); ++i) {
+    if (std::isinf(want.lse[i]) || std::isinf(got.lse[i])) {
+      inf_mismatch += got.lse[i] != want.lse[i];
+      continue;
+    }
+    max_lse = std::max(max_lse, std::fabs(static_cast<double>(got.lse[i]) - want.lse[i]));
+  }
+  EXPECT_EQ(inf_mismatch, 0u) << "fully masked rows differ " << where;
+  EXPECT_LE(max_lse, kMaxLseDiff) << "LSE " << where;
+  (void)c;
+}
+
+TEST(GpuForwardFp8, KnownAnswerZeroScoresUnitValues) {
+  FP4ATTN_REQUIRE_HOPPER();
+  // Q = K = 0, V = 1: every key weighs the same, so O = 1 and LSE = ln Sk.
+  const Case c{{1, 2, 1, 200, 333, 128}, MaskKind::none, true, true};
+  const AttentionShape& s = c.shape;
+  const std::vector<float> q(s.q_elems(), 0.0f), k(s.kv_elems(), 0.0f), v(s.kv_elems(), 1.0f);
+  const GpuResult r = run_gpu(c, q, k, v);
+  for (float x : r.o) ASSERT_EQ(x, 1.0f);
+  for (float x : r.lse) ASSERT_NEAR(x, std::log(static_cast<double>(s.Sk)), kMaxLseDiff);
+}
+
+class GpuForwardGrid : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuForwardGrid, MatchesEmulator) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const Case& c = GetParam();
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const AttentionShape& s = c.shape;
+  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng, c.outlier);
+  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng, c.outlier);
+  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+  AttentionOptions opt;
+  opt.mask = c.mask;
+  opt.direct_p = c.direct_p;
+  opt.smooth_k = c.smooth_k;
+  const GpuResult got = run_gpu(c, q, k, v);
+  const emulator::ForwardResult want = emulator::forward(s, q, k, v, opt);
+  check_against_emulator(c, got, want, describe(c, seed));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuForwardGrid,
+    ::testing::Values(
+        Case{{1, 2, 2, 128, 128, 128}, MaskKind::none, true, true},
+        Case{{1, 2, 2, 128, 128, 128}, MaskKind::none, false, true},
+        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true},      // GQA, odd lengths, Sq < Sk
+        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, false, true},
+        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, true, true},     // Sq > Sk: rows 0..149 fully masked
+        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false, false},
+        Case{{1, 3, 1, 77, 515, 128}, MaskKind::causal, true, false},     // MQA
+        Case{{2, 2, 2, 513, 1000, 64}, MaskKind::none, true, true},
+        Case{{2, 2, 2, 513, 1000, 64}, MaskKind::none, false, true},
+        Case{{1, 4, 4, 1024, 1024, 128}, MaskKind::causal, true, true},
+        Case{{1, 4, 4, 1024, 1024, 128}, MaskKind::none, false, true},
+        Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, true},
+        Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true, true},
+        Case{{1, 2, 2, 256, 512, 128}, MaskKind::none, true, true, 8.0f},   // rare 8x outliers in Q and K
+        Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f}));
+
+TEST(GpuForwardFp8, PublicApiRunsOnSm90) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 4, 2, 190, 260, 128};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
+  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
+  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+  AttentionOptions opt;
+  opt.mask = MaskKind::causal;
+  const ForwardOutput got = forward(s, q, k, v, opt, Executor::automatic);
+  EXPECT_EQ(got.executor, Executor::sm90);
+  const emulator::ForwardResult want = emulator::forward(s, q, k, v, opt);
+  EXPECT_LE(compare(got.o, want.o).rel_l2, kMaxRelL2);
+
+  auto bad = q;
+  bad[5] = INFINITY;
+  try {
+    forward(s, bad, k, v, opt, Executor::sm90);
+    FAIL() << "non-finite q was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "q");
+  }
+}
+
+}  // namespace
+}  // namespace fp4attn

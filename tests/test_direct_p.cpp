@@ -1,0 +1,309 @@
+// Direct-P contract (DESIGN §3.3): the code of p = 2^u chosen without exp and
+// without a float→fp8/fp4 conversion is (a) monotone in u, (b) never more than
+// one code step from the round-to-nearest code of the exact p (computed here in
+// double), and (c) equal to it except where p lies within 1 % (relative) of a
+// rounding boundary. Checked over 10^7 random scores and dense sweeps across
+// every rounding threshold; the agreement rate is printed and recorded.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <iomanip>
+#include <iostream>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fp4attn/direct_p.hpp"
+#include "fp4attn/formats.hpp"
+
+namespace fp4attn {
+namespace {
+
+using direct_p::kFp8Offset;
+using direct_p::kNvfp4Offset;
+
+constexpr double kBoundaryBand = 0.01;  // the contract's 1 % band around rounding boundaries
+constexpr float kLowestScore = -30.0f;
+constexpr std::size_t kRandomScores = 10'000'000;
+constexpr std::size_t kRandomBlocks = 300'000;
+constexpr int kSweepSteps = 2000;           // grid points across ±2 % of each boundary
+constexpr double kSweepHalfWidth = 0.0286;  // log2(1.02)
+constexpr int kSweepUlps = 300;             // consecutive floats on each side of each boundary
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Round-to-nearest-even code of a non-negative double, saturating: scaling by a
+// power of two is exact and nearbyint rounds ties to even.
+int exact_code(ElemFormat f, double p) {
+  const MiniFloatSpec s = spec_of(f);
+  if (p >= decode(f, s.max_code)) return s.max_code;
+  if (p == 0.0) return 0;
+  const int quantum = std::max(std::ilogb(p), 1 - s.bias) - s.man_bits;
+  const double n = std::nearbyint(std::ldexp(p, -quantum));
+  return encode_rne_sat(f, static_cast<float>(std::ldexp(n, quantum)));  // an exact format value
+}
+
+// Rounding boundaries of a format: midpoints between adjacent positive values.
+std::vector<double> boundaries_of(ElemFormat f) {
+  std::vector<double> b;
+  for (std::uint32_t c = 0; c < spec_of(f).max_code; ++c) b.push_back((decode(f, c) + decode(f, c + 1)) / 2.0);
+  return b;
+}
+
+bool near_boundary(const std::vector<double>& bounds, double p) {
+  const auto it = std::lower_bound(bounds.begin(), bounds.end(), p);
+  if (it != bounds.end() && std::fabs(p - *it) <= kBoundaryBand * *it) return true;
+  return it != bounds.begin() && std::fabs(p - *(it - 1)) <= kBoundaryBand * *(it - 1);
+}
+
+// Tallies (b) and (c) for one format; reports the first few violations.
+class Contract {
+ public:
+  Contract(std::string name, ElemFormat f) : name_(std::move(name)), bounds_(boundaries_of(f)), format_(f) {}
+
+  void check(int code, double exact_p, float u) {
+    const int want = exact_code(format_, exact_p);
+    ++total_;
+    if (code == want) {
+      ++equal_;
+      return;
+    }
+    const bool excused = near_boundary(bounds_, exact_p);
+    if ((std::abs(code - want) > 1 || !excused) && ++violations_ <= 10)
+      ADD_FAILURE() << name_ << ": u = " << std::setprecision(9) << u << ", p = " << exact_p << ": code " << code
+                    << ", exact RNE " << want << (excused ? " (more than one step)" : " (outside the 1 % band)");
+  }
+
+  // Prints and records the agreement rate; fails on any violation.
+  void report(const std::string& property) const {
+    const double rate = static_cast<double>(equal_) / static_cast<double>(total_);
+    std::ostringstream line;
+    line << std::setprecision(6) << rate << " (" << equal_ << " of " << total_ << ")";
+    std::cout << name_ << " agreement with exact round-to-nearest: " << line.str() << "\n";
+    ::testing::Test::RecordProperty(property, line.str());
+    EXPECT_EQ(violations_, 0u) << name_;
+    EXPECT_GT(total_, 0u);
+  }
+
+ private:
+  std::string name_;
+  std::vector<double> bounds_;
+  ElemFormat format_;
+  std::uint64_t total_ = 0, equal_ = 0, violations_ = 0;
+};
+
+// Scores around mid, ascending: a uniform grid over ±half_width plus the
+// consecutive floats nearest to mid.
+std::vector<float> sweep_around(double mid, double half_width) {
+  std::vector<float> u;
+  for (int i = 0; i <= kSweepSteps; ++i)
+    u.push_back(static_cast<float>(mid - half_width + 2 * half_width * i / kSweepSteps));
+  float x = static_cast<float>(mid);
+  for (int i = 0; i < kSweepUlps; ++i) x = std::nextafter(x, kNegInf);
+  for (int i = 0; i < 2 * kSweepUlps; ++i, x = std::nextafter(x, 1e30f)) u.push_back(x);
+  std::sort(u.begin(), u.end());
+  return u;
+}
+
+// ---- building blocks ----------------------------------------------------------------
+
+TEST(DirectP, Exp2PolyRelativeError) {
+  constexpr double kMaxRelError = 2e-3;
+  constexpr double kLow = -12.0, kHigh = 127.0;
+  constexpr int kSteps = 2'000'000;
+  double worst = 0;
+  for (int i = 0; i <= kSteps; ++i) {
+    const double t = kLow + (kHigh - kLow) * i / kSteps;
+    const float tf = static_cast<float>(t);
+    worst = std::max(worst, std::fabs(direct_p::exp2_poly(tf) / std::exp2(double{tf}) - 1.0));
+  }
+  // The fit's edges: remainders of exactly ±0.5 around every integer.
+  for (int j = -12; j < 127; ++j)
+    for (float f : {-0.5f, 0.5f, std::nextafter(0.5f, 0.0f), std::nextafter(-0.5f, 0.0f)}) {
+      const float tf = static_cast<float>(j) + f;
+      if (tf < kLow) continue;
+      worst = std::max(worst, std::fabs(direct_p::exp2_poly(tf) / std::exp2(double{tf}) - 1.0));
+    }
+  std::cout << "exp2_poly max relative error: " << worst << "\n";
+  RecordProperty("exp2_poly_max_rel_error", std::to_string(worst));
+  EXPECT_LT(worst, kMaxRelError);
+  EXPECT_GT(worst, 0.0);  // it is an approximation: an exact result would mean the test measures nothing
+}
+
+// Normal range: half up on the dropped bits (RNE except at exact ties, where it
+// takes the upper code); subnormal range: RNE through the magic-number add.
+TEST(DirectP, E4M3CodeOfPositiveMatchesTheEncoder) {
+  constexpr std::uint32_t kStride = 7;
+  const float smallest_normal = decode(ElemFormat::e4m3, 8);
+  std::uint64_t ties = 0;
+  for (std::uint32_t b = float_bits(exp2i(-12)); b < float_bits(kE4M3Max); b += kStride) {
+    const float p = bits_float(b);
+    const int rne = encode_rne_sat(ElemFormat::e4m3, p);
+    const float v = decode(ElemFormat::e4m3, rne);
+    const int other = p > v ? rne + 1 : rne - 1;
+    const bool tie = p != v && std::fabs(p - v) == std::fabs(decode(ElemFormat::e4m3, other) - p);
+    ASSERT_EQ(direct_p::e4m3_code_of_positive(p), tie && p >= smallest_normal ? std::max(rne, other) : rne) << p;
+  }
+  for (std::uint32_t c = 0; c < spec_of(ElemFormat::e4m3).max_code; ++c) {
+    const float tie = (decode(ElemFormat::e4m3, c) + decode(ElemFormat::e4m3, c + 1)) / 2;
+    const int got = direct_p::e4m3_code_of_positive(tie);
+    EXPECT_EQ(got, tie >= smallest_normal ? static_cast<int>(c + 1) : encode_rne_sat(ElemFormat::e4m3, tie)) << tie;
+    EXPECT_EQ(direct_p::e4m3_code_of_positive(std::nextafter(tie, 0.0f)), static_cast<int>(c)) << tie;
+    EXPECT_EQ(direct_p::e4m3_code_of_positive(std::nextafter(tie, 1e30f)), static_cast<int>(c + 1)) << tie;
+    ++ties;
+  }
+  EXPECT_EQ(ties, spec_of(ElemFormat::e4m3).max_code);
+}
+
+TEST(DirectP, Log2OfUe4m3) {
+  for (std::uint8_t c = 1; c < spec_of(ElemFormat::ue4m3).max_code + 1; ++c)
+    EXPECT_NEAR(direct_p::log2_of_ue4m3(c), std::log2(double{decode(ElemFormat::ue4m3, c)}), 1e-6) << int(c);
+}
+
+TEST(DirectP, MaskedScoresGiveZero) {
+  EXPECT_EQ(direct_p::fp8_code(kNegInf), 0);
+  EXPECT_EQ(direct_p::mxfp4_code(kNegInf, 0), 0);
+  EXPECT_EQ(direct_p::mx_block_exponent(kNegInf), direct_p::kNoBlockExponent);
+  EXPECT_EQ(direct_p::nvfp4_block_scale(kNegInf), 0);
+  EXPECT_EQ(direct_p::fp8_code(0.0f), encode_rne_sat(ElemFormat::e4m3, 256.0f));  // the row maximum maps to 256
+}
+
+// ---- FP8 P --------------------------------------------------------------------------
+
+TEST(DirectP, Fp8ContractOnRandomScores) {
+  std::mt19937_64 rng(20261129);
+  std::uniform_real_distribution<float> score(kLowestScore, 0.0f);
+  Contract contract("FP8 Direct-P (random u)", ElemFormat::e4m3);
+  for (std::size_t i = 0; i < kRandomScores; ++i) {
+    const float u = score(rng);
+    contract.check(direct_p::fp8_code(u), std::exp2(double{u} + kFp8Offset), u);
+  }
+  contract.report("fp8_agreement_random");
+}
+
+TEST(DirectP, Fp8ContractAcrossEveryThreshold) {
+  Contract contract("FP8 Direct-P (threshold sweeps)", ElemFormat::e4m3);
+  int thresholds = 0;
+  for (double b : boundaries_of(ElemFormat::e4m3)) {
+    const double u_mid = std::log2(b) - kFp8Offset;
+    if (u_mid > 0.0 || u_mid < kLowestScore) continue;  // P lives in (0, 256]
+    ++thresholds;
+    int last = -1;
+    for (float u : sweep_around(u_mid, kSweepHalfWidth)) {
+      if (u > 0.0f) continue;
+      const int code = direct_p::fp8_code(u);
+      ASSERT_GE(code, last) << "not monotone at u = " << u;
+      last = code;
+      contract.check(code, std::exp2(double{u} + kFp8Offset), u);
+    }
+  }
+  // Every E4M3 boundary below 256, the largest P: one per code below that of 256.
+  EXPECT_EQ(thresholds, encode_rne_sat(ElemFormat::e4m3, 256.0f));
+  contract.report("fp8_agreement_thresholds");
+}
+
+TEST(DirectP, Fp8MonotoneOverTheWholeRange) {
+  constexpr int kSteps = 10'000'000;
+  int last = 0;
+  for (int i = 0; i <= kSteps; ++i) {
+    const float u = kLowestScore * static_cast<float>(kSteps - i) / kSteps;
+    const int code = direct_p::fp8_code(u);
+    ASSERT_GE(code, last) << "u = " << u;
+    last = code;
+  }
+  EXPECT_EQ(last, encode_rne_sat(ElemFormat::e4m3, 256.0f));
+}
+
+// ---- FP4 P: MXFP4 --------------------------------------------------------------------
+
+TEST(DirectP, Mxfp4ContractAndBlockMaximumNeverClipped) {
+  std::mt19937_64 rng(77);
+  std::uniform_real_distribution<float> block_max(-20.0f, 0.0f), below(0.0f, 12.0f);
+  Contract contract("MXFP4 Direct-P (random blocks)", ElemFormat::e2m1);
+  for (std::size_t i = 0; i < kRandomBlocks; ++i) {
+    const float u_max = block_max(rng);
+    const int e = direct_p::mx_block_exponent(u_max);
+    // The block maximum lands in (3, 6]: never clipped, and the scale is the tightest one.
+    const double top = std::exp2(double{u_max} - e);
+    ASSERT_LE(top, 6.0 * (1 + kBoundaryBand)) << u_max;
+    ASSERT_GT(top, 3.0 / (1 + kBoundaryBand)) << u_max;
+    contract.check(direct_p::mxfp4_code(u_max, e), top, u_max);
+    for (int k = 0; k < 32; ++k) {
+      const float u = u_max - below(rng);
+      contract.check(direct_p::mxfp4_code(u, e), std::exp2(double{u} - e), u);
+    }
+  }
+  contract.report("mxfp4_agreement_random");
+}
+
+TEST(DirectP, Mxfp4ContractAcrossEveryThreshold) {
+  Contract contract("MXFP4 Direct-P (threshold sweeps)", ElemFormat::e2m1);
+  for (int e : {-9, -4, -1, 0}) {
+    for (double b : boundaries_of(ElemFormat::e2m1)) {
+      int last = -1;
+      for (float u : sweep_around(std::log2(b) + e, kSweepHalfWidth)) {
+        const int code = direct_p::mxfp4_code(u, e);
+        ASSERT_GE(code, last) << "not monotone at u = " << u;
+        last = code;
+        contract.check(code, std::exp2(double{u} - e), u);
+      }
+    }
+  }
+  contract.report("mxfp4_agreement_thresholds");
+}
+
+// ---- FP4 P: NVFP4 --------------------------------------------------------------------
+
+// The block scale s_b is the UE4M3 rounding of 2^(u_max + 8) / 6 (via the
+// polynomial), so like the NVFP4 quantizer it may clip the block maximum by up
+// to half a UE4M3 step (6.25 %), never by more.
+TEST(DirectP, Nvfp4ContractOnRandomBlocks) {
+  constexpr double kHalfUe4m3Step = 1.0 / 16;
+  constexpr std::uint8_t kSmallestNormalUe4m3Code = 0x08;  // coarser subnormal scales may clip more
+  std::mt19937_64 rng(91);
+  std::uniform_real_distribution<float> block_max(-15.0f, 0.0f), below(0.0f, 10.0f);
+  Contract scales("NVFP4 P block scale", ElemFormat::ue4m3);
+  Contract elements("NVFP4 Direct-P (random blocks)", ElemFormat::e2m1);
+  for (std::size_t i = 0; i < kRandomBlocks; ++i) {
+    const float u_max = block_max(rng);
+    const std::uint8_t sb_code = direct_p::nvfp4_block_scale(u_max);
+    scales.check(sb_code, std::exp2(double{u_max} + kNvfp4Offset) / 6.0, u_max);
+    if (sb_code == 0) continue;  // the whole block underflows UE4M3: P is zero there
+    const double sb = decode(ElemFormat::ue4m3, sb_code);
+    const float log2_sb = direct_p::log2_of_ue4m3(sb_code);
+    const double top = std::exp2(double{u_max} + kNvfp4Offset) / sb;
+    if (sb_code >= kSmallestNormalUe4m3Code) {
+      ASSERT_LE(top, 6.0 * (1 + kHalfUe4m3Step) * (1 + kBoundaryBand)) << u_max;
+    }
+    for (int k = 0; k < 16; ++k) {
+      const float u = k == 0 ? u_max : u_max - below(rng);
+      elements.check(direct_p::nvfp4_code(u, log2_sb), std::exp2(double{u} + kNvfp4Offset) / sb, u);
+    }
+  }
+  scales.report("nvfp4_scale_agreement_random");
+  elements.report("nvfp4_agreement_random");
+}
+
+TEST(DirectP, Nvfp4ContractAcrossEveryThreshold) {
+  Contract contract("NVFP4 Direct-P (threshold sweeps)", ElemFormat::e2m1);
+  for (std::uint8_t sb_code : {std::uint8_t{0x08}, std::uint8_t{0x2B}, std::uint8_t{0x55}, std::uint8_t{0x7E}}) {
+    const double sb = decode(ElemFormat::ue4m3, sb_code);
+    const float log2_sb = direct_p::log2_of_ue4m3(sb_code);
+    for (double b : boundaries_of(ElemFormat::e2m1)) {
+      int last = -1;
+      for (float u : sweep_around(std::log2(b * sb) - kNvfp4Offset, kSweepHalfWidth)) {
+        const int code = direct_p::nvfp4_code(u, log2_sb);
+        ASSERT_GE(code, last) << "not monotone at u = " << u;
+        last = code;
+        contract.check(code, std::exp2(double{u} + kNvfp4Offset) / sb, u);
+      }
+    }
+  }
+  contract.report("nvfp4_agreement_thresholds");
+}
+
+}  // namespace
+}  // namespace fp4attn

@@ -1,0 +1,199 @@
+// The emulator's FP8 backward (recipes fp8 and mxfp4_train): gradients
+// against the fp64 reference, on the same quantized operands (kernel error)
+// and on the original inputs (recipe error); inference-only recipes refuse.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "emulator_fixtures.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::emulator {
+namespace {
+
+using testing::Inputs;
+
+constexpr std::uint64_t kCalibrationSeeds = 6;
+constexpr std::uint64_t kTestSeed = 2001;
+
+struct GradBounds {
+  double rel_l2, one_minus_cos;  // worst over dQ, dK and dV
+};
+struct BackwardBounds {
+  Recipe recipe;
+  Target target;
+  GradFormat ds_format;
+  bool direct_p, smooth_k;
+  GradBounds kernel, recipe_error;
+};
+
+// Twice the worst value of EmulatorBackwardCalibration.DISABLED_PrintBounds (docs/accuracy.md).
+// clang-format off
+constexpr BackwardBounds kBackwardBounds[] = {
+    {Recipe::fp8, Target::sm90, GradFormat::e4m3, true, true, {1.93e-01, 9.32e-03}, {2.39e-01, 1.41e-02}},
+    {Recipe::mxfp4_train, Target::sm90, GradFormat::e4m3, true, true, {2.13e-01, 1.13e-02}, {9.18e-01, 1.93e-01}},
+    {Recipe::mxfp4_train, Target::sm100, GradFormat::e4m3, true, true, {2.13e-01, 1.13e-02}, {9.18e-01, 1.93e-01}},
+    {Recipe::fp8, Target::sm90, GradFormat::e4m3, true, false, {3.35e-01, 2.74e-02}, {3.99e-01, 3.91e-02}},
+    {Recipe::mxfp4_train, Target::sm90, GradFormat::e4m3, true, false, {3.37e-01, 2.83e-02}, {1.18e+00, 3.28e-01}},
+    {Recipe::mxfp4_train, Target::sm100, GradFormat::e4m3, true, false, {3.37e-01, 2.83e-02}, {1.18e+00, 3.28e-01}},
+    {Recipe::fp8, Target::sm90, GradFormat::e4m3, false, true, {1.94e-01, 9.38e-03}, {2.36e-01, 1.38e-02}},
+    {Recipe::mxfp4_train, Target::sm90, GradFormat::e4m3, false, true, {2.12e-01, 1.12e-02}, {9.20e-01, 1.90e-01}},
+    {Recipe::mxfp4_train, Target::sm100, GradFormat::e4m3, false, true, {2.12e-01, 1.12e-02}, {9.20e-01, 1.90e-01}},
+    {Recipe::fp8, Target::sm90, GradFormat::e4m3, false, false, {3.31e-01, 2.69e-02}, {3.95e-01, 3.84e-02}},
+    {Recipe::mxfp4_train, Target::sm90, GradFormat::e4m3, false, false, {3.29e-01, 2.69e-02}, {1.18e+00, 3.28e-01}},
+    {Recipe::mxfp4_train, Target::sm100, GradFormat::e4m3, false, false, {3.29e-01, 2.69e-02}, {1.18e+00, 3.28e-01}},
+    {Recipe::fp8, Target::sm90, GradFormat::e5m2, true, true, {2.11e-01, 1.12e-02}, {2.58e-01, 1.66e-02}},
+};
+// clang-format on
+
+AttentionShape backward_shape() { return {.B = 1, .Hq = 2, .Hkv = 1, .Sq = 150, .Sk = 200, .D = 64}; }
+
+std::vector<AttentionOptions> backward_configs() {
+  std::vector<AttentionOptions> out;
+  auto add = [&](Recipe r, Target t, GradFormat g, bool direct, bool smooth) {
+    AttentionOptions o;
+    o.recipe = r, o.target = t, o.ds_format = g, o.direct_p = direct, o.smooth_k = smooth;
+    o.block_q = 64, o.block_k = 64;
+    out.push_back(o);
+  };
+  for (bool direct : {true, false})
+    for (bool smooth : {true, false}) {
+      add(Recipe::fp8, Target::sm90, GradFormat::e4m3, direct, smooth);
+      add(Recipe::mxfp4_train, Target::sm90, GradFormat::e4m3, direct, smooth);
+      add(Recipe::mxfp4_train, Target::sm100, GradFormat::e4m3, direct, smooth);
+    }
+  add(Recipe::fp8, Target::sm90, GradFormat::e5m2, true, true);
+  return out;
+}
+
+const BackwardBounds& bounds_for(const AttentionOptions& o) {
+  for (const BackwardBounds& b : kBackwardBounds)
+    if (b.recipe == o.recipe && b.target == o.target && b.ds_format == o.ds_format && b.direct_p == o.direct_p &&
+        b.smooth_k == o.smooth_k)
+      return b;
+  throw Error("options", "no calibrated backward bounds for " + testing::describe(o));
+}
+
+struct Worst {
+  GradBounds kernel{0, 0}, recipe_error{0, 0};
+};
+
+void grow(GradBounds& w, const ErrorMetrics& m) {
+  w.rel_l2 = std::max(w.rel_l2, m.rel_l2);
+  w.one_minus_cos = std::max(w.one_minus_cos, 1.0 - m.cosine);
+}
+
+// Runs forward + backward and measures dQ, dK, dV against both references.
+Worst measure(const AttentionShape& s, std::uint64_t seed, const AttentionOptions& o) {
+  const Inputs x = testing::realistic_inputs(s, seed);
+  std::mt19937_64 gen(seed + 1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> d_o(s.q_elems());
+  for (float& e : d_o) e = normal(gen);
+  const ForwardResult fwd = forward(s, x.q, x.k, x.v, o);
+  const BackwardResult got = backward(s, x.q, x.k, x.v, fwd.o, fwd.lse, d_o, o);
+
+  const QuantizedInputs in = quantize_inputs(s, x.q, x.k, x.v, o);
+  std::vector<double> kq = testing::to_double(in.k.dequantize());
+  for (std::int64_t i = 0; i < s.kv_elems() && !in.k_mean.empty(); ++i)
+    kq[i] += in.k_mean[((i / (s.D * s.Hkv * s.Sk)) * s.Hkv + (i / s.D) % s.Hkv) * s.D + i % s.D];
+  const reference::BackwardResult kref =
+      reference::backward(s, testing::to_double(in.q.dequantize()), kq, testing::to_double(in.v.dequantize()),
+                          testing::to_double(d_o), o.mask, o.softmax_scale);
+  const reference::BackwardResult rref = reference::backward(
+      s, testing::to_double(x.q), testing::to_double(x.k), testing::to_double(x.v), testing::to_double(d_o), o.mask,
+      o.softmax_scale);
+  Worst w;
+  for (auto [g, k, r] : {std::tuple{&got.dq, &kref.dq, &rref.dq}, std::tuple{&got.dk, &kref.dk, &rref.dk},
+                         std::tuple{&got.dv, &kref.dv, &rref.dv}}) {
+    const ErrorMetrics mk = compare(*g, *k), mr = compare(*g, *r);
+    EXPECT_EQ(mk.nonfinite_mismatch, 0);
+    EXPECT_EQ(mr.nonfinite_mismatch, 0);
+    grow(w.kernel, mk);
+    grow(w.recipe_error, mr);
+  }
+  return w;
+}
+
+TEST(EmulatorBackward, GradientsAgainstReference) {
+  for (const AttentionOptions& base : backward_configs())
+    for (MaskKind mask : {MaskKind::none, MaskKind::causal}) {
+      AttentionOptions o = base;
+      o.mask = mask;
+      const BackwardBounds& b = bounds_for(o);
+      const Worst w = measure(backward_shape(), kTestSeed, o);
+      const std::string what = testing::describe(o) + (o.ds_format == GradFormat::e5m2 ? " dS e5m2" : "");
+      EXPECT_LE(w.kernel.rel_l2, b.kernel.rel_l2) << what << " kernel rel L2";
+      EXPECT_LE(w.kernel.one_minus_cos, b.kernel.one_minus_cos) << what << " kernel 1 - cos";
+      EXPECT_LE(w.recipe_error.rel_l2, b.recipe_error.rel_l2) << what << " recipe rel L2";
+      EXPECT_LE(w.recipe_error.one_minus_cos, b.recipe_error.one_minus_cos) << what << " recipe 1 - cos";
+    }
+}
+
+// Sq > Sk with bottom-right causal leaves rows with no key: their dQ is zero
+// and they add nothing to dK, dV.
+TEST(EmulatorBackward, FullyMaskedRowsHaveZeroGradient) {
+  const AttentionShape s{.B = 1, .Hq = 1, .Hkv = 1, .Sq = 96, .Sk = 64, .D = 64};
+  const Inputs x = testing::realistic_inputs(s, kTestSeed);
+  std::vector<float> d_o(x.q);
+  AttentionOptions o;
+  o.mask = MaskKind::causal, o.block_q = 32, o.block_k = 32;
+  const ForwardResult fwd = forward(s, x.q, x.k, x.v, o);
+  const BackwardResult g = backward(s, x.q, x.k, x.v, fwd.o, fwd.lse, d_o, o);
+  for (std::int64_t i = 0; i < (s.Sq - s.Sk) * s.D; ++i) ASSERT_EQ(g.dq[i], 0.0f) << i;
+  EXPECT_NE(g.dq[(s.Sq - s.Sk + 1) * s.D], 0.0f);
+  for (float e : g.dk) ASSERT_TRUE(std::isfinite(e));
+}
+
+TEST(EmulatorBackward, InferenceRecipesHaveNoBackward) {
+  const AttentionShape s{.B = 1, .Hq = 1, .Hkv = 1, .Sq = 32, .Sk = 32, .D = 64};
+  const Inputs x = testing::realistic_inputs(s, kTestSeed);
+  const std::vector<float> o(s.q_elems(), 0.5f), lse(s.lse_elems(), 1.0f);
+  for (Recipe r : {Recipe::mxfp4, Recipe::nvfp4}) {
+    AttentionOptions opt;
+    opt.recipe = r;
+    try {
+      backward(s, x.q, x.k, x.v, o, lse, x.q, opt);
+      ADD_FAILURE() << to_string(r) << " ran a backward";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "recipe");
+    }
+  }
+}
+
+TEST(EmulatorBackwardCalibration, DISABLED_PrintBounds) {
+  std::printf("| recipe | target | dS | Direct-P | smooth_k | kernel rel L2 | kernel 1-cos | recipe rel L2 | recipe 1-cos |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  std::string rows;
+  for (const AttentionOptions& base : backward_configs()) {
+    Worst w;
+    for (std::uint64_t seed = 1; seed <= kCalibrationSeeds; ++seed)
+      for (MaskKind mask : {MaskKind::none, MaskKind::causal}) {
+        AttentionOptions o = base;
+        o.mask = mask;
+        const Worst m = measure(backward_shape(), seed, o);
+        w.kernel = {std::max(w.kernel.rel_l2, m.kernel.rel_l2), std::max(w.kernel.one_minus_cos, m.kernel.one_minus_cos)};
+        w.recipe_error = {std::max(w.recipe_error.rel_l2, m.recipe_error.rel_l2),
+                          std::max(w.recipe_error.one_minus_cos, m.recipe_error.one_minus_cos)};
+      }
+    const char* ds = base.ds_format == GradFormat::e5m2 ? "e5m2" : "e4m3";
+    std::printf("| %s | %s | %s | %s | %s | %.2e | %.2e | %.2e | %.2e |\n", std::string(to_string(base.recipe)).c_str(),
+                std::string(to_string(base.target)).c_str(), ds, base.direct_p ? "on" : "off",
+                base.smooth_k ? "on" : "off", w.kernel.rel_l2, w.kernel.one_minus_cos, w.recipe_error.rel_l2,
+                w.recipe_error.one_minus_cos);
+    char line[256];
+    std::snprintf(line, sizeof line, "    {Recipe::%s, Target::%s, GradFormat::%s, %s, %s, {%.2e, %.2e}, {%.2e, %.2e}},\n",
+                  std::string(to_string(base.recipe)).c_str(), std::string(to_string(base.target)).c_str(), ds,
+                  base.direct_p ? "true" : "false", base.smooth_k ? "true" : "false", 2 * w.kernel.rel_l2,
+                  2 * w.kernel.one_minus_cos, 2 * w.recipe_error.rel_l2, 2 * w.recipe_error.one_minus_cos);
+    rows += line;
+  }
+  std::printf("\n%s", rows.c_str());
+}
+
+}  // namespace
+}  // namespace fp4attn::emulator

@@ -1,0 +1,232 @@
+// Argument validation and executor choice in dispatch: every rule rejects bad
+// input with an fp4attn::Error naming the argument, and forward() runs only
+// on input that passed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "fp4attn/attention.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn {
+namespace {
+
+constexpr AttentionShape kShape{.B = 1, .Hq = 4, .Hkv = 2, .Sq = 48, .Sk = 80, .D = 64};
+
+// The argument named by the Error that `f` throws, with its message; fails
+// the test when nothing (or something else) is thrown.
+template <typename F>
+std::pair<std::string, std::string> error_of(const F& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return {e.argument(), e.what()};
+  }
+  ADD_FAILURE() << "no fp4attn::Error thrown";
+  return {};
+}
+
+std::string argument_of_shape(const AttentionShape& s, const AttentionOptions& opt = {}) {
+  return error_of([&] { validate(s, opt); }).first;
+}
+
+std::vector<float> random_tensor(std::int64_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (float& e : x) e = dist(rng);
+  return x;
+}
+
+TEST(Validate, AcceptsGoodProblems) {
+  EXPECT_NO_THROW(validate(kShape, {}));
+  for (std::int64_t d : {32, 64, 96, 128, 160, 256}) {
+    AttentionShape s = kShape;
+    s.D = d;
+    EXPECT_NO_THROW(validate(s, {})) << "D=" << d;
+  }
+  AttentionOptions opt;
+  opt.block_q = 32;
+  opt.block_k = 256;
+  opt.softmax_scale = 0.0f;  // means 1/sqrt(D)
+  EXPECT_NO_THROW(validate(kShape, opt));
+}
+
+TEST(Validate, EverySizeMustBePositive) {
+  const std::pair<std::int64_t AttentionShape::*, const char*> fields[] = {
+      {&AttentionShape::B, "B"},   {&AttentionShape::Hq, "Hq"}, {&AttentionShape::Hkv, "Hkv"},
+      {&AttentionShape::Sq, "Sq"}, {&AttentionShape::Sk, "Sk"}, {&AttentionShape::D, "D"}};
+  for (const auto& [field, name] : fields) {
+    for (std::int64_t bad : {0, -1}) {
+      AttentionShape s = kShape;
+      s.*field = bad;
+      EXPECT_EQ(argument_of_shape(s), name) << name << "=" << bad;
+    }
+  }
+}
+
+TEST(Validate, QueryHeadsMustBeAMultipleOfKeyHeads) {
+  AttentionShape s = kShape;
+  s.Hq = 12;
+  s.Hkv = 5;
+  const auto [arg, msg] = error_of([&] { validate(s, {}); });
+  EXPECT_EQ(arg, "Hq");
+  EXPECT_EQ(msg, "Hq: Hq (12) must be a multiple of Hkv (5)");
+  s.Hkv = 1;  // MQA is fine
+  EXPECT_NO_THROW(validate(s, {}));
+}
+
+TEST(Validate, HeadDimMustSuitTheEmulator) {
+  for (std::int64_t d : {16, 100, 200, 288, 512}) {
+    AttentionShape s = kShape;
+    s.D = d;
+    const auto [arg, msg] = error_of([&] { validate(s, {}); });
+    EXPECT_EQ(arg, "D");
+    EXPECT_NE(msg.find("D=" + std::to_string(d) + " is not supported"), std::string::npos) << msg;
+  }
+}
+
+TEST(Validate, SizesThatOverflowAreRejected) {
+  constexpr std::int64_t kHuge = std::int64_t{1} << 40;
+  AttentionShape s = kShape;
+  s.Sq = kHuge;
+  s.Sk = kHuge;
+  EXPECT_FALSE(argument_of_shape(s).empty());
+  s = kShape;
+  s.B = kHuge;
+  s.Hq = kHuge / 2;
+  s.Hkv = kHuge / 2;
+  EXPECT_FALSE(argument_of_shape(s).empty());
+}
+
+TEST(Validate, TileSizes) {
+  for (int bad : {0, 16, 48, 288, -32}) {
+    AttentionOptions opt;
+    opt.block_q = bad;
+    EXPECT_EQ(argument_of_shape(kShape, opt), "block_q") << bad;
+    opt = {};
+    opt.block_k = bad;
+    EXPECT_EQ(argument_of_shape(kShape, opt), "block_k") << bad;
+  }
+}
+
+TEST(Validate, SoftmaxScaleAndThreads) {
+  for (float bad : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    AttentionOptions opt;
+    opt.softmax_scale = bad;
+    EXPECT_EQ(argument_of_shape(kShape, opt), "softmax_scale") << bad;
+  }
+  AttentionOptions opt;
+  opt.threads = -1;
+  EXPECT_EQ(argument_of_shape(kShape, opt), "threads");
+}
+
+TEST(Validate, ElementCounts) {
+  const std::size_t q = kShape.q_elems(), kv = kShape.kv_elems();
+  EXPECT_NO_THROW(validate_sizes(kShape, q, kv, kv));
+  EXPECT_EQ(error_of([&] { validate_sizes(kShape, q - 1, kv, kv); }).first, "q");
+  EXPECT_EQ(error_of([&] { validate_sizes(kShape, q, kv + 1, kv); }).first, "k");
+  EXPECT_EQ(error_of([&] { validate_sizes(kShape, q, kv, 0); }).first, "v");
+}
+
+TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
+  AttentionShape s = kShape;
+  AttentionOptions opt;
+  for (int d : kSm90HeadDims) {
+    s.D = d;
+    EXPECT_TRUE(sm90_supports(s, opt)) << d;
+  }
+  s.D = 96;
+  EXPECT_FALSE(sm90_supports(s, opt));
+  s.D = 64;
+  opt.target = Target::sm100;
+  EXPECT_FALSE(sm90_supports(s, opt));
+  opt = {};
+  opt.block_k = 64;  // the kernel's tile is fixed
+  EXPECT_FALSE(sm90_supports(s, opt));
+  opt = {};
+  bool any_recipe = false;
+  for (Recipe r : kAllRecipes) {
+    opt.recipe = r;
+    any_recipe |= sm90_supports(s, opt);
+  }
+  EXPECT_TRUE(any_recipe);
+}
+
+TEST(Dispatch, DescribesTheDevice) {
+  const std::string d = device_description();
+  if (!sm90_available()) {
+    EXPECT_NE(d.find("running the CPU emulator"), std::string::npos) << d;
+  }
+  if (!cuda_built()) {
+    EXPECT_FALSE(sm90_available());
+  }
+}
+
+class Forward : public ::testing::Test {
+ protected:
+  std::vector<float> q = random_tensor(kShape.q_elems(), 1);
+  std::vector<float> k = random_tensor(kShape.kv_elems(), 2);
+  std::vector<float> v = random_tensor(kShape.kv_elems(), 3);
+};
+
+TEST_F(Forward, AutomaticRunsAndFillsTheOutput) {
+  const ForwardOutput out = forward(kShape, q, k, v, {});
+  EXPECT_EQ(out.executor, sm90_available() ? Executor::sm90 : Executor::emulator);
+  ASSERT_EQ(out.o.size(), static_cast<std::size_t>(kShape.q_elems()));
+  ASSERT_EQ(out.lse.size(), static_cast<std::size_t>(kShape.lse_elems()));
+  double sum_abs = 0.0;
+  for (float x : out.o) {
+    ASSERT_TRUE(std::isfinite(x));
+    sum_abs += std::fabs(x);
+  }
+  EXPECT_GT(sum_abs, 0.0);
+  for (float x : out.lse) ASSERT_TRUE(std::isfinite(x));
+}
+
+TEST_F(Forward, ValidatesFirst) {
+  AttentionShape s = kShape;
+  s.D = 100;
+  EXPECT_EQ(error_of([&] { forward(s, q, k, v, {}); }).first, "D");
+  EXPECT_EQ(error_of([&] { forward(kShape, std::span(q).first(q.size() - 1), k, v, {}); }).first, "q");
+  EXPECT_EQ(error_of([&] { forward(kShape, q, std::span(k).first(k.size() - 1), v, {}); }).first, "k");
+  EXPECT_EQ(error_of([&] { forward(kShape, q, k, std::span(v).first(v.size() - 1), {}); }).first, "v");
+}
+
+TEST_F(Forward, NonFiniteInputIsNamed) {
+  for (bool smooth_k : {true, false}) {
+    AttentionOptions opt;
+    opt.smooth_k = smooth_k;
+    const float kBad[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()};
+    for (float bad : kBad) {
+      for (auto [tensor, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+        const float saved = (*tensor)[7];
+        (*tensor)[7] = bad;
+        EXPECT_EQ(error_of([&] { forward(kShape, q, k, v, opt); }).first, name) << name << " smooth_k " << smooth_k;
+        (*tensor)[7] = saved;
+      }
+    }
+  }
+}
+
+TEST_F(Forward, Sm90ExecutorRefusesWhatItCannotRun) {
+  AttentionShape s = kShape;
+  s.D = 96;
+  std::vector<float> q96 = random_tensor(s.q_elems(), 4), kv96 = random_tensor(s.kv_elems(), 5);
+  EXPECT_EQ(error_of([&] { forward(s, q96, kv96, kv96, {}, Executor::sm90); }).first, "D");
+  AttentionOptions sm100;
+  sm100.target = Target::sm100;
+  EXPECT_EQ(error_of([&] { forward(kShape, q, k, v, sm100, Executor::sm90); }).first, "executor");
+  if (!sm90_available()) {
+    EXPECT_EQ(error_of([&] { forward(kShape, q, k, v, {}, Executor::sm90); }).first, "executor");
+  }
+}
+
+TEST_F(Forward, EmulatorOnRequest) {
+  EXPECT_EQ(forward(kShape, q, k, v, {}, Executor::emulator).executor, Executor::emulator);
+}
+
+}  // namespace
+}  // namespace fp4attn

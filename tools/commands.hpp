@@ -1,0 +1,48 @@
+// The subcommands of `fp4attn`, one file each, plus the flag parsing they share.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "fp4attn/error.hpp"
+#include "fp4attn/recipe.hpp"
+#include "report.hpp"
+
+namespace fp4attn::cli {
+
+// `command_line` is recorded in --json output.
+void add_run_command(CLI::App& app, const std::string& command_line);
+void add_accuracy_command(CLI::App& app, const std::string& command_line);
+void add_info_command(CLI::App& app);
+
+// Options both `run` and `accuracy` take.
+struct CommonArgs {
+  bool causal = false;
+  int threads = 0;
+  std::string target = "sm90";
+  std::vector<std::string> recipes;  // empty: all
+  std::string json;
+};
+void add_common_options(CLI::App& cmd, CommonArgs& args);
+Settings parse_settings(const CommonArgs& args);
+
+// Measures, prints the table and writes --json when asked.
+void report(const Problem& problem, const Settings& settings, const CommonArgs& args, const std::string& command_line);
+
+// The library names arguments after its own fields (Hq, D, ...); the CLI user
+// knows the flag that set them. `rename` maps a library argument to a flag and
+// returns "" for names it does not know, which pass through unchanged.
+template <typename Rename, typename Body>
+void with_flag_names(const Rename& rename, const Body& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    const std::string flag = rename(e.argument());
+    if (flag.empty()) throw;
+    throw Error(flag, std::string(e.what()).substr(e.argument().size() + 2));
+  }
+}
+
+}  // namespace fp4attn::cli
