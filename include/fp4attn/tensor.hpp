@@ -1,6 +1,7 @@
 // Shapes of attention problems and a small owning 4-D array for host code.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -20,6 +21,12 @@ struct AttentionShape {
   std::int64_t lse_elems() const { return B * Hq * Sq; }
   std::int64_t group() const { return Hq / Hkv; }  // query heads per key/value head
 };
+
+// Throws fp4attn::Error naming the argument: a size that is not positive, or
+// Hq not a multiple of Hkv.
+void check_shape(const AttentionShape& shape);
+// Throws fp4attn::Error naming `name` when a tensor's element count is not the shape's.
+void check_element_count(std::size_t actual, std::int64_t expected, const char* name);
 
 // Index into a contiguous (B, S, H, D) tensor.
 inline std::int64_t bshd_index(std::int64_t S, std::int64_t H, std::int64_t D, std::int64_t b, std::int64_t s,

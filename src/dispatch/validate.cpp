@@ -23,10 +23,6 @@ constexpr Recipe kSm90Recipes[] = {Recipe::fp8};
 // The kernel's query/key tile, which is also its FP8 scale block.
 constexpr int kSm90Tile = 128;
 
-void require_positive(std::int64_t value, const char* name) {
-  if (value <= 0) throw Error(name, "must be > 0, got " + std::to_string(value));
-}
-
 // a * b, or an Error naming `what` when the product leaves int64.
 std::int64_t checked_mul(std::int64_t a, std::int64_t b, const char* what) {
   std::int64_t r = 0;
@@ -43,15 +39,7 @@ void require_tile(int value, const char* name) {
 }  // namespace
 
 void validate(const AttentionShape& shape, const AttentionOptions& opt) {
-  require_positive(shape.B, "B");
-  require_positive(shape.Hq, "Hq");
-  require_positive(shape.Hkv, "Hkv");
-  require_positive(shape.Sq, "Sq");
-  require_positive(shape.Sk, "Sk");
-  require_positive(shape.D, "D");
-  if (shape.Hq % shape.Hkv != 0)
-    throw Error("Hq", "Hq (" + std::to_string(shape.Hq) + ") must be a multiple of Hkv (" +
-                          std::to_string(shape.Hkv) + ")");
+  check_shape(shape);
   if (!emulator_supports_head_dim(shape.D))
     throw Error("D", "D=" + std::to_string(shape.D) + " is not supported: the emulator needs a multiple of " +
                          std::to_string(kHeadDimStep) + " in [" + std::to_string(kMinHeadDim) + ", " +

@@ -24,30 +24,13 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-void require_positive(std::int64_t value, const char* name) {
-  if (value <= 0) throw Error(name, "must be positive, got " + std::to_string(value));
-}
-
-void require_size(std::size_t actual, std::int64_t expected, const char* name) {
-  if (actual != static_cast<std::size_t>(expected))
-    throw Error(name, "has " + std::to_string(actual) + " elements, the shape needs " + std::to_string(expected));
-}
-
 void validate(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
               std::span<const double> v, double scale) {
-  require_positive(shape.B, "B");
-  require_positive(shape.Hq, "Hq");
-  require_positive(shape.Hkv, "Hkv");
-  require_positive(shape.Sq, "Sq");
-  require_positive(shape.Sk, "Sk");
-  require_positive(shape.D, "D");
-  if (shape.Hq % shape.Hkv != 0)
-    throw Error("Hq", "must be a multiple of Hkv (" + std::to_string(shape.Hq) + " vs " +
-                          std::to_string(shape.Hkv) + ")");
+  check_shape(shape);
   if (!std::isfinite(scale)) throw Error("scale", "must be finite");
-  require_size(q.size(), shape.q_elems(), "q");
-  require_size(k.size(), shape.kv_elems(), "k");
-  require_size(v.size(), shape.kv_elems(), "v");
+  check_element_count(q.size(), shape.q_elems(), "q");
+  check_element_count(k.size(), shape.kv_elems(), "k");
+  check_element_count(v.size(), shape.kv_elems(), "v");
 }
 
 double resolve_scale(double scale, std::int64_t D) {
@@ -174,7 +157,7 @@ ForwardResult forward(const AttentionShape& shape, std::span<const double> q, st
 BackwardResult backward(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
                         std::span<const double> v, std::span<const double> d_o, MaskKind mask, double scale) {
   validate(shape, q, k, v, scale);
-  require_size(d_o.size(), shape.q_elems(), "d_o");
+  check_element_count(d_o.size(), shape.q_elems(), "d_o");
   scale = resolve_scale(scale, shape.D);
   const std::int64_t B = shape.B, Sq = shape.Sq, Sk = shape.Sk, Hq = shape.Hq, Hkv = shape.Hkv, D = shape.D;
   const std::int64_t group = shape.group();
