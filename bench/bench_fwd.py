@@ -136,6 +136,7 @@ def main():
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seqs", default=",".join(map(str, GRID_S)))
+    ap.add_argument("--dims", default=",".join(str(d) for _, d in GRID_HD), help="head dims to run (subset of the grid)")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
     args = ap.parse_args()
@@ -150,7 +151,8 @@ def main():
                          Sk=S, D=D, ms=round(ms, 4), tflops=round(tf, 1), gbps=None))
         return tf
 
-    for H, D in GRID_HD:
+    dims = set(map(int, args.dims.split(",")))
+    for H, D in [(h, d) for h, d in GRID_HD if d in dims]:
         for S in map(int, args.seqs.split(",")):
             B = TOKENS // S
             sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -18,6 +18,7 @@ thread_local std::string g_last_error;
 struct Plan {
   fp4attn::sm90::fwd::Fp8ForwardArgs args;
   fp4attn::cuda_quantize::Fp8Buffers bufs;
+  fp4attn::cuda_quantize::Fp8Schedule schedule;
   bool smooth_k = true;
 };
 
@@ -66,6 +67,7 @@ void* fp4attn_plan_create(int B, int Hq, int Hkv, int Sq, int Sk, int D, int mas
     b.k_mean = static_cast<float*>(device_alloc(sizeof(float) * B * Hkv * D));
     b.lse_shift = static_cast<float*>(device_alloc(sizeof(float) * B * Hq * Sq));
     b.nonfinite = static_cast<int*>(device_alloc(3 * sizeof(int)));
+    b.workspace = device_alloc(fp4attn::cuda_quantize::fp8_workspace_bytes(B, Hkv, Sk, D));
     cudaMemset(b.nonfinite, 0, 3 * sizeof(int));
     a.q = b.q, a.k = b.k, a.vt = b.vt, a.vt_keys = b.vt_keys;
     a.q_stride_b = 1ll * Sq * Hq * D, a.q_stride_s = 1ll * Hq * D, a.q_stride_h = D;
@@ -85,7 +87,8 @@ void fp4attn_plan_destroy(void* plan) {
   for (void* ptr : {static_cast<void*>(p->bufs.q), static_cast<void*>(p->bufs.k), static_cast<void*>(p->bufs.vt),
                     static_cast<void*>(p->bufs.q_scale), static_cast<void*>(p->bufs.k_scale),
                     static_cast<void*>(p->bufs.v_scale), static_cast<void*>(p->bufs.k_mean),
-                    static_cast<void*>(p->bufs.lse_shift), static_cast<void*>(p->bufs.nonfinite)})
+                    static_cast<void*>(p->bufs.lse_shift), static_cast<void*>(p->bufs.nonfinite),
+                    p->bufs.workspace})
     cudaFree(ptr);
   delete p;
 }
@@ -93,6 +96,12 @@ void fp4attn_plan_destroy(void* plan) {
 void fp4attn_plan_set_direct_p(void* plan, int direct_p) {
   static_cast<Plan*>(plan)->args.p_code =
       direct_p ? fp4attn::sm90::fwd::PCode::direct_p : fp4attn::sm90::fwd::PCode::exp2_cvt;
+}
+
+// Work order of the quantizer (bench/bench_quantize.py sweeps it): lag_chunks < 0
+// and ctas_per_sm = 0 pick the defaults.
+void fp4attn_plan_set_quantize_schedule(void* plan, int lag_chunks, int ctas_per_sm) {
+  static_cast<Plan*>(plan)->schedule = {lag_chunks, ctas_per_sm};
 }
 
 // dtype: 0 fp32, 1 fp16, 2 bf16; strides: (b, s, h) in elements for each of q, k, v.
@@ -104,7 +113,7 @@ int fp4attn_quantize(void* plan, const void* q, const void* k, const void* v, in
     fp4attn::cuda_quantize::quantize_fp8(input(q, dtype, a.B, a.Sq, a.Hq, a.D, q_strides),
                                          input(k, dtype, a.B, a.Sk, a.Hkv, a.D, k_strides),
                                          input(v, dtype, a.B, a.Sk, a.Hkv, a.D, v_strides), p->smooth_k,
-                                         a.softmax_scale, p->bufs, static_cast<cudaStream_t>(stream));
+                                         a.softmax_scale, p->bufs, static_cast<cudaStream_t>(stream), p->schedule);
     return 0;
   } catch (const std::exception& e) {
     return fail(e);

@@ -62,9 +62,15 @@ std::uint8_t nvfp4_block_scale_code(float block_amax, float tensor_scale);
 // FP8 block scale amax / 448 (1 when amax is 0).
 float fp8_block_scale(float amax);
 
-// smooth_k: per-(b, h, d) mean of K over the sequence, summed in double in
-// ascending s, rounded to float. Returns (B, H, D). The smoothed tensor is
-// k − mean in fp32.
+// Tokens per partial sum of the smooth_k mean.
+inline constexpr int kSequenceMeanChunk = 128;
+
+// smooth_k: per-(b, h, d) mean of K over the sequence, summed in double and
+// rounded to float. Returns (B, H, D). The smoothed tensor is k − mean in fp32.
+// Summation order: chunks of kSequenceMeanChunk tokens, ascending s within a
+// chunk, then the chunk sums added in ascending chunk order; the total is
+// divided by S in double. Chunks can be summed in parallel, so the GPU
+// quantizer evaluates this very order and matches bit for bit.
 std::vector<float> sequence_mean(std::span<const float> k, std::int64_t B, std::int64_t S, std::int64_t H,
                                  std::int64_t D);
 std::vector<float> subtract_sequence_mean(std::span<const float> k, std::span<const float> mean, std::int64_t B,

@@ -29,6 +29,13 @@ enum class MxScaleRule : std::uint8_t {
 
 enum class GradFormat : std::uint8_t { e4m3, e5m2 };
 
+// How the emulator sums the products of each tensor-core instruction.
+enum class Accumulation : std::uint8_t {
+  tensor_core,  // as the target's tensor core does where that is modelled: sm90 FP8 wgmma keeps
+                // 14 significant bits per k32 step (docs/numerics.md); fp32 for everything else
+  fp32,         // exact products summed in fp32: an idealized tensor core
+};
+
 enum class MaskKind : std::uint8_t {
   none,
   causal,           // bottom-right aligned: query i sees key j iff j <= i + (Sk - Sq) (FlashAttention >= 2.1)
@@ -64,6 +71,7 @@ constexpr std::string_view to_string(Recipe r) {
   return "?";
 }
 constexpr std::string_view to_string(Target t) { return t == Target::sm90 ? "sm90" : "sm100"; }
+constexpr std::string_view to_string(Accumulation a) { return a == Accumulation::tensor_core ? "tensor_core" : "fp32"; }
 constexpr std::string_view to_string(TensorFormat f) {
   switch (f) {
     case TensorFormat::fp8_e4m3: return "fp8_e4m3";
@@ -94,6 +102,7 @@ struct AttentionOptions {
   Target target = Target::sm90;
   MxScaleRule mx_scale_rule = MxScaleRule::round_up;
   GradFormat ds_format = GradFormat::e4m3;
+  Accumulation accumulation = Accumulation::tensor_core;  // emulator only; the kernels are the hardware
   int block_q = 128;  // query tile of the kernel; also the FP8 Q scale block
   int block_k = 128;  // key tile of the kernel; also the FP8 K scale block
   int threads = 0;    // CPU emulator worker threads; 0 means all cores

@@ -92,6 +92,7 @@ void bind_enums(nb::module_& m) {
       .value("mxfp4", Recipe::mxfp4)
       .value("nvfp4", Recipe::nvfp4)
       .value("mxfp4_train", Recipe::mxfp4_train);
+  nb::enum_<Target>(m, "Target").value("sm90", Target::sm90).value("sm100", Target::sm100);
   nb::enum_<MaskKind>(m, "MaskKind")
       .value("none", MaskKind::none)
       .value("causal", MaskKind::causal)
@@ -118,7 +119,8 @@ void bind_options(nb::module_& m) {
       .def_rw("mask", &AttentionOptions::mask)
       .def_rw("softmax_scale", &AttentionOptions::softmax_scale)
       .def_rw("smooth_k", &AttentionOptions::smooth_k)
-      .def_rw("direct_p", &AttentionOptions::direct_p);
+      .def_rw("direct_p", &AttentionOptions::direct_p)
+      .def_rw("target", &AttentionOptions::target);
   nb::class_<QuantizeOptions>(m, "QuantizeOptions")
       .def(nb::init<>())
       .def_rw("fp8_token_block", &QuantizeOptions::fp8_token_block)

@@ -34,9 +34,10 @@ class Settings(NamedTuple):
     direct_p: bool
     gqa: bool  # may Hkv differ from Hq?
     names: str  # the caller's names for q, k, v, comma-separated, for error messages
+    target: str = "sm90"  # whose numerics the emulator models; the sm90 kernels run only for "sm90"
 
 
-def make_settings(*, layout, mask, scale, scale_name, recipe, smooth_k, direct_p, gqa, names) -> Settings:
+def make_settings(*, layout, mask, scale, scale_name, recipe, smooth_k, direct_p, gqa, names, target="sm90") -> Settings:
     return Settings(
         layout=_validate.check_layout(layout),
         mask=mask,
@@ -46,6 +47,7 @@ def make_settings(*, layout, mask, scale, scale_name, recipe, smooth_k, direct_p
         direct_p=_validate.check_flag(direct_p, "direct_p"),
         gqa=gqa,
         names=",".join(names),
+        target=_validate.check_choice(target, _validate.TARGETS, "target"),
     )
 
 
@@ -98,6 +100,7 @@ def _options(s: Settings) -> "_ext.AttentionOptions":
     opt.softmax_scale = s.scale
     opt.smooth_k = s.smooth_k
     opt.direct_p = s.direct_p
+    opt.target = _ext.Target.__members__[s.target]
     return opt
 
 

@@ -23,6 +23,7 @@ SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "float64")
 LAYOUTS = ("bshd", "bhsd")
 # Names the C++ enums accept, read once from the extension.
 RECIPES = tuple(_ext.Recipe.__members__)
+TARGETS = tuple(_ext.Target.__members__)
 FORMATS = tuple(_ext.TensorFormat.__members__)
 BLOCK_AXES = tuple(_ext.BlockAxis.__members__)
 MX_SCALE_RULES = tuple(_ext.MxScaleRule.__members__)

@@ -43,12 +43,16 @@ def attention(
     direct_p=True,
     layout="bshd",
     return_lse=False,
+    target="sm90",
 ):
     """Low-precision attention, softmax(scale · q kᵀ) v.
 
     q: (B, Sq, Hq, D), k and v: (B, Sk, Hkv, D) with Hq a multiple of Hkv, or
     the (B, H, S, D) order with layout="bhsd". causal masks bottom-right aligned
     when Sq != Sk (FlashAttention >= 2.1); scale=None means 1/sqrt(D).
+    target picks the hardware whose numerics are modelled: "sm90" (FP4
+    expanded to E4M3, DESIGN §3.4) or "sm100" (ideal block-scaled FP4; CPU
+    emulator only, so it never runs on the GPU).
     Returns O in the input layout, and with return_lse also the natural-log
     LSE of shape (B, Hq, Sq). NumPy inputs give float32 NumPy outputs holding
     bf16 values; torch inputs give tensors of the input's dtype and device.
@@ -63,6 +67,7 @@ def attention(
         direct_p=direct_p,
         gqa=True,
         names=("q", "k", "v"),
+        target=target,
     )
     o, lse = _forward(q, k, v, s)
     return (o, lse) if _validate.check_flag(return_lse, "return_lse") else o

@@ -47,17 +47,18 @@ def _attention_op(
     direct_p: bool,
     gqa: bool,
     arg_names: str,
+    target: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names)
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     _host.check(q, k, v, s)
     o, lse = _host.attention(host_array(q), host_array(k), host_array(v), s)
     return torch.from_numpy(o).to(device=q.device, dtype=q.dtype), torch.from_numpy(lse).to(device=q.device)
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names):
+def _attention_fake(q, k, v, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target):
     # Runs at trace time on fake tensors: the same checks, so compiled code raises the same errors.
-    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names)
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     dims = _host.check(q, k, v, s)
     return q.new_empty(q.shape), q.new_empty((dims.B, dims.Hq, dims.Sq), dtype=torch.float32)
 

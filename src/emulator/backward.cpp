@@ -22,6 +22,7 @@
 #include "emulator/operands.hpp"
 #include "emulator/parallel.hpp"
 #include "emulator/scores.hpp"
+#include "emulator/tensor_core.hpp"
 #include "fp4attn/direct_p.hpp"
 #include "fp4attn/emulator.hpp"
 #include "fp4attn/error.hpp"
@@ -101,11 +102,12 @@ void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64
     std::fill_n(p, kn, 0.0f);
     std::fill_n(ds, kn, 0.0f);
     if (seen <= 0 || !std::isfinite(pb.lse_log2[row])) continue;  // no visible key: P = dS = 0
-    score_row(pb.q_s, b, hq, i, t.keys, t.s.data());
+    // Same accumulation as the forward, so P is recomputed from the scores its LSE saw.
+    const float c = score_row(pb.q_s, b, hq, i, t.keys, uses_fp8_mma_model(pb.opt), t.s.data()) * pb.scale_log2;
     const float* dov = pb.d_o.row(b, hq, i);
     const float dof = pb.d_o.factor_of(b, hq, i);
     for (std::int64_t j = 0; j < seen; ++j) {
-      const float u = direct_p::log2_score(t.s[j], pb.scale_log2, pb.lse_log2[row]);
+      const float u = direct_p::log2_score(t.s[j], c, pb.lse_log2[row]);
       p[j] = decode(ElemFormat::e4m3, pb.opt.direct_p ? direct_p::fp8_code(u) : direct_p::fp8_code_exp2(u));
       // dP = dO·Vᵀ: exact E4M3 products summed in fp32, then both scales.
       const float* vv = pb.v.row(b, hkv, j0 + j);

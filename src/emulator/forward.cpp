@@ -3,9 +3,9 @@
 // One work item is what one kernel thread block does: a (batch, query head,
 // query tile of block_q rows) triple. It walks the key tiles of block_k keys
 // that its rows can see and, per tile and row:
-//   S = Q·Kᵀ            with the operands and fp32 accumulation the tensor core has
-//   m_new = max(m, max_j s·scale_log2)
-//   u = s·scale_log2 − m_new, P = codes of u (Direct-P or exp2 + quantizer)
+//   S = Q·Kᵀ            with the operands and the accumulation the tensor core has
+//   m_new = max(m, max_j s·c)  c = softmax scale · log2 e (· the Q, K factors, as the kernel folds them)
+//   u = s·c − m_new, P = codes of u (Direct-P or exp2 + quantizer)
 //   l = l·alpha + Σ P,  O = O·alpha + P·V,  alpha = 2^(m − m_new)
 // and the epilogue divides by l, applies V's per-channel factors and rounds O
 // to bf16. Every rounding rule comes from formats.hpp / direct_p.hpp, the
@@ -21,6 +21,7 @@
 #include "emulator/p_row.hpp"
 #include "emulator/parallel.hpp"
 #include "emulator/scores.hpp"
+#include "emulator/tensor_core.hpp"
 #include "fp4attn/direct_p.hpp"
 #include "fp4attn/emulator.hpp"
 #include "fp4attn/error.hpp"
@@ -48,6 +49,8 @@ struct Problem {
   float scale = 0.0f;       // softmax scale
   float scale_log2 = 0.0f;  // softmax scale · log2(e): the whole softmax runs in base 2
   float offset = 0.0f;      // log2 of the factor the P values carry
+  bool fp8_mma = false;     // both products follow the sm90 FP8 wgmma model (tensor_core.hpp)
+  std::vector<float> v_exponents;  // e4m3_exponent of v.values, when fp8_mma
 };
 
 // Scratch of one work item, sized for one tile.
@@ -59,6 +62,8 @@ struct TileScratch {
         u(static_cast<std::size_t>(block_k)),
         p(static_cast<std::size_t>(block_k)),
         p_block(static_cast<std::size_t>(block_k / kMxfp4Block + 1)),
+        p_exponents(static_cast<std::size_t>(kFp8MmaK)),
+        mma_scratch(static_cast<std::size_t>(2 * D)),
         o_tile(static_cast<std::size_t>(D)),
         o_acc(static_cast<std::size_t>(block_q * D)),
         m(static_cast<std::size_t>(block_q)),
@@ -70,16 +75,36 @@ struct TileScratch {
   std::vector<float> u;          // (block_k) log2-domain scores
   std::vector<float> p;          // (block_k) P values
   std::vector<float> p_block;    // (block_k / 32) P block factors
+  std::vector<float> p_exponents;  // (32) one k32 step's P exponents, for the FP8 wgmma model
+  std::vector<float> mma_scratch;  // (2 · D) scratch of fp8_mma_step
   std::vector<float> o_tile;     // (D) one row's P·V for this tile
   std::vector<float> o_acc;      // (block_q, D)
   std::vector<float> m, l;       // (block_q) running max (log2 domain) and row sum
 };
+
+// The kernel's P·V for one tile: a fresh accumulator, then one wgmma k32 step
+// per 32 keys. The kernel feeds each group's keys in the order of the
+// quantizer's Vᵀ permutation; the fused sum of a step does not depend on the
+// order of its 32 products, so key order serves as well.
+void fp8_mma_pv_row(const Problem& pb, std::int64_t b, std::int64_t hkv, std::int64_t j0, std::int64_t kn,
+                    TileScratch& t) {
+  const VOperand& v = pb.v;
+  const std::int64_t D = v.D;
+  for (std::int64_t k0 = 0; k0 < kn; k0 += kFp8MmaK) {
+    const int terms = static_cast<int>(std::min<std::int64_t>(kFp8MmaK, kn - k0));
+    e4m3_exponents(&t.p[k0], terms, t.p_exponents.data());
+    const std::int64_t first = v.values_of(b, hkv, j0 + k0) - v.values.data();
+    fp8_mma_step(&t.p[k0], t.p_exponents.data(), &v.values[first], &pb.v_exponents[first], D, terms, D,
+                 t.o_tile.data(), t.mma_scratch.data());
+  }
+}
 
 // o_tile = P·V for one row against key tile [j0, j0 + kn), before the row factor.
 void pv_row(const Problem& pb, std::int64_t b, std::int64_t hkv, std::int64_t j0, std::int64_t kn, TileScratch& t) {
   const VOperand& v = pb.v;
   const std::int64_t D = v.D;
   std::fill(t.o_tile.begin(), t.o_tile.end(), 0.0f);
+  if (pb.fp8_mma) return fp8_mma_pv_row(pb, b, hkv, j0, kn, t);
   // Block-scaled V (MXFP4 on sm100) sums 32 keys at a time, then applies
   // 2^(Ep + Ev); every other operand is one block spanning the tile.
   const std::int64_t block = v.block > 0 ? v.block : kn;
@@ -121,20 +146,25 @@ void run_query_tile(const Problem& pb, std::int64_t item, TileScratch& t, Forwar
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t seen = std::min(kn, visible_keys(pb.opt.mask, sh.Sq, sh.Sk, i0 + r) - j0);
       if (seen <= 0) continue;  // fully masked for this row: m, l, O unchanged
-      score_row(pb.q, b, hq, i0 + r, t.keys, t.s.data());
+      // c turns s into the log2 domain: the kernel's one multiplier (scales · softmax scale · log2 e).
+      const float c = score_row(pb.q, b, hq, i0 + r, t.keys, pb.fp8_mma, t.s.data()) * pb.scale_log2;
       float tile_max = kNegInf;
       for (std::int64_t j = 0; j < kn; ++j) {
         if (j >= seen) t.s[j] = kNegInf;
-        else tile_max = std::max(tile_max, t.s[j] * pb.scale_log2);
+        else tile_max = std::max(tile_max, t.s[j] * c);
       }
       const float m_new = std::max(t.m[r], tile_max);
-      for (std::int64_t j = 0; j < kn; ++j) t.u[j] = direct_p::log2_score(t.s[j], pb.scale_log2, m_new);
+      for (std::int64_t j = 0; j < kn; ++j) t.u[j] = direct_p::log2_score(t.s[j], c, m_new);
       const float alpha = exp2f(t.m[r] - m_new);  // 0 on the row's first tile (m = −inf)
       const PRowResult p = make_p_row(pb.p, std::span<const float>(t.u.data(), kn), std::span<float>(t.p.data(), kn),
                                       std::span<float>(t.p_block));
       pv_row(pb, b, hkv, j0, kn, t);
       float* o = &t.o_acc[r * D];
-      for (std::int64_t d = 0; d < D; ++d) o[d] = o[d] * alpha + t.o_tile[d] * p.row_factor;
+      if (pb.fp8_mma) {  // the kernel's one FFMA: O·alpha + tile
+        for (std::int64_t d = 0; d < D; ++d) o[d] = std::fma(o[d], alpha, t.o_tile[d] * p.row_factor);
+      } else {
+        for (std::int64_t d = 0; d < D; ++d) o[d] = o[d] * alpha + t.o_tile[d] * p.row_factor;
+      }
       t.l[r] = t.l[r] * alpha + p.sum;
       t.m[r] = m_new;
     }
@@ -206,6 +236,11 @@ ForwardResult forward(const AttentionShape& shape, const QuantizedInputs& in, co
   pb.scale = resolve_softmax_scale(opt.softmax_scale, shape.D);
   pb.scale_log2 = pb.scale * direct_p::kLog2e;
   pb.offset = p_offset(spec.p);
+  pb.fp8_mma = uses_fp8_mma_model(opt);
+  if (pb.fp8_mma) {
+    pb.v_exponents.resize(pb.v.values.size());
+    e4m3_exponents(pb.v.values.data(), static_cast<std::int64_t>(pb.v.values.size()), pb.v_exponents.data());
+  }
 
   ForwardResult out{std::vector<float>(static_cast<std::size_t>(shape.q_elems())),
                     std::vector<float>(static_cast<std::size_t>(shape.lse_elems()))};

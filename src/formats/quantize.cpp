@@ -240,14 +240,20 @@ QuantizedTensor quantize(std::span<const float> x, std::int64_t B, std::int64_t 
 std::vector<float> sequence_mean(std::span<const float> k, std::int64_t B, std::int64_t S, std::int64_t H,
                                  std::int64_t D) {
   require_dims(B, S, H, D, k.size(), "k");
-  std::vector<double> sum(static_cast<std::size_t>(B * H * D), 0.0);
-  // s ascending in the outer loop keeps each sum's order fixed and the reads contiguous.
+  const std::int64_t channels = H * D;  // of one batch entry
+  std::vector<double> total(static_cast<std::size_t>(B * channels), 0.0);
+  std::vector<double> chunk(static_cast<std::size_t>(channels));
   for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t s = 0; s < S; ++s)
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t d = 0; d < D; ++d) sum[(b * H + h) * D + d] += k[bshd_index(S, H, D, b, s, h, d)];
-  std::vector<float> mean(sum.size());
-  for (std::size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / static_cast<double>(S));
+    for (std::int64_t s0 = 0; s0 < S; s0 += kSequenceMeanChunk) {
+      // s ascending in the outer loop keeps each chunk sum's order fixed and the reads contiguous.
+      std::fill(chunk.begin(), chunk.end(), 0.0);
+      for (std::int64_t s = s0; s < std::min(S, s0 + kSequenceMeanChunk); ++s)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t d = 0; d < D; ++d) chunk[h * D + d] += k[bshd_index(S, H, D, b, s, h, d)];
+      for (std::int64_t c = 0; c < channels; ++c) total[b * channels + c] += chunk[c];
+    }
+  std::vector<float> mean(total.size());
+  for (std::size_t i = 0; i < total.size(); ++i) mean[i] = static_cast<float>(total[i] / static_cast<double>(S));
   return mean;
 }
 

@@ -1,5 +1,5 @@
-// GPU suites for recipe fp8 on sm90: the GPU quantizer against the CPU
-// quantizer (bit for bit), then the forward kernel against the CPU emulator
+// GPU suites for recipe fp8 on sm90 (the quantizer's own suite is
+// test_quantize_gpu.cu): the forward kernel against the CPU emulator
 // (target sm90, same inputs): known answer first, then random shapes with odd
 // lengths, GQA, bottom-right causal with Sq ≠ Sk, fully masked rows, strided
 // tensors, both head dims and Direct-P on and off; finally the public API.
@@ -82,96 +82,6 @@ struct DeviceFp8 {
     bufs = {q.ptr, q_scale.ptr, k.ptr, k_scale.ptr, vt.ptr, v_scale.ptr, k_mean.ptr, lse_shift.ptr, vt_keys, flags.ptr};
   }
 };
-
-void expect_codes_equal(const std::vector<std::uint8_t>& got, const std::vector<std::uint8_t>& want, const char* what,
-                        const std::string& where) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i] && bad++ == 0) first = i;
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " codes differ, first at " << first << " (got " << int(got[first])
-                     << ", want " << int(want[first]) << ") " << where;
-}
-
-void expect_floats_bitwise(const std::vector<float>& got, const std::vector<float>& want, const char* what,
-                           const std::string& where) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  std::size_t bad = 0, first = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ == 0) first = i;
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " values differ, first at " << first << " (got " << got[first]
-                     << ", want " << want[first] << ") " << where;
-}
-
-TEST(GpuQuantizeFp8, MatchesCpuQuantizerBitForBit) {
-  FP4ATTN_REQUIRE_HOPPER();
-  const Case cases[] = {
-      {{2, 4, 2, 300, 257, 128}, MaskKind::none, true, true},
-      {{1, 2, 1, 128, 1000, 64}, MaskKind::none, true, true},
-      {{1, 3, 3, 77, 33, 128}, MaskKind::none, true, false},
-  };
-  for (const Case& c : cases) {
-    const std::uint32_t seed = gpu_test::fresh_seed();
-    std::mt19937 rng(seed);
-    const AttentionShape& s = c.shape;
-    const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
-    const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 4.0f, rng);
-    const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
-    const std::string where = describe(c, seed);
-
-    StridedBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
-    DeviceFp8 dev(s);
-    AttentionOptions opt;
-    opt.smooth_k = c.smooth_k;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-    cq::quantize_fp8(dq.view, dk.view, dv.view, c.smooth_k, scale, dev.bufs, nullptr);
-    cq::check_finite(dev.bufs, nullptr);
-
-    const emulator::QuantizedInputs cpu = emulator::quantize_inputs(s, q, k, v, opt);
-    expect_codes_equal(dev.q.download(), cpu.q.codes, "q codes", where);
-    expect_floats_bitwise(dev.q_scale.download(), cpu.q.scales, "q scales", where);
-    expect_codes_equal(dev.k.download(), cpu.k.codes, "k codes", where);
-    expect_floats_bitwise(dev.k_scale.download(), cpu.k.scales, "k scales", where);
-    expect_floats_bitwise(dev.v_scale.download(), cpu.v.scales, "v scales", where);
-    if (c.smooth_k) expect_floats_bitwise(dev.k_mean.download(), cpu.k_mean, "k mean", where);
-
-    // Vᵀ back to (B, Sk, Hkv, D) through the slot → key permutation; padding must be zero codes.
-    const auto vt = dev.vt.download();
-    std::vector<std::uint8_t> v_codes(cpu.v.codes.size());
-    std::size_t bad_padding = 0;
-    for (std::int64_t b = 0; b < s.B; ++b)
-      for (std::int64_t h = 0; h < s.Hkv; ++h)
-        for (std::int64_t d = 0; d < s.D; ++d)
-          for (std::int64_t slot = 0; slot < dev.vt_keys; ++slot) {
-            const std::int64_t group = slot / cq::kVtKeyGroup * cq::kVtKeyGroup;
-            const std::int64_t key = group + cq::vt_key_of_slot(static_cast<int>(slot % cq::kVtKeyGroup));
-            const std::uint8_t code = vt[((b * s.Hkv + h) * s.D + d) * dev.vt_keys + slot];
-            if (key < s.Sk) v_codes[bshd_index(s.Sk, s.Hkv, s.D, b, key, h, d)] = code;
-            else bad_padding += code != 0;
-          }
-    expect_codes_equal(v_codes, cpu.v.codes, "v codes", where);
-    EXPECT_EQ(bad_padding, 0u) << "Vᵀ padding keys must hold zero codes " << where;
-  }
-}
-
-TEST(GpuQuantizeFp8, ReportsNonFiniteInput) {
-  FP4ATTN_REQUIRE_HOPPER();
-  const AttentionShape s{1, 2, 2, 130, 130, 64};
-  std::mt19937 rng(gpu_test::fresh_seed());
-  auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
-  auto k = gpu_test::attention_input(s.kv_elems(), s.D, 0.5f, rng);
-  auto v = gpu_test::attention_input(s.kv_elems(), s.D, 0.5f, rng);
-  v[777] = std::nanf("");
-  StridedBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
-  DeviceFp8 dev(s);
-  cq::quantize_fp8(dq.view, dk.view, dv.view, true, 0.125f, dev.bufs, nullptr);
-  try {
-    cq::check_finite(dev.bufs, nullptr);
-    FAIL() << "NaN in v was not reported";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "v");
-  }
-}
 
 struct GpuResult {
   std::vector<float> o, lse;

@@ -1,245 +1,186 @@
-// GPU quantizer for recipe fp8. Every arithmetic step mirrors the CPU
-// quantizer so the codes agree bit for bit: amax of |x| (order-free), scale =
-// amax / 448 in fp32 (1 when zero), code = RNE-satfinite E4M3 of x / scale
-// (IEEE division; the hardware F2FP conversion equals the host rounding rule),
-// and for smooth_k a double sum over ascending s and an fp32 subtraction.
+// GPU quantizer for recipe fp8, host side: argument checks, the workspace,
+// the work order and the launch of the fused kernel (quantize_fp8_kernel.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
+#include <algorithm>
+#include <bit>
+#include <limits>
 #include <string>
 
 #include "cuda/quantize/quantize_fp8.hpp"
+#include "cuda/quantize/quantize_fp8_kernel.cuh"
 #include "fp4attn/error.hpp"
-#include "fp4attn/formats.hpp"
 
 namespace fp4attn::cuda_quantize {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMeanThreads = 128;
-constexpr int kAmaxTokensPerBlock = 64;  // V amax: tokens per CTA along s
-constexpr int kRowsPerShiftBlock = 8;    // lse_shift: one warp per query row
-constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
-enum NonfiniteSlot : int { kQ = 0, kK = 1, kV = 2 };
+// Dynamic shared memory a kernel may use without opting in.
+constexpr std::size_t kDefaultSmemLimit = 48 * 1024;
+constexpr std::size_t kCodeStoreAlign = 8;  // Q and K codes: 8 per store
+constexpr std::size_t kVtStoreAlign = 4;    // Vᵀ: one 32-bit word per store
+constexpr int kNonfiniteFlags = 3;
+constexpr int kTicketsHeldPerCta = 2;  // the unit in progress and the next one (quantize_fp8_kernel)
 
 void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ float load(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ float load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+std::int64_t blocks_of(std::int64_t S) { return (S + kTokenBlock - 1) / kTokenBlock; }
+
+// Byte offsets inside the workspace. Everything before `reset_bytes` starts
+// each call at zero; the chunk sums are written before they are read.
+struct WorkspaceLayout {
+  std::size_t ticket, arrivals, ready, v_amax, reset_bytes, k_partial, bytes;
+};
+
+WorkspaceLayout workspace_layout(std::int64_t slices, std::int64_t chunks_per_slice, std::int64_t D) {
+  WorkspaceLayout l{};
+  std::size_t at = 0;
+  l.ticket = at, at += sizeof(unsigned);
+  l.arrivals = at, at += sizeof(unsigned) * slices;
+  l.ready = at, at += sizeof(unsigned) * slices;
+  l.v_amax = at, at += sizeof(unsigned) * slices * D;
+  l.reset_bytes = at;
+  at = (at + alignof(double) - 1) / alignof(double) * alignof(double);
+  l.k_partial = at, at += sizeof(double) * slices * chunks_per_slice * D;
+  l.bytes = at;
+  return l;
+}
+
+bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 template <class T>
-struct Input {
-  const T* data;
-  std::int64_t stride_b, stride_s, stride_h;
-  __device__ float at(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) const {
-    return load(data + b * stride_b + s * stride_s + h * stride_h + d);
+InputView<T> view_of(const StridedInput& x) {
+  constexpr std::int64_t per_vector = kVectorBytes / sizeof(T);
+  const bool vector = aligned(x.data, kVectorBytes) && x.stride_b % per_vector == 0 &&
+                      x.stride_s % per_vector == 0 && x.stride_h % per_vector == 0;
+  return {static_cast<const T*>(x.data), x.stride_b, x.stride_s, x.stride_h, vector};
+}
+
+// Workspace for one call: the caller's, or a stream-ordered allocation freed
+// after the kernel on the same stream.
+class CallWorkspace {
+ public:
+  CallWorkspace(void* given, std::size_t bytes, cudaStream_t stream) : ptr_(given), stream_(stream) {
+    if (ptr_ == nullptr) {
+      check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (quantizer workspace)");
+      owned_ = true;
+    }
   }
+  CallWorkspace(const CallWorkspace&) = delete;
+  CallWorkspace& operator=(const CallWorkspace&) = delete;
+  ~CallWorkspace() {
+    if (owned_) cudaFreeAsync(ptr_, stream_);
+  }
+  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
+
+ private:
+  void* ptr_;
+  cudaStream_t stream_;
+  bool owned_ = false;
 };
 
 template <class T>
-Input<T> typed(const StridedInput& x) {
-  return {static_cast<const T*>(x.data), x.stride_b, x.stride_s, x.stride_h};
-}
+void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k, float softmax_scale,
+            const Fp8Buffers& out, cudaStream_t stream, const Fp8Schedule& schedule) {
+  Job<T> job{};
+  job.q = view_of<T>(q), job.k = view_of<T>(k), job.v = view_of<T>(v);
+  job.B = static_cast<int>(q.B), job.Hq = static_cast<int>(q.H), job.Hkv = static_cast<int>(k.H);
+  job.Sq = static_cast<int>(q.S), job.Sk = static_cast<int>(k.S), job.D = static_cast<int>(q.D);
+  job.seg_shift = std::countr_zero(static_cast<unsigned>(q.D / kSegment));
+  job.q_blocks = static_cast<int>(blocks_of(q.S)), job.k_blocks = static_cast<int>(blocks_of(k.S));
+  // smooth_k: every K and V chunk reports; otherwise only the V chunks (K has no slice statistics).
+  job.arrivals_per_slice = static_cast<unsigned>((smooth_k ? 2 : 1) * job.k_blocks);
+  job.smooth_k = smooth_k;
+  job.softmax_scale = softmax_scale;
+  job.out = out;
 
-__device__ __forceinline__ float fp8_scale_of(float amax) {
-  const float scale = amax / kE4M3Max;  // same rule as fp4attn::fp8_block_scale
-  return scale > 0.0f ? scale : 1.0f;
-}
+  const std::int64_t slices = k.B * k.H;
+  const WorkspaceLayout layout = workspace_layout(slices, job.k_blocks, k.D);
+  CallWorkspace ws(out.workspace, layout.bytes, stream);
+  job.ws = {reinterpret_cast<unsigned*>(ws.bytes() + layout.ticket),
+            reinterpret_cast<unsigned*>(ws.bytes() + layout.arrivals),
+            reinterpret_cast<unsigned*>(ws.bytes() + layout.ready),
+            reinterpret_cast<unsigned*>(ws.bytes() + layout.v_amax),
+            reinterpret_cast<double*>(ws.bytes() + layout.k_partial)};
 
-__device__ __forceinline__ std::uint8_t e4m3(float x) {
-  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
-}
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  job.order.kv_chunks = slices * job.k_blocks;
+  job.order.q_chunks = q.B * q.H * job.q_blocks;
+  job.order.smooth_k = smooth_k;
+  const std::int64_t tickets = job.order.tickets();
+  if (tickets > std::numeric_limits<int>::max()) throw Error("q", "too many token blocks for one launch");
+  const int ctas_per_sm = schedule.ctas_per_sm > 0 ? schedule.ctas_per_sm : kMinCtasPerSm<T>;
+  const int grid = static_cast<int>(std::min<std::int64_t>(static_cast<std::int64_t>(sms) * ctas_per_sm, tickets));
+  // Default lag: the tickets the grid holds at once, in kv chunks of the work
+  // order. Statistics handed out that long before a quantize unit are done
+  // when it starts, so it rarely waits; a longer lag only widens the window
+  // that the second read of K and V must find in L2.
+  const std::int64_t tickets_per_chunk = WorkOrder::kStatsPerChunk + job.order.quantize_per_chunk();
+  const std::int64_t lag = schedule.lag_chunks >= 0
+                               ? schedule.lag_chunks
+                               : (kTicketsHeldPerCta * grid + tickets_per_chunk - 1) / tickets_per_chunk;
+  job.order.lead = std::min(job.order.kv_chunks, job.k_blocks + lag);
+  job.tickets = static_cast<unsigned>(tickets);
 
-// One thread per (b, h, d): the mean over s, summed in double in ascending s
-// exactly as the CPU does; a parallel reduction would round differently.
-template <class T>
-__global__ void sequence_mean_kernel(Input<T> k, int B, int S, int H, int D, float* mean) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<std::int64_t>(B) * H * D) return;
-  const int d = i % D, h = (i / D) % H, b = i / (static_cast<std::int64_t>(D) * H);
-  double sum = 0.0;
-  for (int s = 0; s < S; ++s) sum += k.at(b, s, h, d);
-  mean[i] = static_cast<float>(sum / static_cast<double>(S));
-}
-
-__device__ float block_max(float v, float* scratch) {
-  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, off));
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-  __syncthreads();
-  float m = 0.0f;
-  for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, scratch[w]);
-  return m;
-}
-
-// Q or K: one CTA per (token block, h, b). Pass 1 finds the block amax of
-// x (− mean), pass 2 writes the codes; the second read hits L2.
-template <class T>
-__global__ void __launch_bounds__(kThreads) quantize_tokens_kernel(Input<T> x, int S, int H, int D, const float* mean,
-                                                                   std::uint8_t* codes, float* scales, int* nonfinite) {
-  __shared__ float scratch[kThreads / 32];
-  const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int s0 = blk * kTokenBlock;
-  const int tokens = min(kTokenBlock, S - s0);
-  const float* m = mean != nullptr ? mean + (static_cast<std::int64_t>(b) * H + h) * D : nullptr;
-  const int count = tokens * D;
-  float amax = 0.0f;
-  bool bad = false;
-  for (int i = threadIdx.x; i < count; i += kThreads) {
-    const int s = s0 + i / D, d = i % D;
-    float v = x.at(b, s, h, d);
-    bad |= !isfinite(v);
-    if (m != nullptr) v = v - m[d];
-    amax = fmaxf(amax, fabsf(v));
-  }
-  if (bad) *nonfinite = 1;
-  const float scale = fp8_scale_of(block_max(amax, scratch));
-  if (threadIdx.x == 0) scales[(static_cast<std::int64_t>(b) * H + h) * gridDim.x + blk] = scale;
-  for (int i = threadIdx.x; i < count; i += kThreads) {
-    const int s = s0 + i / D, d = i % D;
-    float v = x.at(b, s, h, d);
-    if (m != nullptr) v = v - m[d];
-    codes[((static_cast<std::int64_t>(b) * S + s) * H + h) * D + d] = e4m3(v / scale);
-  }
-}
-
-// V amax per (b, h, d) over the whole sequence: CTAs over token chunks,
-// combined with an integer atomicMax (non-negative floats order as their bits).
-template <class T>
-__global__ void channel_amax_kernel(Input<T> v, int S, int H, int D, unsigned* amax_bits, int* nonfinite) {
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int s0 = blockIdx.x * kAmaxTokensPerBlock, s1 = min(S, s0 + kAmaxTokensPerBlock);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float amax = 0.0f;
-    bool bad = false;
-    for (int s = s0; s < s1; ++s) {
-      const float x = v.at(b, s, h, d);
-      bad |= !isfinite(x);
-      amax = fmaxf(amax, fabsf(x));
-    }
-    if (bad) *nonfinite = 1;
-    atomicMax(amax_bits + (static_cast<std::int64_t>(b) * H + h) * D + d, __float_as_uint(amax));
-  }
-}
-
-__global__ void amax_to_scale_kernel(float* scale_inout, std::int64_t n) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) scale_inout[i] = fp8_scale_of(scale_inout[i]);
-}
-
-// Slot of key k (0..31) inside its Vᵀ group: the inverse of vt_key_of_slot.
-__device__ __forceinline__ int vt_slot_of_key(int k) {
-  const int h = k / 16, r = k % 16;
-  return 16 * h + 4 * ((r % 8) / 2) + (r % 2) + 2 * (r / 8);
-}
-
-// Vᵀ: one CTA per (128-key tile, h, b). Codes are staged in shared memory as
-// [d][slot] so both the read of V (along d) and the write of Vᵀ (along keys)
-// are contiguous.
-template <class T, int kMaxD>
-__global__ void __launch_bounds__(kThreads) transpose_v_kernel(Input<T> v, int S, int H, int D, const float* scales,
-                                                               std::uint8_t* vt, std::int64_t vt_keys) {
-  __shared__ std::uint8_t tile[kMaxD][kTokenBlock];
-  const int k0 = blockIdx.x * kTokenBlock, h = blockIdx.y, b = blockIdx.z;
-  const float* scale = scales + (static_cast<std::int64_t>(b) * H + h) * D;
-  for (int i = threadIdx.x; i < kTokenBlock * D; i += kThreads) {
-    const int kl = i / D, d = i % D, key = k0 + kl;
-    const std::uint8_t code = key < S ? e4m3(v.at(b, key, h, d) / scale[d]) : 0;
-    tile[d][(kl / kVtKeyGroup) * kVtKeyGroup + vt_slot_of_key(kl % kVtKeyGroup)] = code;
-  }
-  __syncthreads();
-  constexpr int kVec = 16;  // bytes per store
-  std::uint8_t* out = vt + (static_cast<std::int64_t>(b) * H + h) * D * vt_keys + k0;
-  for (int i = threadIdx.x; i < D * (kTokenBlock / kVec); i += kThreads) {
-    const int d = i / (kTokenBlock / kVec), c = i % (kTokenBlock / kVec);
-    *reinterpret_cast<uint4*>(out + d * vt_keys + c * kVec) = *reinterpret_cast<const uint4*>(&tile[d][c * kVec]);
-  }
-}
-
-// lse_shift[b, h, s] = softmax_scale · Σ_d q_deq[d] · k_mean[d], one warp per row.
-__global__ void lse_shift_kernel(const std::uint8_t* q, const float* q_scale, const float* k_mean, int B, int S, int Hq,
-                                 int Hkv, int D, float softmax_scale, float* shift) {
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerShiftBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= static_cast<std::int64_t>(B) * Hq * S) return;
-  const int s = row % S, h = (row / S) % Hq, b = row / (static_cast<std::int64_t>(S) * Hq);
-  const float sq = q_scale[(static_cast<std::int64_t>(b) * Hq + h) * ((S + kTokenBlock - 1) / kTokenBlock) +
-                           s / kTokenBlock];
-  const float* mean = k_mean + (static_cast<std::int64_t>(b) * Hkv + h / (Hq / Hkv)) * D;
-  const std::uint8_t* qrow = q + ((static_cast<std::int64_t>(b) * S + s) * Hq + h) * D;
-  float acc = 0.0f;
-  for (int d = lane; d < D; d += 32) acc = fmaf(decode(ElemFormat::e4m3, qrow[d]) * sq, mean[d], acc);
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(kFullWarp, acc, off);
-  if (lane == 0) shift[row] = softmax_scale * acc;
-}
-
-unsigned blocks_for(std::int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
-
-template <class TQ, class TK, class TV>
-void run(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k, float softmax_scale,
-         const Fp8Buffers& out, cudaStream_t stream) {
-  const int B = static_cast<int>(q.B), Sq = static_cast<int>(q.S), Sk = static_cast<int>(k.S);
-  const int Hq = static_cast<int>(q.H), Hkv = static_cast<int>(k.H), D = static_cast<int>(q.D);
-  const unsigned q_blocks = blocks_for(Sq, kTokenBlock), k_blocks = blocks_for(Sk, kTokenBlock);
-
-  quantize_tokens_kernel<<<dim3(q_blocks, Hq, B), kThreads, 0, stream>>>(typed<TQ>(q), Sq, Hq, D, nullptr, out.q,
-                                                                         out.q_scale, out.nonfinite + kQ);
-  if (smooth_k) {
-    sequence_mean_kernel<<<blocks_for(k.B * k.H * k.D, kMeanThreads), kMeanThreads, 0, stream>>>(typed<TK>(k), B, Sk,
-                                                                                                  Hkv, D, out.k_mean);
-    lse_shift_kernel<<<blocks_for(q.B * q.H * q.S, kRowsPerShiftBlock), kRowsPerShiftBlock * 32, 0, stream>>>(
-        out.q, out.q_scale, out.k_mean, B, Sq, Hq, Hkv, D, softmax_scale, out.lse_shift);
-  }
-  quantize_tokens_kernel<<<dim3(k_blocks, Hkv, B), kThreads, 0, stream>>>(
-      typed<TK>(k), Sk, Hkv, D, smooth_k ? out.k_mean : nullptr, out.k, out.k_scale, out.nonfinite + kK);
-
-  // V: amax into v_scale's storage as float bits, then amax → scale in place.
-  const std::int64_t channels = v.B * v.H * v.D;
-  check_cuda(cudaMemsetAsync(out.v_scale, 0, channels * sizeof(float), stream), "cudaMemsetAsync");
-  channel_amax_kernel<<<dim3(blocks_for(Sk, kAmaxTokensPerBlock), Hkv, B), D, 0, stream>>>(
-      typed<TV>(v), Sk, Hkv, D, reinterpret_cast<unsigned*>(out.v_scale), out.nonfinite + kV);
-  amax_to_scale_kernel<<<blocks_for(channels, kThreads), kThreads, 0, stream>>>(out.v_scale, channels);
-  constexpr int kMaxD = 128;
-  transpose_v_kernel<TV, kMaxD><<<dim3(static_cast<unsigned>(out.vt_keys / kTokenBlock), Hkv, B), kThreads, 0, stream>>>(
-      typed<TV>(v), Sk, Hkv, D, out.v_scale, out.vt, out.vt_keys);
+  const std::size_t k_tile = smooth_k ? sizeof(T) * kTokenBlock * k.D : 0;
+  const std::size_t vt_tile = sizeof(std::uint32_t) * kVtPitchWords * k.D;
+  const std::size_t smem = std::max(k_tile, vt_tile);
+  if (smem > kDefaultSmemLimit)
+    check_cuda(cudaFuncSetAttribute(quantize_fp8_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)),
+               "cudaFuncSetAttribute");
+  check_cuda(cudaMemsetAsync(ws.bytes(), 0, layout.reset_bytes, stream), "cudaMemsetAsync");
+  quantize_fp8_kernel<T><<<grid, kThreads, smem, stream>>>(job);
   check_cuda(cudaGetLastError(), "quantize_fp8 launch");
 }
 
-template <class TQ, class TK>
-void dispatch_v(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k, float scale,
-                const Fp8Buffers& out, cudaStream_t stream) {
-  switch (v.type) {
-    case ElementType::f32: return run<TQ, TK, float>(q, k, v, smooth_k, scale, out, stream);
-    case ElementType::f16: return run<TQ, TK, __half>(q, k, v, smooth_k, scale, out, stream);
-    case ElementType::bf16: return run<TQ, TK, __nv_bfloat16>(q, k, v, smooth_k, scale, out, stream);
-  }
+void check_shape(const StridedInput& x, const char* name) {
+  if (x.B <= 0 || x.S <= 0 || x.H <= 0 || x.D <= 0)
+    throw Error(name, "sizes must be positive, got (B, S, H, D) = (" + std::to_string(x.B) + ", " +
+                          std::to_string(x.S) + ", " + std::to_string(x.H) + ", " + std::to_string(x.D) + ")");
+  if (x.data == nullptr) throw Error(name, "is a null pointer");
+  if (x.S > std::numeric_limits<int>::max() - kTokenBlock || x.B * x.H > std::numeric_limits<int>::max())
+    throw Error(name, "is too large for the quantizer's 32-bit token and slice indices");
 }
 
 }  // namespace
 
-std::int64_t padded_keys(std::int64_t Sk) { return (Sk + kTokenBlock - 1) / kTokenBlock * kTokenBlock; }
+std::int64_t padded_keys(std::int64_t Sk) { return blocks_of(Sk) * kTokenBlock; }
+
+std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t Sk, std::int64_t D) {
+  return workspace_layout(B * Hkv, blocks_of(Sk), D).bytes;
+}
 
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
-                  float softmax_scale, const Fp8Buffers& out, cudaStream_t stream) {
-  if (q.D != k.D || k.D != v.D || q.D > 128 || q.D % 16 != 0) throw Error("D", "must match across q, k, v and be ≤ 128");
+                  float softmax_scale, const Fp8Buffers& out, cudaStream_t stream, const Fp8Schedule& schedule) {
+  check_shape(q, "q");
+  check_shape(k, "k");
+  check_shape(v, "v");
+  if (q.D != k.D || k.D != v.D || q.D < kMinHeadDim || q.D > kMaxHeadDim ||
+      !std::has_single_bit(static_cast<std::uint64_t>(q.D)))
+    throw Error("D", "must match across q, k, v and be a power of two in [" + std::to_string(kMinHeadDim) + ", " +
+                         std::to_string(kMaxHeadDim) + "], got " + std::to_string(q.D));
   if (k.B != q.B || v.B != q.B || k.S != v.S || k.H != v.H) throw Error("k", "q, k and v shapes disagree");
+  if (q.H % k.H != 0) throw Error("Hq", "must be a multiple of Hkv");
+  if (q.type != k.type || k.type != v.type) throw Error("dtype", "q, k and v must share one element type");
   if (out.vt_keys != padded_keys(k.S)) throw Error("vt_keys", "must be padded_keys(Sk)");
   if (smooth_k && (out.k_mean == nullptr || out.lse_shift == nullptr))
     throw Error("smooth_k", "needs k_mean and lse_shift buffers");
-  if (q.type != k.type) throw Error("k", "q and k must share one element type");
+  if (!aligned(out.q, kCodeStoreAlign) || !aligned(out.k, kCodeStoreAlign) || !aligned(out.vt, kVtStoreAlign))
+    throw Error("out", "code buffers must be 8-byte (q, k) and 4-byte (vt) aligned");
   switch (q.type) {
-    case ElementType::f32: return dispatch_v<float, float>(q, k, v, smooth_k, softmax_scale, out, stream);
-    case ElementType::f16: return dispatch_v<__half, __half>(q, k, v, smooth_k, softmax_scale, out, stream);
-    case ElementType::bf16:
-      return dispatch_v<__nv_bfloat16, __nv_bfloat16>(q, k, v, smooth_k, softmax_scale, out, stream);
+    case ElementType::f32: return launch<float>(q, k, v, smooth_k, softmax_scale, out, stream, schedule);
+    case ElementType::f16: return launch<__half>(q, k, v, smooth_k, softmax_scale, out, stream, schedule);
+    case ElementType::bf16: return launch<__nv_bfloat16>(q, k, v, smooth_k, softmax_scale, out, stream, schedule);
   }
 }
 
 void check_finite(const Fp8Buffers& out, cudaStream_t stream) {
-  int flags[3] = {0, 0, 0};
+  int flags[kNonfiniteFlags] = {0, 0, 0};
   check_cuda(cudaMemcpyAsync(flags, out.nonfinite, sizeof(flags), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   if (flags[kQ] || flags[kK] || flags[kV]) {

@@ -8,13 +8,17 @@
 //          codes to a multiple of 128 and permuted inside each group of 32 by
 //          vt_key_of_slot (the order in which the forward kernel's P operand
 //          holds keys, so P never needs a register shuffle); scale per (b, h, d)
-//   k_mean    : (B, Hkv, D) smooth_k mean, sum in double over ascending s
+//   k_mean    : (B, Hkv, D) smooth_k mean, fp4attn::sequence_mean's order
 //   lse_shift : (B, Hq, Sq) softmax_scale · Σ_d q_deq · k_mean, the LSE
 //               correction that smooth_k makes necessary
+//
+// One fused launch (work_order.hpp) reads Q once and K and V twice, the
+// second time mostly from L2.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace fp4attn::cuda_quantize {
@@ -42,6 +46,19 @@ struct Fp8Buffers {
   std::int64_t vt_keys = 0;
   // Three device ints (q, k, v): set to 1 when a tensor held a non-finite value.
   int* nonfinite = nullptr;
+  // Optional scratch of fp8_workspace_bytes(...) device bytes, any content (the
+  // quantizer resets what it needs on `stream`); one call at a time may use it.
+  // Null: each call allocates one, stream-ordered.
+  void* workspace = nullptr;
+};
+
+// How the fused kernel orders its work (work_order.hpp). The defaults are the
+// best measured on the H200 (docs/perf-log.md); bench/bench_quantize.py sweeps them.
+struct Fp8Schedule {
+  // kv chunks of statistics the kernel schedules ahead of the quantize pass,
+  // beyond one (b, h) slice; negative: as many as the grid holds tickets.
+  int lag_chunks = -1;
+  int ctas_per_sm = 0;  // 0: as many as the kernel's launch bounds promise
 };
 
 inline constexpr int kTokenBlock = 128;  // FP8 Q/K scale block, the kernel's tile
@@ -56,11 +73,16 @@ constexpr int vt_key_of_slot(int slot) {
 
 std::int64_t padded_keys(std::int64_t Sk);
 
+// Device bytes of Fp8Buffers::workspace for K and V of shape (B, Sk, Hkv, D).
+std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t Sk, std::int64_t D);
+
 // Quantizes q, k, v into `out` on `stream` (asynchronous). q is (B, Sq, Hq, D),
-// k and v (B, Sk, Hkv, D). With smooth_k, K's per-(b, h, d) mean is subtracted
-// first and out.lse_shift receives the LSE correction for `softmax_scale`.
+// k and v (B, Sk, Hkv, D), all of one element type, D a power of two in
+// [16, 128], Hq a multiple of Hkv. With smooth_k, K's per-(b, h, d) mean is
+// subtracted first and out.lse_shift receives the LSE correction for
+// `softmax_scale`.
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
-                  float softmax_scale, const Fp8Buffers& out, cudaStream_t stream);
+                  float softmax_scale, const Fp8Buffers& out, cudaStream_t stream, const Fp8Schedule& schedule = {});
 
 // Synchronizes `stream` and throws fp4attn::Error naming q, k or v if the
 // quantizer saw a non-finite value in it; clears the flags.

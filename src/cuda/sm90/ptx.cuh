@@ -1,6 +1,6 @@
 // Thin wrappers over the sm_90a instructions that CCCL's cuda::ptx does not
 // cover: wgmma (FP8 E4M3 only, the shapes the kernels use), its fences,
-// setmaxnreg and the shared-memory matrix descriptor.
+// setmaxnreg, named barriers and the shared-memory matrix descriptor.
 // TMA and mbarrier go through cuda::ptx directly.
 #pragma once
 
@@ -52,6 +52,23 @@ template <int N>
 FP4ATTN_DEVICE_INLINE void fence_registers(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The same for an A operand held in registers: wgmma reads it asynchronously,
+// so its registers must stay untouched until the wait that covers the product.
+template <int N>
+FP4ATTN_DEVICE_INLINE void fence_registers(std::uint32_t (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i])::"memory");
+}
+
+// Named CTA barriers. `threads` counts all participants, those that sync and
+// those that only arrive; whole warps take part, so it is a multiple of 32.
+FP4ATTN_DEVICE_INLINE void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+FP4ATTN_DEVICE_INLINE void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Register budget per thread of the calling warpgroup (setmaxnreg).

@@ -40,8 +40,10 @@ struct Fp8Config {
   static constexpr int kQConsumerBytes = kRowsPerConsumer * HeadDim;
   static constexpr int kKBytes = kBlockK * HeadDim;
   static constexpr int kVBytes = HeadDim * kBlockK;
-  // Stages of the K/V ring: enough to keep a tile landing while two are consumed.
-  static constexpr int kStages = HeadDim == 128 ? 3 : 4;
+  // Stages of the K/V ring. Each tensor-core turn of a consumer reads two
+  // tiles (V of tile n − 1 for PV, K of tile n for QKᵀ), so two more stages
+  // keep loads landing about two tiles ahead of use.
+  static constexpr int kStages = 4;
   static constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 B
   static_assert(kQConsumerBytes % kSwizzleAlign == 0 && kKBytes % kSwizzleAlign == 0 && kVBytes % kSwizzleAlign == 0,
                 "every tile must start on a swizzle-pattern boundary");
@@ -53,12 +55,24 @@ struct Fp8Config {
   static constexpr int kSRegs = kRowsPerConsumer * kBlockK / kWarpgroupThreads;
   static constexpr int kORegs = kRowsPerConsumer * HeadDim / kWarpgroupThreads;
 
-  // setmaxnreg split: the producer only issues TMA; consumers hold S, O and P.
+  // setmaxnreg split: the producer only issues TMA; a consumer holds, at its
+  // peak, O, the PV tile in flight, S and P: at D = 128 that is 64 + 64 + 64
+  // + 16 registers before addresses and softmax state (see NOTES.md for why
+  // this keeps softmax from overlapping the consumer's own products).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= kRegisterFile,
                 "register split exceeds the register file");
 };
+
+// Hardware named-barrier ids of the kernel (16 per CTA). Each turn barrier
+// counts two warpgroups: its consumer syncs on it, the one before it arrives.
+enum BarrierId : int {
+  kBarrierSyncThreads = 0,  // reserved by __syncthreads
+  kBarrierConsumerTurn = 1,  // + c: consumer c may issue its wgmmas
+};
+inline constexpr int kTurnBarrierThreads = 2 * kWarpgroupThreads;
+static_assert(kBarrierConsumerTurn + Fp8Config<128>::kConsumers <= 16, "named barrier ids run out at 16");
 
 // Shared memory of one CTA. Tiles first (1024-byte aligned), barriers last.
 template <class Cfg>

@@ -7,16 +7,24 @@
 //     for each 128-key tile n: wait kv_empty[stage],
 //       TMA K[128 × D] and Vᵀ[D × 128] into the stage        → kv_full[stage]
 //   consumer warpgroups 0 and 1 (rows 64c .. 64c + 63, 240 registers)
-//     for each tile n: wait kv_full[stage]
-//       S  = Q·Kᵀ                  wgmma m64n128k32, both operands in SMEM, fp32
-//       S  = −inf outside the mask (partial tiles, causal diagonal)
-//       m' = max(m, rowmax(S)·c)   c = q_scale·k_scale·softmax_scale·log2 e
-//       P  = E4M3 code of 2^(S·c − m' + 8), by Direct-P in registers
-//       l  = l·2^(m − m') + Σ decoded P
-//       O  = O·2^(m − m') + P·V    wgmma m64nDk32 into a fresh fp32 tile, P the
-//                                  A operand from registers; summed in fp32
-//       arrive kv_empty[stage]
+//     turn 0: S₀ = Q·K₀ᵀ, then softmax(S₀) → P₀
+//     turn n = 1 .. N − 1, when the other consumer has issued its products:
+//       PVₙ₋₁ = Pₙ₋₁·Vₙ₋₁   wgmma m64nDk32 into a fresh fp32 tile, P the A
+//                            operand from registers
+//       Sₙ = Q·Kₙᵀ           wgmma m64n128k32, both operands in SMEM, fp32
+//       pass the turn; once PVₙ₋₁ is done, while Sₙ is still computed:
+//         O = O·2^(mₙ₋₂ − mₙ₋₁) + PVₙ₋₁ in fp32; arrive kv_empty
+//       once Sₙ is done:
+//         Sₙ = −inf outside the mask (partial tiles, causal diagonal)
+//         m' = max(m, rowmax(Sₙ)·c)  c = q_scale·k_scale·softmax_scale·log2 e
+//         Pₙ = E4M3 code of 2^(Sₙ·c − m' + 8), by Direct-P in registers
+//         l  = l·2^(m − m') + Σ decoded Pₙ
+//     turn N: PV of the last tile, added to O the same way
 //   epilogue: O·v_scale / l → bf16, LSE = (m + log2 l − 8)·ln 2 (+ smooth_k shift)
+//
+// Ping-pong: consumer c issues its wgmmas only after the other consumer has
+// issued its own (named turn barriers), so the tensor core runs one
+// consumer's PV and QKᵀ back to back while the other consumer does softmax.
 //
 // P goes from the accumulator layout to the A-operand layout with byte packing
 // only: the quantizer stores V's keys in the matching order (see
@@ -141,6 +149,108 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], float c, const fl
       }
 }
 
+// S = Q·Kᵀ for one consumer's 64 rows and one K tile, into a fresh fp32 tile.
+template <class Cfg>
+FP4ATTN_DEVICE_INLINE void issue_qk(float (&s)[Cfg::kSRegs], std::uint64_t desc_q, const std::uint8_t* k_tile) {
+  const std::uint64_t desc_k = make_kmajor_desc<Cfg::kQkSwizzle>(k_tile);
+  wgmma_m64n128k32_ss_init(s, desc_q, desc_k);
+#pragma unroll
+  for (int t = 1; t < Cfg::kQkSteps; ++t) wgmma_m64n128k32_ss(s, desc_q + t * kDescK32Step, desc_k + t * kDescK32Step);
+}
+
+// PV = P·V for one tile. The FP8 tensor core keeps only about 14 significant
+// bits while accumulating, so each tile's product starts from zero and is
+// added to O in fp32 by accumulate_o (DESIGN §3.4).
+template <class Cfg>
+FP4ATTN_DEVICE_INLINE void issue_pv(float (&pv)[Cfg::kORegs], const std::uint32_t (&p)[Cfg::kPvSteps][4],
+                                    const std::uint8_t* v_tile) {
+  const std::uint64_t desc_v = make_kmajor_desc<Cfg::kVSwizzle>(v_tile);
+  if constexpr (Cfg::kHeadDim == 128) {
+    wgmma_m64n128k32_rs_init(pv, p[0], desc_v);
+#pragma unroll
+    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n128k32_rs(pv, p[t], desc_v + t * kDescK32Step);
+  } else {
+    wgmma_m64n64k32_rs_init(pv, p[0], desc_v);
+#pragma unroll
+    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n64k32_rs(pv, p[t], desc_v + t * kDescK32Step);
+  }
+}
+
+// Pins the P operand in its registers at this point of the program. Before
+// wgmma.fence it keeps the compiler from sinking P's last writes past the
+// fence, which is what orders them before the product reads them; after the
+// wait it keeps P's registers from being reused while PV still reads them.
+template <int T>
+FP4ATTN_DEVICE_INLINE void fence_p(std::uint32_t (&p)[T][4]) {
+#pragma unroll
+  for (int t = 0; t < T; ++t) fence_registers(p[t]);
+}
+
+// Waits until at most kPending wgmma groups of this warpgroup are in flight
+// (PV being the older group, it is then complete) and hands the registers PV
+// read (P) and wrote to ordinary instructions again.
+template <int kPending, class Cfg>
+FP4ATTN_DEVICE_INLINE void wait_pv(float (&pv)[Cfg::kORegs], std::uint32_t (&p)[Cfg::kPvSteps][4]) {
+  wgmma_wait<kPending>();
+  fence_registers(pv);
+  fence_p(p);
+}
+
+// O = O·alpha + PV in fp32; the rescale by alpha rides on the adding FFMA.
+template <int N>
+FP4ATTN_DEVICE_INLINE void accumulate_o(float (&o)[N], const float (&alpha)[2], const float (&pv)[N]) {
+#pragma unroll
+  for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) o[4 * j + 2 * r + e] = fmaf(o[4 * j + 2 * r + e], alpha[r], pv[4 * j + 2 * r + e]);
+}
+
+// Online softmax of one consumer's two rows per thread, in the log2 domain.
+struct OnlineSoftmax {
+  float m[2] = {neg_inf(), neg_inf()};  // running max of S·c
+  float l[2] = {0.0f, 0.0f};            // this thread's share of the row sums
+
+  // Folds one tile of scores in: P into the A operand of PV, and alpha =
+  // 2^(m_old − m_new), the rescale of O that goes with this tile's PV. A row
+  // with nothing visible yet keeps m = −inf and subtracts 0 in its place, so
+  // that no −inf − (−inf) appears.
+  template <PCode kPCode, int N>
+  __device__ void step(const float (&s)[N], float c, std::uint32_t (&p)[N / 16][4], float (&alpha)[2]) {
+    float mx[2];
+    row_max(s, mx);
+    float m_use[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], mx[r] * c);
+      m_use[r] = m_new == neg_inf() ? 0.0f : m_new;
+      alpha[r] = exp2f(m[r] - m_use[r]);
+      m[r] = m_new;
+      l[r] *= alpha[r];
+    }
+    pack_p_operand<kPCode>(s, c, m_use, p, l);
+  }
+};
+
+// Ping-pong of the consumer warpgroups at the tensor core: each waits for its
+// turn, issues its wgmmas and passes the turn to the next one (cyclically).
+template <int kConsumers>
+struct TurnOrder {
+  int consumer;
+  // Consumer 0 takes the first turn without being passed one.
+  __device__ void open_first() const {
+    if (consumer == 0) named_barrier_arrive(kBarrierConsumerTurn, kTurnBarrierThreads);
+  }
+  __device__ void wait() const { named_barrier_sync(kBarrierConsumerTurn + consumer, kTurnBarrierThreads); }
+  // After the very last turn the last consumer passes to no one, which leaves
+  // every turn barrier with as many arrivals as syncs.
+  __device__ void pass(bool final_turn) const {
+    if (final_turn && consumer == kConsumers - 1) return;
+    named_barrier_arrive(kBarrierConsumerTurn + (consumer + 1) % kConsumers, kTurnBarrierThreads);
+  }
+};
+
 template <int HeadDim, PCode kPCode>
 __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
@@ -159,6 +269,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   // Bottom-right alignment: query i sees key j iff j ≤ i + Sk − Sq.
   const int diagonal = args.mask == MaskKind::causal ? args.Sk - args.Sq : 0;
   const int num_k_tiles = (args.Sk + Cfg::kBlockK - 1) / Cfg::kBlockK;
+  // Tiles past the CTA's last visible key are skipped (causal), never masked.
   const int last_row = min(q0 + Cfg::kBlockQ, args.Sq) - 1;
   const int last_key = causal ? min(args.Sk - 1, last_row + diagonal) : args.Sk - 1;
   const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlockK + 1;
@@ -202,94 +313,97 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   set_max_registers_inc<Cfg::kConsumerRegs>();
   const int consumer = wg - 1;
   const Fragment frag(threadIdx.x % kWarpgroupThreads);
-  const int row_abs[2] = {q0 + consumer * Cfg::kRowsPerConsumer + frag.row[0],
-                          q0 + consumer * Cfg::kRowsPerConsumer + frag.row[1]};
+  const int first_row = q0 + consumer * Cfg::kRowsPerConsumer;
+  const int row_abs[2] = {first_row + frag.row[0], first_row + frag.row[1]};
   const std::uint64_t desc_q = make_kmajor_desc<Cfg::kQkSwizzle>(smem.q + consumer * Cfg::kQConsumerBytes);
   const int q_blocks = (args.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ;
   const float q_scale = args.q_scale[(static_cast<std::int64_t>(batch) * args.Hq + head) * q_blocks + q_block];
   const float* k_scale = args.k_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * num_k_tiles;
   const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
 
+  // Only partial tiles and tiles that cross this consumer's causal diagonal
+  // need the mask; the others are visible in full.
+  auto mask_tile = [&](float (&s)[Cfg::kSRegs], int n) {
+    const int first_key = n * Cfg::kBlockK;
+    const bool partial = first_key + Cfg::kBlockK > args.Sk;
+    const bool on_diagonal = causal && first_key + Cfg::kBlockK - 1 > first_row + diagonal;
+    if (partial || on_diagonal) mask_scores(s, frag, first_key, row_abs, args.Sk, causal, diagonal);
+  };
+
   float o[Cfg::kORegs];
 #pragma unroll
   for (int i = 0; i < Cfg::kORegs; ++i) o[i] = 0.0f;
-  float m[2] = {neg_inf(), neg_inf()};
-  float l[2] = {0.0f, 0.0f};  // this thread's share of the row sums
+  OnlineSoftmax softmax;
 
-  wait_barrier(&smem.q_full, 0);
-  for (int n = 0; n < k_tiles; ++n) {
-    const int stage = n % Cfg::kStages;
-    wait_barrier(&smem.kv_full[stage], (n / Cfg::kStages) & 1);
-
-    // S = Q·Kᵀ
-    const std::uint64_t desc_k = make_kmajor_desc<Cfg::kQkSwizzle>(smem.k[stage]);
+  if (k_tiles > 0) {
+    const TurnOrder<Cfg::kConsumers> turn{consumer};
     float s[Cfg::kSRegs];
+    float pv[Cfg::kORegs];
+    std::uint32_t p[Cfg::kPvSteps][4];  // P of the tile whose PV is issued next
+    float alpha[2];                     // the rescale of O that goes with that PV
+    turn.open_first();
+    wait_barrier(&smem.q_full, 0);
+
+    // Turn 0: S of tile 0 alone, then its softmax.
+    float c = q_scale * k_scale[0] * scale_log2;
+    wait_barrier(&smem.kv_full[0], 0);
+    turn.wait();
     wgmma_fence();
-    wgmma_m64n128k32_ss_init(s, desc_q, desc_k);
-#pragma unroll
-    for (int t = 1; t < Cfg::kQkSteps; ++t) wgmma_m64n128k32_ss(s, desc_q + t * kDescK32Step, desc_k + t * kDescK32Step);
+    issue_qk<Cfg>(s, desc_q, smem.k[0]);
     wgmma_commit();
+    turn.pass(false);
     wgmma_wait<0>();
     fence_registers(s);
+    mask_tile(s, 0);
+    softmax.step<kPCode>(s, c, p, alpha);
 
-    const int first_key = n * Cfg::kBlockK;
-    const bool partial = first_key + Cfg::kBlockK > args.Sk;
-    const bool on_diagonal =
-        causal && first_key + Cfg::kBlockK - 1 > q0 + consumer * Cfg::kRowsPerConsumer + diagonal;
-    if (partial || on_diagonal) mask_scores(s, frag, first_key, row_abs, args.Sk, causal, diagonal);
-
-    // Online softmax in the log2 domain; a row with nothing visible yet keeps
-    // m = −inf and uses 0 in its place so that no −inf − (−inf) appears.
-    const float c = q_scale * k_scale[n] * scale_log2;
-    float mx[2];
-    row_max(s, mx);
-    float m_use[2], alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], mx[r] * c);
-      m_use[r] = m_new == neg_inf() ? 0.0f : m_new;
-      alpha[r] = exp2f(m[r] - m_use[r]);
-      m[r] = m_new;
-      l[r] *= alpha[r];
+    // Turn n: PV of tile n − 1, then S of tile n. O takes in PV while S is
+    // still computed; the softmax of tile n runs while the other consumer's
+    // products occupy the tensor core. Nothing of this warpgroup is in flight
+    // during softmax: with PV promoted to fp32 per tile, O, PV, S and P
+    // already fill the 240 registers, and ptxas serializes all wgmmas when
+    // registers of an in-flight product would be needed.
+    for (int n = 1; n < k_tiles; ++n) {
+      const int stage = n % Cfg::kStages, prev = (n - 1) % Cfg::kStages;
+      c = q_scale * k_scale[n] * scale_log2;
+      wait_barrier(&smem.kv_full[stage], (n / Cfg::kStages) & 1);
+      turn.wait();
+      fence_p(p);
+      wgmma_fence();
+      issue_pv<Cfg>(pv, p, smem.v[prev]);
+      wgmma_commit();
+      issue_qk<Cfg>(s, desc_q, smem.k[stage]);
+      wgmma_commit();
+      turn.pass(false);
+      wait_pv<1, Cfg>(pv, p);  // PV is complete; S may still be running
+      accumulate_o(o, alpha, pv);
+      cuda::ptx::mbarrier_arrive(&smem.kv_empty[prev]);
+      wgmma_wait<0>();
+      fence_registers(s);
+      mask_tile(s, n);
+      softmax.step<kPCode>(s, c, p, alpha);
     }
 
-    // P by Direct-P, straight into the A operand
-    std::uint32_t p[Cfg::kPvSteps][4];
-    pack_p_operand<kPCode>(s, c, m_use, p, l);
-
-    // O = O·alpha + P·V. The FP8 tensor core keeps only about 14 significant
-    // bits while accumulating, so each tile's product starts from zero and is
-    // added to O in fp32 (DESIGN §3.4); the rescale by alpha rides on that FFMA.
-    const std::uint64_t desc_v = make_kmajor_desc<Cfg::kVSwizzle>(smem.v[stage]);
-    float pv[Cfg::kORegs];
+    // Last turn: PV of the last tile.
+    turn.wait();
+    fence_p(p);
     wgmma_fence();
-    if constexpr (HeadDim == 128) {
-      wgmma_m64n128k32_rs_init(pv, p[0], desc_v);
-#pragma unroll
-      for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n128k32_rs(pv, p[t], desc_v + t * kDescK32Step);
-    } else {
-      wgmma_m64n64k32_rs_init(pv, p[0], desc_v);
-#pragma unroll
-      for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n64k32_rs(pv, p[t], desc_v + t * kDescK32Step);
-    }
+    issue_pv<Cfg>(pv, p, smem.v[(k_tiles - 1) % Cfg::kStages]);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_registers(pv);
-#pragma unroll
-    for (int j = 0; j < Cfg::kORegs / 4; ++j)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) o[4 * j + 2 * r + e] = fmaf(o[4 * j + 2 * r + e], alpha[r], pv[4 * j + 2 * r + e]);
-    cuda::ptx::mbarrier_arrive(&smem.kv_empty[stage]);
+    turn.pass(true);
+    wait_pv<0, Cfg>(pv, p);
+    accumulate_o(o, alpha, pv);
   }
 
   // ---- epilogue: O = O·v_scale / l in bf16; LSE in natural log
   const float* v_scale = args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * HeadDim;
+  float2 vs[HeadDim / 8];  // this thread's columns 8j + col, + 1
+#pragma unroll
+  for (int j = 0; j < HeadDim / 8; ++j) vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + frag.col);
   auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float row_sum = l[r];
+    float row_sum = softmax.l[r];
     row_sum += __shfl_xor_sync(kFullWarp, row_sum, 1);
     row_sum += __shfl_xor_sync(kFullWarp, row_sum, 2);
     if (row_abs[r] >= args.Sq) continue;
@@ -298,15 +412,15 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
 #pragma unroll
     for (int j = 0; j < HeadDim / 8; ++j) {
-      const int col = 8 * j + frag.col;
-      const float o0 = o[4 * j + 2 * r] * v_scale[col] * inv_sum;
-      const float o1 = o[4 * j + 2 * r + 1] * v_scale[col + 1] * inv_sum;
-      *reinterpret_cast<__nv_bfloat162*>(out_row + col) = __floats2bfloat162_rn(o0, o1);
+      const float o0 = o[4 * j + 2 * r] * vs[j].x * inv_sum;
+      const float o1 = o[4 * j + 2 * r + 1] * vs[j].y * inv_sum;
+      *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = __floats2bfloat162_rn(o0, o1);
     }
     if (frag.col == 0) {
       const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
       const float shift = args.lse_shift != nullptr ? args.lse_shift[lse_index] : 0.0f;
-      args.lse[lse_index] = empty ? neg_inf() : (m[r] + log2f(row_sum) - direct_p::kFp8Offset) * kLn2 + shift;
+      args.lse[lse_index] =
+          empty ? neg_inf() : (softmax.m[r] + log2f(row_sum) - direct_p::kFp8Offset) * kLn2 + shift;
     }
   }
 }

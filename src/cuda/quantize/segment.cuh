@@ -1,0 +1,113 @@
+// Strided (B, S, H, D) inputs read by segments: 8 consecutive elements of one
+// row, one 16-byte load for bf16 / fp16 (two for fp32) when the tensor's
+// layout allows it, element by element otherwise.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace fp4attn::cuda_quantize {
+
+inline constexpr int kSegment = 8;  // elements per segment
+inline constexpr int kVectorBytes = 16;
+
+// L2 policy of a load: `keep` for data read again soon (K and V in the
+// statistics pass), `last` (evict first) for a final read, so that streamed
+// data does not push out what the quantize pass still needs.
+enum class L2Reuse : std::uint8_t { keep, last };
+
+template <class T>
+struct InputView {
+  const T* data;
+  std::int64_t stride_b, stride_s, stride_h;
+  bool vector_loads;  // data and strides put every segment on a 16-byte boundary
+
+  __device__ const T* segment(int b, int s, int h, int first_d) const {
+    return data + b * stride_b + s * stride_s + h * stride_h + first_d;
+  }
+};
+
+// The raw bits of one segment. 16-bit types: element 2i in the low half of w[i].
+template <class T>
+struct Segment {
+  std::uint32_t w[kSegment / 2];
+};
+template <>
+struct Segment<float> {
+  float f[kSegment];
+};
+
+template <L2Reuse R, class V>
+__device__ __forceinline__ V load_global(const V* p) {
+  if constexpr (R == L2Reuse::keep) return __ldg(p);
+  else return __ldcs(p);
+}
+
+template <L2Reuse R, class T>
+__device__ __forceinline__ void load_segment(const T* p, bool vector, Segment<T>& s) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    if (vector) {
+#pragma unroll
+      for (int i = 0; i < kSegment / 4; ++i) {
+        const float4 v = load_global<R>(reinterpret_cast<const float4*>(p) + i);
+        s.f[4 * i] = v.x, s.f[4 * i + 1] = v.y, s.f[4 * i + 2] = v.z, s.f[4 * i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kSegment; ++i) s.f[i] = load_global<R>(reinterpret_cast<const float*>(p) + i);
+    }
+  } else {
+    if (vector) {
+      const uint4 v = load_global<R>(reinterpret_cast<const uint4*>(p));
+      s.w[0] = v.x, s.w[1] = v.y, s.w[2] = v.z, s.w[3] = v.w;
+    } else {
+      const auto* h = reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+      for (int i = 0; i < kSegment / 2; ++i)
+        s.w[i] = load_global<R>(h + 2 * i) | (static_cast<std::uint32_t>(load_global<R>(h + 2 * i + 1)) << 16);
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void zero_segment(Segment<T>& s) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+#pragma unroll
+    for (float& f : s.f) f = 0.0f;
+  } else {
+#pragma unroll
+    for (std::uint32_t& w : s.w) w = 0u;
+  }
+}
+
+// Writes a segment as is to 16-byte aligned shared memory.
+template <class T>
+__device__ __forceinline__ void store_segment(T* dst, const Segment<T>& s) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+#pragma unroll
+    for (int i = 0; i < kSegment / 4; ++i)
+      reinterpret_cast<float4*>(dst)[i] = make_float4(s.f[4 * i], s.f[4 * i + 1], s.f[4 * i + 2], s.f[4 * i + 3]);
+  } else {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(s.w[0], s.w[1], s.w[2], s.w[3]);
+  }
+}
+
+// Element e of a segment, widened to float (exact for every input type).
+__device__ __forceinline__ float element(const Segment<__nv_bfloat16>& s, int e) {
+  const std::uint32_t w = s.w[e / 2];
+  return __uint_as_float(e % 2 == 0 ? w << 16 : w & 0xFFFF0000u);
+}
+__device__ __forceinline__ float element(const Segment<__half>& s, int e) {
+  const std::uint32_t w = s.w[e / 2];
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(e % 2 == 0 ? w : w >> 16)));
+}
+__device__ __forceinline__ float element(const Segment<float>& s, int e) { return s.f[e]; }
+
+// One element as stored (the statistics pass stages K in shared memory as is).
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(float x) { return x; }
+
+}  // namespace fp4attn::cuda_quantize

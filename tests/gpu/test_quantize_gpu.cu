@@ -1,0 +1,421 @@
+// GPU quantizer for recipe fp8 against the CPU quantizer (emulator::quantize_inputs),
+// bit for bit: Q, K and V codes and scales, the smooth_k mean, Vᵀ's key
+// permutation and zero padding, over bf16, fp16 and fp32 inputs with odd
+// lengths, GQA, head dims 16 to 128 and strided layouts (16-byte aligned and
+// not). Then known answers (E4M3 ties, the chunked order of the mean), the
+// work order's independence from its schedule, non-finite input reported by
+// tensor name, and arguments the quantizer must refuse.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/quantize/quantize_fp8.hpp"
+#include "fp4attn/emulator.hpp"
+#include "fp4attn/error.hpp"
+#include "gpu/gpu_test_util.hpp"
+
+namespace fp4attn {
+namespace {
+
+namespace cq = cuda_quantize;
+using gpu_test::DeviceArray;
+
+// lse_shift is an fp32 dot product over D terms, not a bitwise output: its
+// error stays below D · 2^-24 of the sum of |terms| (D ≤ 128).
+constexpr double kLseShiftRelTol = 1e-5;
+constexpr float kE4M3Top = 448.0f;  // an amax of exactly 448 gives scale 1: quotients are the inputs
+
+// Element padding of a device layout (B, S, H, D): head, token and batch
+// strides grow by these many elements and the data starts `offset` elements
+// in. Odd pads break 16-byte alignment and take the element-wise loads.
+struct Layout {
+  std::int64_t head_pad = 0, token_pad = 0, batch_pad = 0, offset = 0;
+};
+constexpr Layout kDense{};
+constexpr Layout kAlignedPad{8, 16, 8, 8};
+constexpr Layout kOddPad{3, 5, 7, 1};
+
+template <class T>
+struct Elem;
+template <>
+struct Elem<__nv_bfloat16> {
+  static constexpr cq::ElementType type = cq::ElementType::bf16;
+  static __nv_bfloat16 from(float x) { return __float2bfloat16_rn(x); }
+  static float to(__nv_bfloat16 x) { return __bfloat162float(x); }
+};
+template <>
+struct Elem<__half> {
+  static constexpr cq::ElementType type = cq::ElementType::f16;
+  static __half from(float x) { return __float2half_rn(x); }
+  static float to(__half x) { return __half2float(x); }
+};
+template <>
+struct Elem<float> {
+  static constexpr cq::ElementType type = cq::ElementType::f32;
+  static float from(float x) { return x; }
+  static float to(float x) { return x; }
+};
+
+template <class T>
+void round_to_element(std::vector<float>& x) {
+  for (float& v : x) v = Elem<T>::to(Elem<T>::from(v));
+}
+
+// A logical (B, S, H, D) tensor on the device in a padded layout. Padding
+// holds NaN: a read outside the tensor would be reported as non-finite input.
+struct DeviceTensor {
+  DeviceArray<unsigned char> bytes;
+  cq::StridedInput view;
+
+  template <class T>
+  DeviceTensor(const std::vector<float>& x, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D,
+               const Layout& l, T)
+      : bytes(static_cast<std::size_t>(l.offset + B * (S * (H * (D + l.head_pad) + l.token_pad) + l.batch_pad)) *
+              sizeof(T)) {
+    const std::int64_t sh = D + l.head_pad, ss = H * sh + l.token_pad, sb = S * ss + l.batch_pad;
+    std::vector<T> host(bytes.count / sizeof(T), Elem<T>::from(std::nanf("")));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t s = 0; s < S; ++s)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t d = 0; d < D; ++d)
+            host[l.offset + b * sb + s * ss + h * sh + d] = Elem<T>::from(x[((b * S + s) * H + h) * D + d]);
+    cudaMemcpy(bytes.ptr, host.data(), bytes.bytes(), cudaMemcpyHostToDevice);
+    view = {bytes.ptr + l.offset * sizeof(T), Elem<T>::type, B, S, H, D, sb, ss, sh};
+  }
+};
+
+// Quantizer outputs, poisoned (0xFF: NaN scales, NaN codes) before each run.
+struct DeviceOutputs {
+  std::int64_t vt_keys;
+  DeviceArray<std::uint8_t> q, k, vt;
+  DeviceArray<float> q_scale, k_scale, v_scale, k_mean, lse_shift;
+  DeviceArray<int> flags;
+  DeviceArray<unsigned char> workspace;
+  cq::Fp8Buffers bufs;
+
+  // own_workspace: pass a (poisoned) caller workspace; otherwise the quantizer allocates one.
+  DeviceOutputs(const AttentionShape& s, bool own_workspace)
+      : vt_keys(cq::padded_keys(s.Sk)),
+        q(s.q_elems()),
+        k(s.kv_elems()),
+        vt(s.B * s.Hkv * s.D * vt_keys),
+        q_scale(s.B * s.Hq * ((s.Sq + cq::kTokenBlock - 1) / cq::kTokenBlock)),
+        k_scale(s.B * s.Hkv * ((s.Sk + cq::kTokenBlock - 1) / cq::kTokenBlock)),
+        v_scale(s.B * s.Hkv * s.D),
+        k_mean(s.B * s.Hkv * s.D),
+        lse_shift(s.lse_elems()),
+        flags(3),
+        workspace(cq::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D)) {
+    poison();
+    cudaMemset(workspace.ptr, 0xFF, workspace.bytes());
+    cudaMemset(flags.ptr, 0, flags.bytes());
+    bufs = {q.ptr,         q_scale.ptr, k.ptr,           k_scale.ptr, vt.ptr,   v_scale.ptr,
+            k_mean.ptr,    lse_shift.ptr, vt_keys,       flags.ptr,   own_workspace ? workspace.ptr : nullptr};
+  }
+  void poison() {
+    for (auto* a : {&q, &k, &vt}) a->poison();
+    for (auto* a : {&q_scale, &k_scale, &v_scale, &k_mean, &lse_shift}) a->poison();
+  }
+};
+
+struct Inputs {
+  AttentionShape shape;
+  std::vector<float> q, k, v;  // exactly the values the device holds
+};
+
+template <class T>
+struct DeviceInputs {
+  DeviceTensor q, k, v;
+  DeviceInputs(const Inputs& in, const Layout& l)
+      : q(in.q, in.shape.B, in.shape.Sq, in.shape.Hq, in.shape.D, l, T{}),
+        k(in.k, in.shape.B, in.shape.Sk, in.shape.Hkv, in.shape.D, l, T{}),
+        v(in.v, in.shape.B, in.shape.Sk, in.shape.Hkv, in.shape.D, l, T{}) {}
+};
+
+template <class T>
+Inputs random_inputs(const AttentionShape& s, std::mt19937& rng) {
+  Inputs in{s, gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng),
+            gpu_test::attention_input(s.kv_elems(), s.D, 4.0f, rng),  // the shared offset smooth_k removes
+            gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng)};
+  round_to_element<T>(in.q);
+  round_to_element<T>(in.k);
+  round_to_element<T>(in.v);
+  return in;
+}
+
+std::string describe(const AttentionShape& s, bool smooth_k, const char* type, std::uint32_t seed) {
+  return std::string(type) + " B=" + std::to_string(s.B) + " Hq=" + std::to_string(s.Hq) +
+         " Hkv=" + std::to_string(s.Hkv) + " Sq=" + std::to_string(s.Sq) + " Sk=" + std::to_string(s.Sk) +
+         " D=" + std::to_string(s.D) + " smooth_k=" + std::to_string(smooth_k) + " seed=" + std::to_string(seed);
+}
+
+void expect_bytes_equal(const std::vector<std::uint8_t>& got, const std::vector<std::uint8_t>& want, const char* what,
+                        const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " codes differ, first at " << first << " (got " << int(got[first])
+                     << ", want " << int(want[first]) << ") " << where;
+}
+
+void expect_floats_bitwise(const std::vector<float>& got, const std::vector<float>& want, const char* what,
+                           const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0, first = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " values differ, first at " << first << " (got " << got[first]
+                     << ", want " << want[first] << ") " << where;
+}
+
+// Vᵀ back to (B, Sk, Hkv, D) codes through the slot → key permutation;
+// counts padding slots that do not hold the zero code.
+std::vector<std::uint8_t> unpermute_vt(const std::vector<std::uint8_t>& vt, const AttentionShape& s,
+                                       std::int64_t vt_keys, std::size_t& bad_padding) {
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(s.kv_elems()));
+  bad_padding = 0;
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t h = 0; h < s.Hkv; ++h)
+      for (std::int64_t d = 0; d < s.D; ++d)
+        for (std::int64_t slot = 0; slot < vt_keys; ++slot) {
+          const std::int64_t group = slot / cq::kVtKeyGroup * cq::kVtKeyGroup;
+          const std::int64_t key = group + cq::vt_key_of_slot(static_cast<int>(slot % cq::kVtKeyGroup));
+          const std::uint8_t code = vt[((b * s.Hkv + h) * s.D + d) * vt_keys + slot];
+          if (key < s.Sk) codes[bshd_index(s.Sk, s.Hkv, s.D, b, key, h, d)] = code;
+          else bad_padding += code != 0;
+        }
+  return codes;
+}
+
+struct Fp8Result {
+  std::vector<std::uint8_t> q, k, v;  // v back in (B, Sk, Hkv, D)
+  std::vector<float> q_scale, k_scale, v_scale, k_mean, lse_shift;
+  std::size_t bad_padding = 0;
+};
+
+Fp8Result download(const DeviceOutputs& dev, const AttentionShape& s, bool smooth_k) {
+  Fp8Result r;
+  r.q = dev.q.download(), r.k = dev.k.download();
+  r.v = unpermute_vt(dev.vt.download(), s, dev.vt_keys, r.bad_padding);
+  r.q_scale = dev.q_scale.download(), r.k_scale = dev.k_scale.download(), r.v_scale = dev.v_scale.download();
+  if (smooth_k) r.k_mean = dev.k_mean.download(), r.lse_shift = dev.lse_shift.download();
+  return r;
+}
+
+float softmax_scale_of(const AttentionShape& s) { return 1.0f / std::sqrt(static_cast<float>(s.D)); }
+
+template <class T>
+Fp8Result run_gpu(const DeviceInputs<T>& in, const AttentionShape& s, bool smooth_k, DeviceOutputs& dev,
+                  const cq::Fp8Schedule& schedule = {}) {
+  dev.poison();
+  cq::quantize_fp8(in.q.view, in.k.view, in.v.view, smooth_k, softmax_scale_of(s), dev.bufs, nullptr, schedule);
+  cq::check_finite(dev.bufs, nullptr);
+  return download(dev, s, smooth_k);
+}
+
+void expect_same(const Fp8Result& got, const Fp8Result& want, const std::string& where) {
+  expect_bytes_equal(got.q, want.q, "q codes", where);
+  expect_bytes_equal(got.k, want.k, "k codes", where);
+  expect_bytes_equal(got.v, want.v, "v codes", where);
+  expect_floats_bitwise(got.q_scale, want.q_scale, "q scales", where);
+  expect_floats_bitwise(got.k_scale, want.k_scale, "k scales", where);
+  expect_floats_bitwise(got.v_scale, want.v_scale, "v scales", where);
+  expect_floats_bitwise(got.k_mean, want.k_mean, "k mean", where);
+  expect_floats_bitwise(got.lse_shift, want.lse_shift, "lse shift", where);
+}
+
+// Bitwise against the CPU quantizer; lse_shift against the formula in double.
+void expect_matches_cpu(const Fp8Result& got, const Inputs& in, bool smooth_k, const std::string& where) {
+  const AttentionShape& s = in.shape;
+  AttentionOptions opt;
+  opt.smooth_k = smooth_k;
+  const emulator::QuantizedInputs cpu = emulator::quantize_inputs(s, in.q, in.k, in.v, opt);
+  expect_bytes_equal(got.q, cpu.q.codes, "q codes", where);
+  expect_bytes_equal(got.k, cpu.k.codes, "k codes", where);
+  expect_bytes_equal(got.v, cpu.v.codes, "v codes", where);
+  expect_floats_bitwise(got.q_scale, cpu.q.scales, "q scales", where);
+  expect_floats_bitwise(got.k_scale, cpu.k.scales, "k scales", where);
+  expect_floats_bitwise(got.v_scale, cpu.v.scales, "v scales", where);
+  EXPECT_EQ(got.bad_padding, 0u) << "Vᵀ padding keys must hold zero codes " << where;
+  if (!smooth_k) return;
+  expect_floats_bitwise(got.k_mean, cpu.k_mean, "k mean", where);
+
+  const double scale = softmax_scale_of(s);
+  std::size_t bad = 0;
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t h = 0; h < s.Hq; ++h)
+      for (std::int64_t i = 0; i < s.Sq; ++i) {
+        const float* mean = &cpu.k_mean[(b * s.Hkv + h / s.group()) * s.D];
+        double dot = 0.0, magnitude = 0.0;
+        for (std::int64_t d = 0; d < s.D; ++d) {
+          const double term = static_cast<double>(cpu.q.value(b, i, h, d)) * mean[d];
+          dot += term, magnitude += std::fabs(term);
+        }
+        const double got_shift = got.lse_shift[(b * s.Hq + h) * s.Sq + i];
+        bad += !(std::fabs(got_shift - scale * dot) <= kLseShiftRelTol * scale * magnitude +
+                                                           std::numeric_limits<float>::denorm_min());
+      }
+  EXPECT_EQ(bad, 0u) << "lse_shift rows off the formula " << where;
+}
+
+template <class T>
+void check_random_case(const AttentionShape& s, bool smooth_k, const Layout& layout, bool own_workspace,
+                       const char* type) {
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const Inputs in = random_inputs<T>(s, rng);
+  const DeviceInputs<T> dev_in(in, layout);
+  DeviceOutputs dev(s, own_workspace);
+  expect_matches_cpu(run_gpu(dev_in, s, smooth_k, dev), in, smooth_k, describe(s, smooth_k, type, seed));
+}
+
+TEST(GpuQuantizeFp8, MatchesCpuQuantizerBitForBit) {
+  FP4ATTN_REQUIRE_HOPPER();
+  // {B, Hq, Hkv, Sq, Sk, D}
+  check_random_case<__nv_bfloat16>({2, 4, 2, 300, 257, 128}, true, kAlignedPad, true, "bf16");
+  check_random_case<__nv_bfloat16>({1, 2, 1, 128, 1000, 64}, true, kOddPad, false, "bf16");
+  check_random_case<__nv_bfloat16>({1, 8, 2, 640, 1500, 128}, true, kDense, true, "bf16");
+  check_random_case<__nv_bfloat16>({3, 2, 2, 1, 5, 16}, true, kOddPad, true, "bf16");
+  check_random_case<__half>({1, 3, 3, 77, 33, 128}, false, kDense, false, "fp16");
+  check_random_case<__half>({2, 2, 1, 129, 385, 32}, true, kOddPad, true, "fp16");
+  check_random_case<float>({1, 2, 2, 200, 131, 128}, true, kAlignedPad, true, "fp32");
+  check_random_case<float>({2, 4, 1, 250, 300, 64}, false, kOddPad, false, "fp32");
+}
+
+// Work order variants (lag, CTAs per SM) and a reused workspace change the
+// timing of the dataflow, never a bit of the result.
+TEST(GpuQuantizeFp8, ScheduleDoesNotChangeTheResult) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{2, 4, 4, 100, 700, 64};
+  for (bool smooth_k : {true, false}) {
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    const Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+    const DeviceInputs<__nv_bfloat16> dev_in(in, kDense);
+    DeviceOutputs dev(s, true);
+    const std::string where = describe(s, smooth_k, "bf16", seed);
+    const Fp8Result reference = run_gpu(dev_in, s, smooth_k, dev);
+    expect_matches_cpu(reference, in, smooth_k, where);
+    const cq::Fp8Schedule schedules[] = {{0, 1}, {3, 2}, {0, 0}, {std::numeric_limits<int>::max() / 2, 0}};
+    for (const cq::Fp8Schedule& sched : schedules)
+      expect_same(run_gpu(dev_in, s, smooth_k, dev, sched), reference,
+                  where + " lag=" + std::to_string(sched.lag_chunks) + " ctas/SM=" + std::to_string(sched.ctas_per_sm));
+  }
+}
+
+// Inputs whose quotients sit exactly on E4M3 rounding boundaries: every block
+// and V channel holds 448, so every scale is 1 and x / scale = x. The other
+// values are ties (ties go to the even code), values just off a tie, and
+// subnormal ties.
+TEST(GpuQuantizeFp8, TiesRoundLikeTheCpu) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 2, 2, 300, 300, 64};
+  const float values[] = {17.0f,  -17.0f, 9.0f,    4.5f,     0.53125f, 0x1p-10f, 3 * 0x1p-10f, -0x1p-10f,
+                          200.0f, 432.0f, -432.0f, 440.0f,   18.0f,    0.0f,     -0.0f,        19.0f};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  std::uniform_int_distribution<int> pick(0, static_cast<int>(std::size(values)) - 1);
+  auto make = [&](std::int64_t S, std::int64_t H) {
+    std::vector<float> x(static_cast<std::size_t>(s.B * S * H * s.D));
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(x.size()); ++i) {
+      const std::int64_t token = i / (H * s.D) % S;
+      x[i] = token % cq::kTokenBlock == 0 ? kE4M3Top : values[pick(rng)];
+    }
+    return x;
+  };
+  const Inputs in{s, make(s.Sq, s.Hq), make(s.Sk, s.Hkv), make(s.Sk, s.Hkv)};
+  const DeviceInputs<__nv_bfloat16> dev_in(in, kDense);
+  DeviceOutputs dev(s, true);
+  const Fp8Result got = run_gpu(dev_in, s, false, dev);
+  for (float scale : got.q_scale) ASSERT_EQ(scale, 1.0f);
+  for (float scale : got.v_scale) ASSERT_EQ(scale, 1.0f);
+  expect_matches_cpu(got, in, false, "E4M3 ties");
+}
+
+// K = 2^60 at token 0, 2 at tokens 128..255, -2^60 at token 256. Chunk sums
+// are 2^60, 256 and -2^60: the chunked order keeps the 256, so the mean is
+// 256 / 257; one running sum would lose every 2 against 2^60 and give 0.
+TEST(GpuQuantizeFp8, MeanUsesTheChunkedOrder) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 2, 2, 64, 257, 64};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+  for (std::int64_t i = 0; i < s.kv_elems(); ++i) {
+    const std::int64_t token = i / (s.Hkv * s.D);
+    in.k[i] = token == 0 ? 0x1p60f : token == s.Sk - 1 ? -0x1p60f : token >= cq::kTokenBlock ? 2.0f : 0.0f;
+  }
+  const DeviceInputs<__nv_bfloat16> dev_in(in, kDense);
+  DeviceOutputs dev(s, false);
+  const Fp8Result got = run_gpu(dev_in, s, true, dev);
+  const float want = static_cast<float>(256.0 / 257.0);
+  for (float m : got.k_mean) ASSERT_EQ(m, want);
+  expect_matches_cpu(got, in, true, "chunked mean");
+}
+
+TEST(GpuQuantizeFp8, ReportsNonFiniteInput) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 2, 2, 130, 260, 64};
+  const float bad_values[] = {std::nanf(""), INFINITY, -INFINITY};
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  for (const char* name : {"q", "k", "v"})
+    for (float bad : bad_values)
+      for (bool smooth_k : {true, false}) {
+        Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+        std::vector<float>& x = name[0] == 'q' ? in.q : name[0] == 'k' ? in.k : in.v;
+        x[std::uniform_int_distribution<std::size_t>(0, x.size() - 1)(rng)] = bad;
+        const DeviceInputs<__nv_bfloat16> dev_in(in, kAlignedPad);
+        DeviceOutputs dev(s, true);
+        const std::string where = std::string(name) + " holds " + std::to_string(bad) +
+                                  " smooth_k=" + std::to_string(smooth_k) + " seed=" + std::to_string(seed);
+        cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, smooth_k, 0.125f, dev.bufs, nullptr);
+        try {
+          cq::check_finite(dev.bufs, nullptr);
+          ADD_FAILURE() << "not reported: " << where;
+        } catch (const Error& e) {
+          EXPECT_EQ(e.argument(), name) << where;
+        }
+        // The flags were cleared: clean input passes on the same buffers.
+        const Inputs clean = random_inputs<__nv_bfloat16>(s, rng);
+        const DeviceInputs<__nv_bfloat16> clean_in(clean, kAlignedPad);
+        expect_matches_cpu(run_gpu(clean_in, s, smooth_k, dev), clean, smooth_k, "after " + where);
+      }
+}
+
+TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 2, 2, 40, 40, 64};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  const Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+  const DeviceInputs<__nv_bfloat16> dev_in(in, kDense);
+  DeviceOutputs dev(s, true);
+  auto argument_of_error = [&](cq::StridedInput q, cq::StridedInput k, cq::StridedInput v, cq::Fp8Buffers bufs) {
+    try {
+      cq::quantize_fp8(q, k, v, true, 0.125f, bufs, nullptr);
+    } catch (const Error& e) {
+      return e.argument();
+    }
+    return std::string("nothing");
+  };
+  cq::StridedInput wide_q = dev_in.q.view, wide_k = dev_in.k.view, wide_v = dev_in.v.view;
+  wide_q.D = wide_k.D = wide_v.D = 96;  // not a power of two
+  EXPECT_EQ(argument_of_error(wide_q, wide_k, wide_v, dev.bufs), "D");
+  cq::StridedInput half_v = dev_in.v.view;
+  half_v.type = cq::ElementType::f16;
+  EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, half_v, dev.bufs), "dtype");
+  cq::Fp8Buffers short_vt = dev.bufs;
+  short_vt.vt_keys = s.Sk;
+  EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, dev_in.v.view, short_vt), "vt_keys");
+  cq::StridedInput odd_heads_q = dev_in.q.view;
+  odd_heads_q.H = 3;  // not a multiple of Hkv = 2
+  EXPECT_EQ(argument_of_error(odd_heads_q, dev_in.k.view, dev_in.v.view, dev.bufs), "Hq");
+}
+
+}  // namespace
+}  // namespace fp4attn
