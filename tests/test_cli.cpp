@@ -164,6 +164,49 @@ TEST(Cli, BadRunArguments) {
   expect_named_error("", "subcommand");
 }
 
+// `bench` times the sm90 kernel only: without a Hopper GPU it must refuse in
+// one line rather than time the emulator; with one, a small problem gives the
+// four rows of the bench/results schema.
+TEST(Cli, BenchNeedsHopper) {
+  const std::string small = "bench --B 1 --H 2 --S 1024 --reps 3 --warmup 1";
+  if (!sm90_available()) {
+    expect_named_error(small, "bench", "the CPU emulator is not benchmarked");
+    if (cuda_built()) expect_named_error(small, "bench", "no Hopper (sm_90) GPU found");
+    return;
+  }
+  const std::string path = test_files::temp_path("cli_bench.json");
+  const Result r = run_cli(small + " --causal --json " + path, true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("bench/bench_fwd.py"), std::string::npos) << r.out;
+  std::ifstream in(path);
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_TRUE(doc["gpu"].is_string());
+  ASSERT_EQ(doc["rows"].size(), 4u);
+  std::set<std::pair<std::string, bool>> seen;
+  for (const nlohmann::json& row : doc["rows"]) {
+    seen.insert({row["op"].get<std::string>(), row["direct_p"].get<bool>()});
+    EXPECT_EQ(row["recipe"], "fp8");
+    EXPECT_EQ(row["causal"].get<bool>(), true);
+    EXPECT_EQ(row["Sq"].get<int>(), 1024);
+    EXPECT_GT(row["ms"].get<double>(), 0.0);
+    EXPECT_GT(row["tflops"].get<double>(), 0.0);
+  }
+  EXPECT_EQ(seen.size(), 4u);
+  std::filesystem::remove(path);
+}
+
+TEST(Cli, BadBenchArguments) {
+  expect_named_error("bench --D 96", "--D", "D=96 is not supported by the sm90 executor");
+  expect_named_error("bench --H 12 --Hkv 5", "--H", "Hq (12) must be a multiple of Hkv (5)");
+  expect_named_error("bench --S 0", "--S", "must be > 0");
+  expect_named_error("bench --Sk -3", "--Sk", "must be > 0");
+  expect_named_error("bench --reps 0", "--reps", "must be >= 1");
+  expect_named_error("bench --warmup -1", "--warmup", "must be >= 0");
+  expect_named_error("bench --S 1024 --Sq 512", "--S");
+  expect_named_error("bench --json /nonexistent-dir/x.json", "--json");
+}
+
 // Q, K and V files of one small GQA problem in several dtypes and layouts.
 class CliAccuracy : public ::testing::Test {
  protected:

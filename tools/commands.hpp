@@ -16,6 +16,7 @@ namespace fp4attn::cli {
 void add_run_command(CLI::App& app, const std::string& command_line);
 void add_accuracy_command(CLI::App& app, const std::string& command_line);
 void add_info_command(CLI::App& app);
+void add_bench_command(CLI::App& app, const std::string& command_line);
 
 // Options both `run` and `accuracy` take.
 struct CommonArgs {

@@ -1,4 +1,4 @@
-// fp4attn command-line tool: `run`, `accuracy` and `info` (one file each).
+// fp4attn command-line tool: `run`, `accuracy`, `info` and `bench` (one file each).
 // Every failure ends in one line on stderr that names the bad argument and a
 // nonzero exit status.
 #include <cstdio>
@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   fp4attn::cli::add_run_command(app, command);
   fp4attn::cli::add_accuracy_command(app, command);
   fp4attn::cli::add_info_command(app);
+  fp4attn::cli::add_bench_command(app, command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

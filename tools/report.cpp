@@ -31,6 +31,8 @@ std::int64_t visible_prefix(const AttentionShape& s, MaskKind mask, std::int64_t
   return lo;
 }
 
+}  // namespace
+
 std::string today_utc() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -39,8 +41,6 @@ std::string today_utc() {
   std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
   return buf;
 }
-
-}  // namespace
 
 double forward_flops(const AttentionShape& shape, MaskKind mask) {
   double pairs = 0.0;

@@ -47,6 +47,8 @@ void print_table(const std::vector<Row>& rows, std::FILE* out);
 
 // The figures in the bench/results schema (DESIGN §8) plus the error metrics.
 nlohmann::json to_json(const Problem& problem, const std::vector<Row>& rows, const std::string& command);
+// The date of a result file (DESIGN §8), YYYY-MM-DD in UTC.
+std::string today_utc();
 // Writes `doc` to `path`; failures name `argument`.
 void write_json(const nlohmann::json& doc, const std::string& path, const std::string& argument);
 

@@ -45,8 +45,8 @@ from minilm import MiniLM  # noqa: E402
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "accuracy-study.json"
 DATA_DIR = HERE / "data"
-# Layers whose Q, K, V (first GPL-3 window) are saved for the CLI: the first
-# and the last, which differ most in how peaked their attention is.
+# Layers whose Q, K, V (first GPL-3 window) are saved for the CLI: the first,
+# which attends over the embeddings, and the last, which feeds the pooling.
 SAVED_LAYERS = (0, 5)
 SAVED_WINDOW = 0
 
@@ -93,7 +93,8 @@ def part_a_synthetic(settings: list[sweep.Setting]) -> list[dict]:
                     rows.append(base | emulator_fields(s) | metrics.errors(sweep.attention(s)(q, k, v), ref))
                 for recipe, smooth_k in itertools.product(fp4attn.RECIPES, sweep.ON_OFF):
                     out = sweep.inputs_only(recipe, smooth_k)(q, k, v)
-                    rows.append(base | inputs_only_fields(recipe, smooth_k) | metrics.errors(out, ref))
+                    fields = inputs_only_fields(recipe, smooth_k) | {"k_error": sweep.k_error(k, recipe, smooth_k)}
+                    rows.append(base | fields | metrics.errors(out, ref))
             log(f"(a) {variant} D={head_dim}: {len(synthetic.SEEDS)} seeds done")
     return rows
 
@@ -120,7 +121,8 @@ def part_bc_layers(model: MiniLM, windows: np.ndarray, settings: list[sweep.Sett
         run = sweep.inputs_only(recipe, smooth_k)
         outs = [run(q, k, v) for q, k, v in captured]
         for i, (out, ref) in enumerate(zip(outs, refs)):
-            rows.append(stats[i] | inputs_only_fields(recipe, smooth_k) | metrics.errors(out, ref))
+            k_error = {"k_error": sweep.k_error(captured[i][1], recipe, smooth_k)}
+            rows.append(stats[i] | inputs_only_fields(recipe, smooth_k) | k_error | metrics.errors(out, ref))
         rows.append({"layer": "all"} | inputs_only_fields(recipe, smooth_k) | all_layers(outs, refs))
     log(f"(b, c) {len(captured)} layers x {len(settings)} settings done")
     return rows, captured

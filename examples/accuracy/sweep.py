@@ -62,13 +62,27 @@ def inputs_only(recipe: str, smooth_k: bool):
     qk_format, v_format = INPUT_FORMATS[recipe]
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        if smooth_k:
-            # Subtracting K's mean over the sequence shifts every score row by a
-            # constant, so the exact attention of the shifted K is the same O.
-            k = (k - k.mean(axis=1, keepdims=True, dtype=np.float64)).astype(np.float32)
         q_deq = fp4attn.quantize(q, qk_format, axis="along_d").dequantize()
-        k_deq = fp4attn.quantize(k, qk_format, axis="along_d").dequantize()
+        k_deq = fp4attn.quantize(_keys_as_stored(k, smooth_k), qk_format, axis="along_d").dequantize()
         v_deq = fp4attn.quantize(v, v_format, axis="along_s").dequantize()
         return reference.attention(q_deq, k_deq, v_deq)
 
     return run
+
+
+def _keys_as_stored(k: np.ndarray, smooth_k: bool) -> np.ndarray:
+    # Subtracting K's mean over the sequence shifts every score row by a
+    # constant, so the exact attention of the shifted K is the same O.
+    if not smooth_k:
+        return k
+    return (k - k.mean(axis=1, keepdims=True, dtype=np.float64)).astype(np.float32)
+
+
+def k_error(k: np.ndarray, recipe: str, smooth_k: bool) -> float:
+    """Quantization error of K in the recipe's format, relative to K's spread
+    around its mean (the part of K that changes the scores): the same yardstick
+    with and without smooth_k."""
+    stored = _keys_as_stored(k, smooth_k)
+    deq = fp4attn.quantize(stored, INPUT_FORMATS[recipe][0], axis="along_d").dequantize()
+    spread = k - k.mean(axis=1, keepdims=True, dtype=np.float64)
+    return float(np.linalg.norm(deq - stored) / np.linalg.norm(spread))

@@ -56,4 +56,38 @@ std::string device_description();
 ForwardOutput forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                       std::span<const float> v, const AttentionOptions& opt, Executor executor = Executor::automatic);
 
+// Device timing of the sm90 fp8 forward (DESIGN §8), behind `fp4attn bench`.
+enum class TimedOp : std::uint8_t {
+  fwd,      // the kernel on pre-quantized E4M3 inputs
+  fwd_e2e,  // GPU quantization from bf16 inputs, then the kernel
+};
+
+constexpr std::string_view to_string(TimedOp op) { return op == TimedOp::fwd ? "fwd" : "fwd_e2e"; }
+
+struct BenchOptions {
+  MaskKind mask = MaskKind::none;
+  int reps = 20;   // timed runs; the median is reported
+  int warmup = 5;  // untimed runs first (clocks, caches, module loading)
+};
+
+struct Timing {
+  TimedOp op = TimedOp::fwd;
+  bool direct_p = true;
+  double ms = 0.0;  // median over BenchOptions::reps
+};
+
+struct Sm90Benchmark {
+  std::string gpu;              // the device's name
+  int input_sets = 0;           // inputs rotated through, so that no run finds its inputs in L2
+  double rotated_bytes = 0.0;   // E4M3 operand bytes of all input sets together
+  std::vector<Timing> timings;  // fwd then fwd_e2e, each with Direct-P on, then off
+};
+
+// Times recipe fp8 (default options otherwise) on random normal bf16 inputs
+// made on the GPU, with CUDA events. Throws fp4attn::Error naming the argument
+// for a shape the sm90 executor does not implement, for reps < 1 or
+// warmup < 0, and naming "executor" when no Hopper GPU is usable: the CPU
+// emulator is not benchmarked.
+Sm90Benchmark benchmark_sm90(const AttentionShape& shape, const BenchOptions& opt);
+
 }  // namespace fp4attn

@@ -52,21 +52,156 @@ FP4ATTN_HD inline float exp2_poly(float t) {
   return bits_float(float_bits(p) + (static_cast<std::uint32_t>(ji) << 23));
 }
 
-// E4M3 code of a positive float p < 464 whose E4M3 value is normal or subnormal,
-// by integer bit moves (no F2FP): normal range rounds half up on the dropped
-// bits (differs from RNE only on exact ties, which the polynomial never hits
-// deliberately); the subnormal range rounds with the magic-number add.
-FP4ATTN_HD inline std::uint8_t e4m3_code_of_positive(float p) {
-  constexpr std::uint32_t kRebias = static_cast<std::uint32_t>(127 - 7) << 23;  // float bias -> E4M3 bias
-  constexpr std::uint32_t kHalfDropped = 1u << 19;                              // half of the 20 dropped bits
-  constexpr float kSubnormalScale = 512.0f;                                     // 1 / 2^-9, E4M3's smallest step
-  const std::uint32_t pb = float_bits(p);
-  if (p >= exp2i(-6)) return static_cast<std::uint8_t>((pb + kHalfDropped - kRebias) >> 20);
-  return static_cast<std::uint8_t>(float_bits(fmaf(p, kSubnormalScale, kRoundMagic)) - float_bits(kRoundMagic));
+// ---- FP8 P -----------------------------------------------------------------
+// The E4M3 code of P = 2^(u + 8) in three instructions per score after u, none
+// of them MUFU, FRND or a float-to-FP8 conversion of an exact exp (DESIGN §3.3,
+// §4.1; measured against MUFU ex2 + F2FP in dev/direct_p_throughput):
+//
+//  1. x = round(2^10·u) + kFp8FixedBias as an unsigned 16-bit integer,
+//     saturated. One FFMA per score puts u·2^10 + bias on fp32's denormal grid,
+//     where a float's bit pattern is the fixed-point integer itself (the FFMA
+//     rounds to nearest even on that grid); I2IP (cvt.pack.sat.u16.s32) packs
+//     two of them into one register and saturates, which maps every u below
+//     −bias/2^10 ≈ −21.9 (and u = −inf) to x = 0.
+//  2. Read as fp16 bits, x is the piecewise-linear 2^y of y = x/2^10 − 15: exact
+//     at integer y, up to 6.2 % high in between. The same curve half a binade
+//     later, x + 2^9, peaks where the first is exact, so
+//     v = fp16(x) + 2^-1/2 · fp16(x + 2^9)  (VIADD.16x2 + HFMA2 for two scores)
+//     stays within ±0.755 % of 2.076·2^y. The bias absorbs the 2.076 and the
+//     offset 8: v ≈ 2^(u + 8) = P.
+//  3. cvt.rn.satfinite.e4m3x2.f16x2 rounds two v to E4M3 (subnormals too).
+//
+// Error of v against P: ±0.755 % (curve) + 0.034 % (the integer bias) + 0.034 %
+// (x rounds u to 2^-11) + 0.049 % (v rounds to fp16) = 0.87 % < 1 %, so a code
+// differs from round-to-nearest of the exact P only within the contract's 1 %
+// band around a boundary, by one step; every step is monotone in u, so the
+// code is too. The host functions
+// below model the GPU instructions exactly (tests/test_direct_p.cpp, and the
+// H200 run in dev/direct_p_throughput/).
+//
+// Precondition: u ≤ 1 or u = −inf (u = s·c − m with m the row maximum); NaN is
+// not a score.
+
+inline constexpr int kFp8FixedFractionBits = 10;
+// x = 2^10·(u + 21.946): 23 − log2(2.076) centers v's error on 2^(u + 8).
+inline constexpr std::uint32_t kFp8FixedBias = 22473;
+inline constexpr std::uint32_t kFp8FixedMax = 0xFFFFu;  // I2IP saturates to u16
+// u·2^-139 + bias·2^-149: one unit of the denormal grid (2^-149) is 2^-10 of u.
+inline constexpr float kFp8FixedScale = 0x1p-139f;
+inline constexpr float kFp8FixedOffset = bits_float(kFp8FixedBias);
+inline constexpr std::uint32_t kFp8HalfStep = 1u << (kFp8FixedFractionBits - 1);
+inline constexpr std::uint32_t kF16InvSqrt2Bits = 0x39A8u;  // 0.70703125, fp16 nearest to 2^-1/2
+inline constexpr int kF16MantissaBits = 10, kF16Bias = 15;  // IEEE binary16
+
+// Step 1 for one score: the FFMA's bit pattern, saturated as I2IP does.
+FP4ATTN_HD inline std::uint32_t fp8_fixed_point(float u) {
+  float r;
+#if defined(__CUDA_ARCH__)
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(u), "f"(kFp8FixedScale), "f"(kFp8FixedOffset));  // no ftz
+#else
+  r = fmaf(u, kFp8FixedScale, kFp8FixedOffset);
+#endif
+  const std::int32_t n = static_cast<std::int32_t>(float_bits(r));
+  return n < 0 ? 0u : n > static_cast<std::int32_t>(kFp8FixedMax) ? kFp8FixedMax : static_cast<std::uint32_t>(n);
 }
 
-// FP8 Direct-P: the E4M3 code of P = 2^(u + 8), u ≤ 0 (u = -inf gives code 0).
-FP4ATTN_HD inline std::uint8_t fp8_code(float u) { return e4m3_code_of_positive(exp2_poly(u + kFp8Offset)); }
+// Value of a finite, non-negative fp16 bit pattern (the model of the packed
+// halves; fp16 is no format of the recipes, so it has no ElemFormat).
+FP4ATTN_HD constexpr float f16_value(std::uint32_t bits) {
+  const std::uint32_t e = bits >> kF16MantissaBits, m = bits & ((1u << kF16MantissaBits) - 1u);
+  if (e == 0) return static_cast<float>(m) * exp2i(1 - kF16Bias - kF16MantissaBits);
+  return static_cast<float>(m + (1u << kF16MantissaBits)) * exp2i(static_cast<int>(e) - kF16Bias - kF16MantissaBits);
+}
+
+// Bits of a non-negative float v < 65520 rounded to fp16, to nearest even
+// (subnormals included): the rounding of HFMA2's result.
+FP4ATTN_HD constexpr std::uint32_t f16_bits_rne(float v) {
+  constexpr int kFloatMantissaBits = 23, kFloatBias = 127;
+  constexpr int kMinNormalExp = 1 - kF16Bias;
+  constexpr std::uint32_t kImplicitOne = 1u << kFloatMantissaBits;
+  const std::uint32_t bits = float_bits(v);
+  const int fe = static_cast<int>(bits >> kFloatMantissaBits) - kFloatBias;
+  // Below half the smallest fp16 subnormal (float subnormals included): zero.
+  if (fe < kMinNormalExp - kF16MantissaBits - 2) return 0;
+  const int te = fe > kMinNormalExp ? fe : kMinNormalExp;
+  const int shift = kFloatMantissaBits - kF16MantissaBits + te - fe;  // dropped bits of the 24-bit significand
+  const std::uint32_t mant = (bits & (kImplicitOne - 1)) | kImplicitOne;
+  std::uint32_t n = mant >> shift;
+  const std::uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (n & 1u))) ++n;
+  // Subnormals land in exponent field 0 and a carry moves into the next binade.
+  return (static_cast<std::uint32_t>(te + kF16Bias - 1) << kF16MantissaBits) + n;
+}
+
+// Step 2 for one score: v = fp16(x) + 2^-1/2·fp16(x + 2^9), one rounding to
+// fp16 as in HFMA2. The fp32 FMA here is exact (both terms are multiples of
+// 2^-8 of fp16(x)'s quantum and their sum is below 2^21 such units), so the
+// only rounding is the one to fp16.
+FP4ATTN_HD inline std::uint32_t fp8_two_phase(std::uint32_t x) {
+  return f16_bits_rne(fmaf(f16_value(x + kFp8HalfStep), f16_value(kF16InvSqrt2Bits), f16_value(x)));
+}
+
+// FP8 Direct-P of one score (the emulator's entry point; the kernels use
+// fp8_codes_x4, which gives the same code for every score).
+FP4ATTN_HD inline std::uint8_t fp8_code(float u) {
+  return encode_rne_sat(ElemFormat::e4m3, f16_value(fp8_two_phase(fp8_fixed_point(u))));
+}
+
+// FP8 Direct-P of four scores, the codes of u0 .. u3 in bytes 0 .. 3 (the order
+// of an FP8 wgmma A-operand register). GPU: 4 FFMA, 2 I2IP, 2 VIADD.16x2,
+// 2 HFMA2, 2 F2FP; the second F2FP merges the halves.
+FP4ATTN_HD inline std::uint32_t fp8_codes_x4(float u0, float u1, float u2, float u3) {
+#if defined(__CUDA_ARCH__)
+  const auto fixed_pair = [](float lo, float hi) {
+    float r_lo, r_hi;
+    std::uint32_t x;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r_lo) : "f"(lo), "f"(kFp8FixedScale), "f"(kFp8FixedOffset));
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r_hi) : "f"(hi), "f"(kFp8FixedScale), "f"(kFp8FixedOffset));
+    asm("cvt.pack.sat.u16.s32 %0, %1, %2;" : "=r"(x) : "r"(float_bits(r_hi)), "r"(float_bits(r_lo)));  // hi in bits 16..31
+    return x;
+  };
+  const auto two_phase = [](std::uint32_t x) {
+    constexpr std::uint32_t kHalfSteps = kFp8HalfStep | (kFp8HalfStep << 16);
+    constexpr std::uint32_t kWeights = kF16InvSqrt2Bits | (kF16InvSqrt2Bits << 16);
+    std::uint32_t shifted, v;
+    asm("add.u16x2 %0, %1, %2;" : "=r"(shifted) : "r"(x), "r"(kHalfSteps));  // per half: no carry between scores
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(v) : "r"(shifted), "r"(kWeights), "r"(x));
+    return v;
+  };
+  const std::uint32_t v01 = two_phase(fixed_pair(u0, u1)), v23 = two_phase(fixed_pair(u2, u3));
+  std::uint32_t codes;
+  asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f16x2 lo, %1;\n cvt.rn.satfinite.e4m3x2.f16x2 hi, %2;\n"
+      " mov.b32 %0, {lo, hi};\n}"
+      : "=r"(codes)
+      : "r"(v01), "r"(v23));
+  return codes;
+#else
+  return fp8_code(u0) | (static_cast<std::uint32_t>(fp8_code(u1)) << 8) |
+         (static_cast<std::uint32_t>(fp8_code(u2)) << 16) | (static_cast<std::uint32_t>(fp8_code(u3)) << 24);
+#endif
+}
+
+// Σ of the four E4M3 values packed in a word: the row sum l adds what P·V
+// used. Exact in fp32 in any order: E4M3 values ≥ 2^-9 are multiples of 2^-9
+// below 2^9, so any sum of up to 128 of them has at most 24 significant bits.
+// GPU: 2 F2FP (e4m3x2 → f16x2, exact), 4 conversions to fp32, 3 FADD; on the
+// H200 that beats decoding each code with a shift and a multiply
+// (dev/direct_p_throughput, v1 with the row sum).
+FP4ATTN_HD inline float fp8_decoded_sum_x4(std::uint32_t codes) {
+#if defined(__CUDA_ARCH__)
+  float p0, p1, p2, p3;
+  asm("{\n .reg .b16 c01, c23, h0, h1, h2, h3;\n .reg .b32 h01, h23;\n mov.b32 {c01, c23}, %4;\n"
+      " cvt.rn.f16x2.e4m3x2 h01, c01;\n cvt.rn.f16x2.e4m3x2 h23, c23;\n"
+      " mov.b32 {h0, h1}, h01;\n mov.b32 {h2, h3}, h23;\n"
+      " cvt.f32.f16 %0, h0;\n cvt.f32.f16 %1, h1;\n cvt.f32.f16 %2, h2;\n cvt.f32.f16 %3, h3;\n}"
+      : "=f"(p0), "=f"(p1), "=f"(p2), "=f"(p3)
+      : "r"(codes));
+  return (p0 + p1) + (p2 + p3);
+#else
+  const auto value = [codes](int b) { return decode(ElemFormat::e4m3, (codes >> (8 * b)) & 0xFFu); };
+  return (value(0) + value(1)) + (value(2) + value(3));
+#endif
+}
 
 // Round-to-nearest baseline (Direct-P off): exact-ish exp2 then the ordinary
 // E4M3 quantizer. Host uses exp2f; device kernels use ex2.approx, so this path

@@ -73,6 +73,14 @@ def test_matches_fp64_reference(rng, shape, recipe, causal):
         assert_close_to_reference(o, lse, o_ref, lse_ref, recipe)
 
 
+@pytest.mark.parametrize("recipe", fp4attn.RECIPES)
+def test_sm100_target_matches_fp64_reference(rng, recipe):
+    q, k, v = make_qkv(rng, *SHAPES[0])
+    o_ref, lse_ref = attention_bshd(q, k, v)
+    o, lse = fp4attn.attention(q, k, v, recipe=recipe, target="sm100", return_lse=True)
+    assert_close_to_reference(o, lse, o_ref, lse_ref, recipe)
+
+
 def test_outputs_are_bf16_values(rng):
     q, k, v = make_qkv(rng, *SHAPES[0])
     o = fp4attn.attention(q, k, v)

@@ -103,6 +103,13 @@ def test_recipe(qkv):
         fp4attn.flash_attn_func(*qkv, recipe=8)
 
 
+def test_target(qkv):
+    with raises(ValueError, "target"):
+        fp4attn.attention(*qkv, target="sm80")
+    with raises(TypeError, "target"):
+        fp4attn.attention(*qkv, target=90)
+
+
 @pytest.mark.parametrize("bad", [-0.1, 0.0, float("nan"), float("inf")])
 def test_scale_values(qkv, bad):
     with raises(ValueError, "scale"):

@@ -19,4 +19,8 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
 // True when a compute-capability 9.0 device is visible to the CUDA runtime.
 bool sm90_device_present();
 
+// benchmark_sm90 after its checks (shape validated, head dim supported, reps
+// and warmup in range, a Hopper GPU present).
+Sm90Benchmark sm90_benchmark(const AttentionShape& shape, const BenchOptions& opt);
+
 }  // namespace fp4attn::dispatch

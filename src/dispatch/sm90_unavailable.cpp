@@ -14,6 +14,10 @@ ForwardOutput sm90_forward(const AttentionShape&, std::span<const float>, std::s
 
 bool sm90_device_present() { return false; }
 
+Sm90Benchmark sm90_benchmark(const AttentionShape&, const BenchOptions&) {
+  throw Error("executor", "this build has no CUDA executors");
+}
+
 }  // namespace fp4attn::dispatch
 
 #endif  // !FP4ATTN_HAS_CUDA

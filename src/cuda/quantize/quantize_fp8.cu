@@ -20,7 +20,6 @@ constexpr std::size_t kDefaultSmemLimit = 48 * 1024;
 constexpr std::size_t kCodeStoreAlign = 8;  // Q and K codes: 8 per store
 constexpr std::size_t kVtStoreAlign = 4;    // Vᵀ: one 32-bit word per store
 constexpr int kNonfiniteFlags = 3;
-constexpr int kTicketsHeldPerCta = 2;  // the unit in progress and the next one (quantize_fp8_kernel)
 
 void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
@@ -115,15 +114,12 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   if (tickets > std::numeric_limits<int>::max()) throw Error("q", "too many token blocks for one launch");
   const int ctas_per_sm = schedule.ctas_per_sm > 0 ? schedule.ctas_per_sm : kMinCtasPerSm<T>;
   const int grid = static_cast<int>(std::min<std::int64_t>(static_cast<std::int64_t>(sms) * ctas_per_sm, tickets));
-  // Default lag: the tickets the grid holds at once, in kv chunks of the work
-  // order. Statistics handed out that long before a quantize unit are done
-  // when it starts, so it rarely waits; a longer lag only widens the window
-  // that the second read of K and V must find in L2.
-  const std::int64_t tickets_per_chunk = WorkOrder::kStatsPerChunk + job.order.quantize_per_chunk();
-  const std::int64_t lag = schedule.lag_chunks >= 0
-                               ? schedule.lag_chunks
-                               : (kTicketsHeldPerCta * grid + tickets_per_chunk - 1) / tickets_per_chunk;
-  job.order.lead = std::min(job.order.kv_chunks, job.k_blocks + lag);
+  // Default: every slice's statistics before the first quantize unit. While
+  // the kernel is latency-bound, a quantize unit that waits costs more than the
+  // L2 misses of a long window (docs/perf-log.md, quantizer q1).
+  job.order.lead = schedule.lag_chunks >= 0
+                       ? std::min<std::int64_t>(job.order.kv_chunks, job.k_blocks + std::int64_t{schedule.lag_chunks})
+                       : job.order.kv_chunks;
   job.tickets = static_cast<unsigned>(tickets);
 
   const std::size_t k_tile = smooth_k ? sizeof(T) * kTokenBlock * k.D : 0;

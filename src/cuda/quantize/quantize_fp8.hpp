@@ -12,8 +12,8 @@
 //   lse_shift : (B, Hq, Sq) softmax_scale · Σ_d q_deq · k_mean, the LSE
 //               correction that smooth_k makes necessary
 //
-// One fused launch (work_order.hpp) reads Q once and K and V twice, the
-// second time mostly from L2.
+// One fused launch (work_order.hpp) reads Q once and K and V twice; a short
+// schedule lag serves the second read from L2 (Fp8Schedule).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -56,7 +56,7 @@ struct Fp8Buffers {
 // best measured on the H200 (docs/perf-log.md); bench/bench_quantize.py sweeps them.
 struct Fp8Schedule {
   // kv chunks of statistics the kernel schedules ahead of the quantize pass,
-  // beyond one (b, h) slice; negative: as many as the grid holds tickets.
+  // beyond one (b, h) slice; negative: all of them (two passes).
   int lag_chunks = -1;
   int ctas_per_sm = 0;  // 0: as many as the kernel's launch bounds promise
 };

@@ -101,22 +101,29 @@ FP4ATTN_DEVICE_INLINE void row_max(const float (&s)[N], float (&mx)[2]) {
   }
 }
 
-// E4M3 codes of two scores, low byte first. Direct-P builds them from a
-// polynomial with FMA-pipe and integer ops (DESIGN §3.3), the very function the
-// CPU emulator runs; the baseline spends one MUFU ex2 per score and one F2FP per pair.
-template <PCode kPCode>
-FP4ATTN_DEVICE_INLINE std::uint32_t p_code_pair(float s0, float s1, float c, float m) {
+// E4M3 codes of two scores by the exp2 baseline (Direct-P off), low byte
+// first: one MUFU ex2 per score and one F2FP per pair.
+FP4ATTN_DEVICE_INLINE std::uint32_t exp2_code_pair(float s0, float s1, float c, float m) {
   const float u0 = direct_p::log2_score(s0, c, m);
   const float u1 = direct_p::log2_score(s1, c, m);
+  float p0, p1;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p0) : "f"(u0 + direct_p::kFp8Offset));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p1) : "f"(u1 + direct_p::kFp8Offset));
+  std::uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(p1), "f"(p0));  // first source → high byte
+  return pair;
+}
+
+// E4M3 codes of four scores of one row, s0 in the low byte. Direct-P is
+// direct_p::fp8_codes_x4 (DESIGN §3.3), bit for bit the codes the CPU emulator
+// computes: after u, three instructions per score and no MUFU.
+template <PCode kPCode>
+FP4ATTN_DEVICE_INLINE std::uint32_t p_code_word(float s0, float s1, float s2, float s3, float c, float m) {
   if constexpr (kPCode == PCode::direct_p) {
-    return direct_p::fp8_code(u0) | (static_cast<std::uint32_t>(direct_p::fp8_code(u1)) << 8);
+    return direct_p::fp8_codes_x4(direct_p::log2_score(s0, c, m), direct_p::log2_score(s1, c, m),
+                                  direct_p::log2_score(s2, c, m), direct_p::log2_score(s3, c, m));
   } else {
-    float p0, p1;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p0) : "f"(u0 + direct_p::kFp8Offset));
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p1) : "f"(u1 + direct_p::kFp8Offset));
-    std::uint16_t pair;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(p1), "f"(p0));  // first source → high byte
-    return pair;
+    return exp2_code_pair(s0, s1, c, m) | (exp2_code_pair(s2, s3, c, m) << 16);
   }
 }
 
@@ -140,12 +147,17 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], float c, const fl
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = 4 * t + 2 * h;  // first of the two 8-column chunks
-        const std::uint32_t lo = p_code_pair<kPCode>(s[4 * j + 2 * r], s[4 * j + 2 * r + 1], c, m[r]);
-        const std::uint32_t hi = p_code_pair<kPCode>(s[4 * j + 4 + 2 * r], s[4 * j + 5 + 2 * r], c, m[r]);
-        const std::uint32_t word = lo | (hi << 16);
+        const std::uint32_t word = p_code_word<kPCode>(s[4 * j + 2 * r], s[4 * j + 2 * r + 1], s[4 * j + 4 + 2 * r],
+                                                       s[4 * j + 5 + 2 * r], c, m[r]);
         p[t][2 * h + r] = word;
+        if constexpr (kPCode == PCode::direct_p) {
+          // Exact, like decode_p, in fewer instructions (hardware decode): Direct-P is
+          // issue-bound where the MUFU-bound baseline gains nothing from it.
+          l[r] += direct_p::fp8_decoded_sum_x4(word);
+        } else {
 #pragma unroll
-        for (int b = 0; b < 4; ++b) l[r] += decode_p((word >> (8 * b)) & 0xFFu);
+          for (int b = 0; b < 4; ++b) l[r] += decode_p((word >> (8 * b)) & 0xFFu);
+        }
       }
 }
 

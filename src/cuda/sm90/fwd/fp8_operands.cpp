@@ -1,0 +1,59 @@
+// Sizes of the fp8 operands follow cuda/quantize/quantize_fp8.hpp's layouts.
+#include "cuda/sm90/fwd/fp8_operands.hpp"
+
+namespace fp4attn::sm90::fwd {
+namespace {
+
+constexpr int kNonfiniteFlags = 3;  // q, k, v
+
+std::int64_t token_blocks(std::int64_t S) {
+  return (S + cuda_quantize::kTokenBlock - 1) / cuda_quantize::kTokenBlock;
+}
+
+}  // namespace
+
+void* Fp8Operands::allocate(std::size_t bytes) {
+  owned_.push_back(cuda_common::device_alloc(bytes));
+  return owned_.back().get();
+}
+
+Fp8Operands::Fp8Operands(const AttentionShape& s) : shape_(s) {
+  const auto floats = [this](std::int64_t n) { return static_cast<float*>(allocate(n * sizeof(float))); };
+  bufs_.vt_keys = cuda_quantize::padded_keys(s.Sk);
+  bufs_.q = static_cast<std::uint8_t*>(allocate(s.q_elems()));
+  bufs_.k = static_cast<std::uint8_t*>(allocate(s.kv_elems()));
+  bufs_.vt = static_cast<std::uint8_t*>(allocate(s.B * s.Hkv * s.D * bufs_.vt_keys));
+  bufs_.q_scale = floats(s.B * s.Hq * token_blocks(s.Sq));
+  bufs_.k_scale = floats(s.B * s.Hkv * token_blocks(s.Sk));
+  bufs_.v_scale = floats(s.B * s.Hkv * s.D);
+  bufs_.k_mean = floats(s.B * s.Hkv * s.D);
+  bufs_.lse_shift = floats(s.lse_elems());
+  bufs_.nonfinite = static_cast<int*>(allocate(kNonfiniteFlags * sizeof(int)));
+  bufs_.workspace = allocate(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
+  cuda_common::check_cuda(cudaMemset(bufs_.nonfinite, 0, kNonfiniteFlags * sizeof(int)), "cudaMemset");
+}
+
+std::size_t Fp8Operands::code_bytes() const {
+  return static_cast<std::size_t>(shape_.q_elems() + shape_.kv_elems() + shape_.B * shape_.Hkv * shape_.D * bufs_.vt_keys);
+}
+
+Fp8ForwardArgs Fp8Operands::forward_args(MaskKind mask, PCode p_code, float softmax_scale, bool smooth_k) const {
+  const AttentionShape& s = shape_;
+  Fp8ForwardArgs a;
+  a.q = bufs_.q;
+  a.q_stride_b = s.Sq * s.Hq * s.D, a.q_stride_s = s.Hq * s.D, a.q_stride_h = s.D;
+  a.k = bufs_.k;
+  a.k_stride_b = s.Sk * s.Hkv * s.D, a.k_stride_s = s.Hkv * s.D, a.k_stride_h = s.D;
+  a.vt = bufs_.vt;
+  a.vt_keys = bufs_.vt_keys;
+  a.q_scale = bufs_.q_scale, a.k_scale = bufs_.k_scale, a.v_scale = bufs_.v_scale;
+  a.lse_shift = smooth_k ? bufs_.lse_shift : nullptr;
+  a.B = static_cast<int>(s.B), a.Hq = static_cast<int>(s.Hq), a.Hkv = static_cast<int>(s.Hkv);
+  a.Sq = static_cast<int>(s.Sq), a.Sk = static_cast<int>(s.Sk), a.D = static_cast<int>(s.D);
+  a.softmax_scale = softmax_scale;
+  a.mask = mask;
+  a.p_code = p_code;
+  return a;
+}
+
+}  // namespace fp4attn::sm90::fwd

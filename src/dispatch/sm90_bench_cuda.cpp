@@ -1,0 +1,158 @@
+// Device timing of the sm90 fp8 forward in a CUDA build (DESIGN §8): random
+// bf16 inputs made on the GPU, quantized once for op fwd and inside the timed
+// region for op fwd_e2e; CUDA events around each run, warm-up first, median.
+#if defined(FP4ATTN_HAS_CUDA)
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cuda/common/device_memory.hpp"
+#include "cuda/common/random_fill.hpp"
+#include "cuda/quantize/quantize_fp8.hpp"
+#include "cuda/sm90/fwd/fp8_operands.hpp"
+#include "dispatch/sm90_executor.hpp"
+
+namespace fp4attn::dispatch {
+namespace {
+
+using cuda_common::check_cuda;
+using cuda_common::DeviceMemory;
+
+// Tiny problems would need thousands of sets to cover L2; beyond this many
+// they are launch-bound anyway, and the reported rotated_bytes shows the shortfall.
+constexpr int kMaxInputSets = 64;
+constexpr int kMinInputSets = 2;
+constexpr std::size_t kBf16Bytes = 2;
+constexpr std::uint64_t kTensorsPerSet = 3;  // q, k, v: one seed each
+
+struct EventDestroy {
+  void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
+};
+using Event = std::unique_ptr<CUevent_st, EventDestroy>;
+
+Event make_event() {
+  cudaEvent_t e = nullptr;
+  check_cuda(cudaEventCreate(&e), "cudaEventCreate");
+  return Event(e);
+}
+
+// Sets such that, between two runs on one set, the others stream more than
+// L2 through it: no run starts with its operands cached.
+int input_sets(std::size_t set_bytes, std::size_t l2_bytes) {
+  const std::size_t others = (l2_bytes + set_bytes) / set_bytes;  // > l2_bytes in total
+  return static_cast<int>(std::clamp<std::size_t>(others + 1, kMinInputSets, kMaxInputSets));
+}
+
+// A bf16 (B, S, H, D) input set, contiguous.
+struct Bf16Inputs {
+  DeviceMemory q, k, v;
+};
+
+cuda_quantize::StridedInput bf16_input(const DeviceMemory& data, std::int64_t B, std::int64_t S, std::int64_t H,
+                                       std::int64_t D) {
+  return {data.get(), cuda_quantize::ElementType::bf16, B, S, H, D, S * H * D, H * D, D};
+}
+
+// Median of `reps` event-timed calls of run(i), after `warmup` untimed ones;
+// i counts all calls so that the caller can rotate inputs.
+template <class Run>
+double median_ms(const Run& run, int reps, int warmup, cudaStream_t stream) {
+  for (int i = 0; i < warmup; ++i) run(i);
+  std::vector<Event> start, stop;
+  for (int i = 0; i < reps; ++i) {
+    start.push_back(make_event());
+    stop.push_back(make_event());
+  }
+  for (int i = 0; i < reps; ++i) {
+    check_cuda(cudaEventRecord(start[i].get(), stream), "cudaEventRecord");
+    run(warmup + i);
+    check_cuda(cudaEventRecord(stop[i].get(), stream), "cudaEventRecord");
+  }
+  check_cuda(cudaEventSynchronize(stop.back().get()), "timed runs");
+  std::vector<double> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    float elapsed = 0.0f;
+    check_cuda(cudaEventElapsedTime(&elapsed, start[i].get(), stop[i].get()), "cudaEventElapsedTime");
+    ms[i] = elapsed;
+  }
+  std::sort(ms.begin(), ms.end());
+  return reps % 2 == 1 ? ms[reps / 2] : (ms[reps / 2 - 1] + ms[reps / 2]) / 2.0;
+}
+
+}  // namespace
+
+Sm90Benchmark sm90_benchmark(const AttentionShape& shape, const BenchOptions& opt) {
+  const cudaStream_t stream = nullptr;
+  const AttentionOptions defaults;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(shape.D));
+  int device = 0;
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+
+  std::vector<sm90::fwd::Fp8Operands> operands;
+  operands.emplace_back(shape);
+  const int sets = input_sets(operands[0].code_bytes(), static_cast<std::size_t>(prop.l2CacheSize));
+  std::vector<Bf16Inputs> inputs;
+  for (int i = 0; i < sets; ++i) {
+    if (i > 0) operands.emplace_back(shape);
+    const auto q_bytes = static_cast<std::size_t>(shape.q_elems()) * kBf16Bytes;
+    const auto kv_bytes = static_cast<std::size_t>(shape.kv_elems()) * kBf16Bytes;
+    Bf16Inputs in{cuda_common::device_alloc(q_bytes), cuda_common::device_alloc(kv_bytes),
+                  cuda_common::device_alloc(kv_bytes)};
+    const std::uint64_t seed = kTensorsPerSet * static_cast<std::uint64_t>(i);
+    cuda_common::fill_normal_bf16(cuda_common::as<std::uint16_t>(in.q), shape.q_elems(), seed, stream);
+    cuda_common::fill_normal_bf16(cuda_common::as<std::uint16_t>(in.k), shape.kv_elems(), seed + 1, stream);
+    cuda_common::fill_normal_bf16(cuda_common::as<std::uint16_t>(in.v), shape.kv_elems(), seed + 2, stream);
+    inputs.push_back(std::move(in));
+  }
+  const DeviceMemory o = cuda_common::device_alloc(static_cast<std::size_t>(shape.q_elems()) * kBf16Bytes);
+  const DeviceMemory lse = cuda_common::device_alloc(static_cast<std::size_t>(shape.lse_elems()) * sizeof(float));
+
+  const auto quantize = [&](int i) {
+    const Bf16Inputs& in = inputs[i % sets];
+    cuda_quantize::quantize_fp8(bf16_input(in.q, shape.B, shape.Sq, shape.Hq, shape.D),
+                                bf16_input(in.k, shape.B, shape.Sk, shape.Hkv, shape.D),
+                                bf16_input(in.v, shape.B, shape.Sk, shape.Hkv, shape.D), defaults.smooth_k, scale,
+                                operands[i % sets].buffers(), stream);
+  };
+  const auto attend = [&](int i, sm90::fwd::PCode p_code) {
+    sm90::fwd::Fp8ForwardArgs a = operands[i % sets].forward_args(opt.mask, p_code, scale, defaults.smooth_k);
+    a.o = o.get();
+    a.o_stride_b = shape.Sq * shape.Hq * shape.D, a.o_stride_s = shape.Hq * shape.D, a.o_stride_h = shape.D;
+    a.lse = cuda_common::as<float>(lse);
+    sm90::fwd::forward_fp8(a, stream);
+  };
+  // Op fwd reads operands quantized here, once; check_finite also surfaces
+  // any asynchronous error of the fills and the quantizer.
+  for (int i = 0; i < sets; ++i) {
+    quantize(i);
+    cuda_quantize::check_finite(operands[i].buffers(), stream);
+  }
+
+  Sm90Benchmark result;
+  result.gpu = prop.name;
+  result.input_sets = sets;
+  result.rotated_bytes = static_cast<double>(operands[0].code_bytes()) * sets;
+  for (TimedOp op : {TimedOp::fwd, TimedOp::fwd_e2e}) {
+    for (bool direct_p : {true, false}) {
+      const auto p_code = direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt;
+      const auto run = [&](int i) {
+        if (op == TimedOp::fwd_e2e) quantize(i);
+        attend(i, p_code);
+      };
+      result.timings.push_back({op, direct_p, median_ms(run, opt.reps, opt.warmup, stream)});
+    }
+  }
+  check_cuda(cudaGetLastError(), "sm90 benchmark");
+  return result;
+}
+
+}  // namespace fp4attn::dispatch
+
+#endif  // FP4ATTN_HAS_CUDA

@@ -1,0 +1,145 @@
+// `fp4attn bench`: device timing of the sm90 fp8 forward, Direct-P on and off,
+// on pre-quantized inputs (op fwd) and from bf16 inputs (op fwd_e2e), with the
+// DESIGN §8 defaults and result schema. The BF16 baselines need PyTorch and
+// live in bench/bench_fwd.py.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "build_info.hpp"
+#include "commands.hpp"
+
+namespace fp4attn::cli {
+namespace {
+
+// The standard grid of DESIGN §8: B·S = 32k tokens, H = 16 at D = 128 and
+// 32 at D = 64 (the same work per token), S = 8k as the headline point.
+constexpr std::int64_t kGridTokens = 32768;
+constexpr std::int64_t kDefaultS = 8192;
+constexpr std::int64_t kDefaultD = 128;
+constexpr std::int64_t kHeadsAtD64 = 32;
+constexpr std::int64_t kHeadsAtD128 = 16;
+constexpr std::int64_t kSmallHeadDim = 64;
+constexpr double kMsPerSecond = 1e3;
+constexpr double kFlopsPerTeraflop = 1e12;
+constexpr double kBytesPerMegabyte = 1e6;
+
+struct BenchArgs {
+  AttentionShape shape{.B = 0, .Hq = 0, .Hkv = 0, .Sq = kDefaultS, .Sk = kDefaultS, .D = kDefaultD};
+  std::int64_t s = kDefaultS;
+  bool causal = false;
+  BenchOptions timing;
+  std::string json;
+};
+
+// `s_given`: the lengths came from --S, so that is the flag to blame.
+std::string flag_of(const std::string& argument, bool s_given) {
+  if (argument == "B") return "--B";
+  if (argument == "Hq") return "--H";
+  if (argument == "Hkv") return "--Hkv";
+  if (argument == "Sq") return s_given ? "--S" : "--Sq";
+  if (argument == "Sk") return s_given ? "--S" : "--Sk";
+  if (argument == "D") return "--D";
+  if (argument == "reps") return "--reps";
+  if (argument == "warmup") return "--warmup";
+  if (argument == "executor") return "bench";
+  return "";
+}
+
+// Sizes the user left out, from the ones given.
+AttentionShape resolve_shape(CLI::App& cmd, const BenchArgs& args) {
+  const auto set = [&](const char* flag) { return cmd.get_option(flag)->count() > 0; };
+  AttentionShape shape = args.shape;
+  if (set("--S")) shape.Sq = shape.Sk = args.s;
+  if (!set("--H")) shape.Hq = shape.D == kSmallHeadDim ? kHeadsAtD64 : kHeadsAtD128;
+  if (!set("--Hkv")) shape.Hkv = shape.Hq;
+  if (!set("--B")) shape.B = std::max<std::int64_t>(1, kGridTokens / std::max<std::int64_t>(1, shape.Sq));
+  return shape;
+}
+
+nlohmann::json to_json(const AttentionShape& shape, const BenchArgs& args, const Sm90Benchmark& bench,
+                       double flops, const std::string& command_line) {
+  nlohmann::json doc = {{"date", today_utc()},
+                        {"gpu", bench.gpu},
+                        {"commit", kGitCommit},
+                        {"command", command_line},
+                        {"timing", "CUDA events, median of " + std::to_string(args.timing.reps) + " runs after " +
+                                       std::to_string(args.timing.warmup) + " warm-up runs, " +
+                                       std::to_string(bench.input_sets) + " input sets rotated"},
+                        {"rows", nlohmann::json::array()}};
+  for (const Timing& t : bench.timings)
+    doc["rows"].push_back({{"op", to_string(t.op)},
+                           {"impl", "fp4attn"},
+                           {"recipe", to_string(Recipe::fp8)},
+                           {"direct_p", t.direct_p},
+                           {"causal", args.causal},
+                           {"B", shape.B},
+                           {"H", shape.Hq},
+                           {"Hkv", shape.Hkv},
+                           {"Sq", shape.Sq},
+                           {"Sk", shape.Sk},
+                           {"D", shape.D},
+                           {"ms", t.ms},
+                           {"tflops", flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop},
+                           {"gbps", nullptr}});
+  return doc;
+}
+
+double ms_of(const Sm90Benchmark& bench, TimedOp op, bool direct_p) {
+  for (const Timing& t : bench.timings)
+    if (t.op == op && t.direct_p == direct_p) return t.ms;
+  return 0.0;
+}
+
+void bench(CLI::App& cmd, BenchArgs& args, const std::string& command_line) {
+  const AttentionShape shape = resolve_shape(cmd, args);
+  args.timing.mask = args.causal ? MaskKind::causal : MaskKind::none;
+  // Find an unwritable --json path before the run, not after it.
+  if (!args.json.empty() && !std::ofstream(args.json, std::ios::app))
+    throw Error("--json", "cannot write '" + args.json + "'");
+  Sm90Benchmark result;
+  const bool s_given = cmd.get_option("--S")->count() > 0;
+  const auto rename = [s_given](const std::string& argument) { return flag_of(argument, s_given); };
+  with_flag_names(rename, [&] { result = benchmark_sm90(shape, args.timing); });
+
+  const double flops = forward_flops(shape, args.timing.mask);
+  std::printf("%s: B=%lld H=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld %s, recipe fp8\n", result.gpu.c_str(),
+              static_cast<long long>(shape.B), static_cast<long long>(shape.Hq), static_cast<long long>(shape.Hkv),
+              static_cast<long long>(shape.Sq), static_cast<long long>(shape.Sk), static_cast<long long>(shape.D),
+              args.causal ? "causal" : "noncausal");
+  std::printf("CUDA events, median of %d runs after %d warm-up; %d input sets rotated (%.0f MB of E4M3 operands)\n",
+              args.timing.reps, args.timing.warmup, result.input_sets, result.rotated_bytes / kBytesPerMegabyte);
+  std::printf("%-8s %-8s %10s %10s\n", "op", "direct_p", "ms", "TFLOP/s");
+  for (const Timing& t : result.timings)
+    std::printf("%-8s %-8s %10.4f %10.1f\n", to_string(t.op).data(), t.direct_p ? "on" : "off", t.ms,
+                flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop);
+  // Same work either way, so the speed-up is the ratio of times.
+  std::printf("Direct-P on vs off: fwd x%.3f, fwd_e2e x%.3f\n",
+              ms_of(result, TimedOp::fwd, false) / ms_of(result, TimedOp::fwd, true),
+              ms_of(result, TimedOp::fwd_e2e, false) / ms_of(result, TimedOp::fwd_e2e, true));
+  std::printf("cuDNN BF16 and FA2 BF16 comparisons come from bench/bench_fwd.py (PyTorch, same process); "
+              "this CLI has no PyTorch\n");
+  if (!args.json.empty()) write_json(to_json(shape, args, result, flops, command_line), args.json, "--json");
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, const std::string& command_line) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "Time the sm90 fp8 kernel on a Hopper GPU (DESIGN §8)");
+  cmd->add_option("--B", args->shape.B, "Batch size (default: 32768 tokens / Sq)");
+  cmd->add_option("--H", args->shape.Hq, "Query heads (default: 16 at D=128, 32 at D=64)");
+  cmd->add_option("--Hkv", args->shape.Hkv, "Key/value heads (default: H; H must be a multiple)");
+  CLI::Option* s = cmd->add_option("--S", args->s, "Query and key length (default 8192)");
+  cmd->add_option("--Sq", args->shape.Sq, "Query length")->excludes(s);
+  cmd->add_option("--Sk", args->shape.Sk, "Key length")->excludes(s);
+  cmd->add_option("--D", args->shape.D, "Head dim (64 or 128)");
+  cmd->add_flag("--causal", args->causal, "Causal mask, bottom-right aligned when Sq != Sk");
+  cmd->add_option("--reps", args->timing.reps, "Timed runs per row; the median is reported");
+  cmd->add_option("--warmup", args->timing.warmup, "Untimed runs before them");
+  cmd->add_option("--json", args->json, "Also write the rows (bench/results schema) to this file");
+  cmd->callback([cmd, args, command_line] { bench(*cmd, *args, command_line); });
+}
+
+}  // namespace fp4attn::cli
