@@ -72,7 +72,7 @@ def test_bf16_in_bf16_out_and_same_as_numpy(device):
 
 def test_custom_op_registration():
     q, k, v = make_bhsd(4, 1, 2, 2, 32, 48, 64, "cpu")
-    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "bshd", "causal", 0.0, "fp8", True, True, True, "q,k,v")
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "bshd", "causal", 0.0, "fp8", True, True, True, "q,k,v", "sm90")
     torch.library.opcheck(torch.ops.fp4attn.attention.default, args)
 
 
