@@ -22,7 +22,7 @@ if [[ " $STAGES " == *" tests "* ]]; then
 fi
 
 if [[ " $STAGES " == *" sanitize "* ]]; then
-  small='Shapes/GpuForwardGrid.MatchesEmulator/2:Shapes/GpuForwardGrid.MatchesEmulator/5:GpuQuantizeFp8.MatchesCpuQuantizerBitForBit'
+  small='Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk:Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq2_Hkv1_Sq300_Sk150_D128_causal_exp2:GpuQuantizeFp8.MatchesCpuQuantizerBitForBit'
   for tool in memcheck racecheck; do
     FP4ATTN_REQUIRE_GPU=1 timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 7 \
       "$BUILD/tests/fp4attn_gpu_tests" --gtest_filter="$small" >"$OUT/sanitize-$tool.log" 2>&1

@@ -41,6 +41,20 @@ std::string describe(const Case& c, std::uint32_t seed) {
          " seed=" + std::to_string(seed);
 }
 
+// Test name of a grid case, e.g. B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk,
+// so CTest lists (and skips) each case by what it covers.
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  const auto& s = c.shape;
+  static constexpr const char* kMaskNames[] = {"full", "causal", "causaltopleft"};
+  std::string name = "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" + std::to_string(s.Hkv) +
+                     "_Sq" + std::to_string(s.Sq) + "_Sk" + std::to_string(s.Sk) + "_D" + std::to_string(s.D) + "_" +
+                     kMaskNames[static_cast<int>(c.mask)] + (c.direct_p ? "_directp" : "_exp2") +
+                     (c.smooth_k ? "_smoothk" : "");
+  if (c.outlier != 1.0f) name += "_outliers";
+  return name;
+}
+
 // A logical (B, S, H, D) tensor stored on the device as bf16 in (B, S, H + pad, D).
 struct StridedBf16 {
   DeviceArray<__nv_bfloat16> data;
@@ -197,7 +211,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, true},
         Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true, true},
         Case{{1, 2, 2, 256, 512, 128}, MaskKind::none, true, true, 8.0f},   // rare 8x outliers in Q and K
-        Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f}));
+        Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f}),
+    case_name);
 
 TEST(GpuForwardFp8, PublicApiRunsOnSm90) {
   FP4ATTN_REQUIRE_HOPPER();
