@@ -2,6 +2,9 @@
 // converts: arrays arrive zero-copy through DLPack as C-contiguous host fp32
 // (the Python layer has already checked and converted them), options as the
 // C++ structs, and results leave as NumPy arrays that own the C++ buffers.
+// forward_device is the exception: it takes device pointers (as integers),
+// strides and a CUDA stream handle from the PyTorch layer and enqueues the
+// sm90 forward there (dispatch::sm90_forward_device).
 // Argument checks live in fp4attn::validate (C++) and fp4attn/_validate.py.
 // fp4attn::Error derives from std::invalid_argument, which nanobind raises
 // as ValueError with the message, so errors keep naming the argument.
@@ -13,9 +16,11 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/quantize.hpp"
 #include "fp4attn/recipe.hpp"
@@ -60,6 +65,58 @@ nb::tuple forward_host(const HostInput& q, const HostInput& k, const HostInput& 
   auto o = to_numpy(std::move(out.o), std::array{dim(shape.B), dim(shape.Sq), dim(shape.Hq), dim(shape.D)});
   auto lse = to_numpy(std::move(out.lse), std::array{dim(shape.B), dim(shape.Hq), dim(shape.Sq)});
   return nb::make_tuple(o, lse, out.executor);
+}
+
+// (B, Sq, Sk, Hq, Hkv, D), the order in which the Python layer reads the sizes.
+using ShapeTuple = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+// Element strides on B, S and H of a (B, S, H, D) view.
+using Strides = std::tuple<std::int64_t, std::int64_t, std::int64_t>;
+
+AttentionShape shape_of(const ShapeTuple& t) {
+  AttentionShape shape;
+  std::tie(shape.B, shape.Sq, shape.Sk, shape.Hq, shape.Hkv, shape.D) = t;
+  return shape;
+}
+
+template <class Pointer>
+Pointer pointer(std::uintptr_t address) {
+  return reinterpret_cast<Pointer>(address);  // NOLINT: device addresses arrive as Python ints
+}
+
+dispatch::DeviceTensorView device_view(std::uintptr_t data, const Strides& strides) {
+  dispatch::DeviceTensorView x;
+  x.data = pointer<const void*>(data);
+  std::tie(x.stride_b, x.stride_s, x.stride_h) = strides;
+  return x;
+}
+
+// Validates the call (ValueError naming the argument, as forward would) and
+// says whether forward_device can run it: a CUDA build, a Hopper GPU and a
+// problem the sm90 executor implements.
+bool device_forward_supported(const ShapeTuple& shape_tuple, const AttentionOptions& opt) {
+  const AttentionShape shape = shape_of(shape_tuple);
+  validate(shape, opt);
+  return cuda_built() && sm90_available() && sm90_supports(shape, opt);
+}
+
+void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, std::uintptr_t q,
+                    const Strides& q_strides, std::uintptr_t k, const Strides& k_strides, std::uintptr_t v,
+                    const Strides& v_strides, std::uintptr_t o, const Strides& o_strides, std::uintptr_t lse,
+                    std::uintptr_t workspace, std::size_t workspace_bytes, const AttentionOptions& opt,
+                    std::uintptr_t stream) {
+  dispatch::DeviceForwardArgs a;
+  a.shape = shape_of(shape);
+  a.element = element;
+  a.q = device_view(q, q_strides);
+  a.k = device_view(k, k_strides);
+  a.v = device_view(v, v_strides);
+  a.o = pointer<void*>(o);
+  std::tie(a.o_stride_b, a.o_stride_s, a.o_stride_h) = o_strides;
+  a.lse = pointer<float*>(lse);
+  a.workspace = pointer<void*>(workspace);
+  a.workspace_bytes = workspace_bytes;
+  nb::gil_scoped_release no_gil;  // only enqueues work; other Python threads may go on
+  dispatch::sm90_forward_device(a, opt, pointer<void*>(stream));
 }
 
 QuantizedTensor quantize_host(const HostInput& x, TensorFormat format, BlockAxis axis, const QuantizeOptions& opt,
@@ -109,6 +166,10 @@ void bind_enums(nb::module_& m) {
       .value("automatic", Executor::automatic)
       .value("emulator", Executor::emulator)
       .value("sm90", Executor::sm90);
+  nb::enum_<dispatch::DeviceElement>(m, "DeviceElement")
+      .value("float32", dispatch::DeviceElement::f32)
+      .value("float16", dispatch::DeviceElement::f16)
+      .value("bfloat16", dispatch::DeviceElement::bf16);
 }
 
 // The options the Python API sets; the others keep their C++ defaults.
@@ -170,6 +231,17 @@ NB_MODULE(_ext, m) {
         "Attention on (B, S, H, D) fp32 host arrays; returns (o, lse, executor).");
   m.def("quantize", &py::quantize_host, nb::arg("x"), nb::arg("format"), nb::arg("axis"), nb::arg("options"),
         nb::arg("name"), "Quantize a (B, S, H, D) fp32 host array.");
+  m.def("device_forward_supported", &py::device_forward_supported, nb::arg("shape"), nb::arg("options"),
+        "Validates a (B, Sq, Sk, Hq, Hkv, D) call; True when forward_device can run it.");
+  m.def("device_workspace_bytes",
+        [](const py::ShapeTuple& shape) { return fp4attn::dispatch::sm90_device_workspace_bytes(py::shape_of(shape)); },
+        nb::arg("shape"), "Device bytes of forward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call.");
+  m.def("forward_device", &py::forward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
+        nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
+        nb::arg("o_strides"), nb::arg("lse"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"),
+        nb::arg("stream"),
+        "Recipe-fp8 forward on device pointers (q, k, v of one element type; O bf16; LSE fp32), "
+        "enqueued on the CUDA stream handle `stream` without host synchronisation.");
   m.def("recipe_has_backward", [](fp4attn::Recipe r) { return fp4attn::spec_of(r).has_backward; });
   m.def("cuda_built", &fp4attn::cuda_built);
   m.def("sm90_available", &fp4attn::sm90_available);

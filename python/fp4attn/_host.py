@@ -93,7 +93,7 @@ def _to_bshd_f32(x: np.ndarray, layout: str) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def _options(s: Settings) -> "_ext.AttentionOptions":
+def options(s: Settings) -> "_ext.AttentionOptions":
     opt = _ext.AttentionOptions()
     opt.recipe = _ext.Recipe.__members__[s.recipe]
     opt.mask = _ext.MaskKind.__members__[s.mask]
@@ -107,7 +107,7 @@ def _options(s: Settings) -> "_ext.AttentionOptions":
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, s: Settings) -> tuple[np.ndarray, np.ndarray]:
     """O in the caller's layout (float32, bf16 values) and LSE (B, Hq, Sq); inputs already checked."""
     o, lse, _executor = _ext.forward(
-        _to_bshd_f32(q, s.layout), _to_bshd_f32(k, s.layout), _to_bshd_f32(v, s.layout), _options(s)
+        _to_bshd_f32(q, s.layout), _to_bshd_f32(k, s.layout), _to_bshd_f32(v, s.layout), options(s)
     )
     if s.layout == "bhsd":
         o = np.ascontiguousarray(o.transpose(0, 2, 1, 3))

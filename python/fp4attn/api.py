@@ -2,7 +2,8 @@
 
 NumPy arrays and other host arrays run through fp4attn._host; torch tensors
 through the custom ops of fp4attn.torch_ops (so that torch.compile sees one
-op), which end in the same host code.
+op), which run CUDA tensors on the device where the sm90 executor can, and
+end in the same host code otherwise.
 """
 
 from __future__ import annotations

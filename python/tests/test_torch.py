@@ -70,8 +70,9 @@ def test_bf16_in_bf16_out_and_same_as_numpy(device):
     np.testing.assert_array_equal(out.float().cpu().numpy(), expected)
 
 
-def test_custom_op_registration():
-    q, k, v = make_bhsd(4, 1, 2, 2, 32, 48, 64, "cpu")
+@pytest.mark.parametrize("device", DEVICES)
+def test_custom_op_registration(device):
+    q, k, v = make_bhsd(4, 1, 2, 2, 32, 48, 64, device)
     args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "bshd", "causal", 0.0, "fp8", True, True, True, "q,k,v", "sm90")
     torch.library.opcheck(torch.ops.fp4attn.attention.default, args)
 
@@ -117,3 +118,120 @@ def test_quantize_accepts_tensors():
     x = make_bhsd(8, 1, 2, 2, 32, 32, 64, "cpu", torch.bfloat16)[0]
     t = fp4attn.quantize(x, "mxfp4")
     np.testing.assert_array_equal(t.codes, fp4attn.quantize(x.float().numpy(), "mxfp4").codes)
+
+
+# ---- The device path: CUDA tensors on the sm90 executor, on the current stream.
+
+needs_sm90 = pytest.mark.skipif(
+    not (torch.cuda.is_available() and fp4attn.backend_info()["sm90_available"]),
+    reason="needs the sm90 executor and a compute-capability 9.0 GPU",
+)
+
+
+def host_path(fn, *tensors, **kwargs):
+    """fn on CPU copies: the host entry point, which runs the same sm90 kernels on this machine."""
+    out = fn(*(x.cpu() for x in tensors), **kwargs)
+    return out if isinstance(out, tuple) else (out,)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_device_path_matches_host_path(dtype, causal, D):
+    # Sq, Sk not multiples of the 128-token tile; GQA; bshd through attention, with the LSE.
+    q, k, v = (x.transpose(1, 2) for x in make_bhsd(10, 2, 4, 2, 200, 300, D, "cuda", dtype))
+    got = fp4attn.attention(q, k, v, causal=causal, return_lse=True)
+    expected = host_path(fp4attn.attention, q, k, v, causal=causal, return_lse=True)
+    assert got[0].dtype == dtype and got[0].device == q.device and got[1].dtype == torch.float32
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e, rtol=0, atol=1e-6)
+
+
+@needs_sm90
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_device_path_reads_strided_inputs(layout):
+    # Views with strides the kernels' own layout never has (a transposed, sliced
+    # buffer) are read in place and give what their contiguous copies give.
+    q, k, v = make_bhsd(11, 1, 2, 2, 160, 160, 64, "cuda", torch.bfloat16)
+    if layout == "bshd":
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))  # (B, S, H, D) views of (B, H, S, D) buffers
+    wide = torch.zeros(*q.shape[:-1], 2 * q.shape[-1], dtype=q.dtype, device="cuda")
+    wide[..., :64] = q
+    q_view = wide[..., :64]
+    out = fp4attn.attention(q_view, k, v, layout=layout)
+    expected = fp4attn.attention(q.contiguous(), k.contiguous(), v.contiguous(), layout=layout)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(out.cpu(), host_path(fp4attn.attention, q, k, v, layout=layout)[0], rtol=0, atol=1e-6)
+
+
+@needs_sm90
+def test_device_path_runs_on_the_current_stream():
+    q, k, v = make_bhsd(12, 1, 2, 2, 256, 256, 128, "cuda", torch.bfloat16)
+    expected = fp4attn.sdpa(q, k, v, is_causal=True)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fp4attn.sdpa(q, k, v, is_causal=True)
+    side.synchronize()  # only the side stream: the result must be there already
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@needs_sm90
+def test_device_path_does_not_synchronize():
+    q, k, v = make_bhsd(13, 1, 2, 2, 128, 128, 64, "cuda", torch.bfloat16)
+    fp4attn.sdpa(q, k, v)  # first call: module loading, capability lookups
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _, lse, _ = fp4attn.flash_attn_func(*(x.transpose(1, 2) for x in (q, k, v)), causal=True, return_attn_probs=True)
+        out = fp4attn.sdpa(q, k, v, is_causal=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.shape == q.shape and lse.shape == (1, 2, 128)
+
+
+@needs_sm90
+def test_cuda_graph_capture_and_replay():
+    q, k, v = make_bhsd(14, 2, 4, 2, 200, 300, 64, "cuda", torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch's graph docs ask
+        fp4attn.sdpa(q, k, v, is_causal=True, enable_gqa=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fp4attn.sdpa(q, k, v, is_causal=True, enable_gqa=True)
+    graph.replay()
+    torch.testing.assert_close(out, fp4attn.sdpa(q, k, v, is_causal=True, enable_gqa=True), rtol=0, atol=0)
+    # New inputs in the captured buffers: the replay computes on them.
+    new_q, new_k, new_v = make_bhsd(15, 2, 4, 2, 200, 300, 64, "cuda", torch.bfloat16)
+    q.copy_(new_q), k.copy_(new_k), v.copy_(new_v)
+    graph.replay()
+    torch.testing.assert_close(out, fp4attn.sdpa(new_q, new_k, new_v, is_causal=True, enable_gqa=True), rtol=0, atol=0)
+
+
+@needs_sm90
+def test_compile_fullgraph_reduce_overhead():
+    # Inductor's CUDA graphs around the op: capture and replay through torch.compile.
+    q, k, v = make_bhsd(16, 1, 2, 2, 128, 128, 64, "cuda", torch.bfloat16)
+
+    def block(q, k, v):
+        return fp4attn.sdpa(q, k, v, is_causal=True) * 2.0
+
+    compiled = torch.compile(block, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, record, replay
+        out = compiled(q, k, v).clone()
+    torch.testing.assert_close(out, block(q, k, v), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fallback_to_host_path():
+    # D = 32 is not an sm90 head dim: the op copies to the host, runs there and copies back.
+    q, k, v = make_bhsd(17, 1, 2, 2, 64, 64, 32, "cuda")
+    out = fp4attn.sdpa(q, k, v)
+    assert out.device == q.device and out.dtype == q.dtype
+    torch.testing.assert_close(out.cpu(), fp4attn.sdpa(q.cpu(), k.cpu(), v.cpu()), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="^D: "):
+        fp4attn.sdpa(*make_bhsd(17, 1, 2, 2, 64, 64, 48, "cuda"))

@@ -1,0 +1,144 @@
+// The sm90 executor on tensors already on the device: the GPU quantizer reads
+// q, k and v where they are (any element strides, D contiguous), the kernel
+// writes O and LSE where the caller wants them, and every intermediate lives in
+// the caller's workspace. Everything is enqueued on the caller's stream; no
+// allocation, no host synchronisation, so the call can be captured in a CUDA graph.
+#if defined(FP4ATTN_HAS_CUDA)
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cuda/quantize/quantize_fp8.hpp"
+#include "cuda/sm90/fwd/fwd.hpp"
+#include "dispatch/sm90_executor.hpp"
+#include "fp4attn/attention.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::dispatch {
+namespace {
+
+constexpr std::size_t kAlign = 256;  // every workspace region; cudaMalloc's own alignment
+constexpr int kNonfiniteFlags = 3;   // q, k, v (written by the quantizer, not read here)
+
+std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::int64_t token_blocks(std::int64_t S) {
+  return (S + cuda_quantize::kTokenBlock - 1) / cuda_quantize::kTokenBlock;
+}
+
+// Byte offsets of cuda_quantize::Fp8Buffers inside the workspace, with the
+// sizes that cuda/quantize/quantize_fp8.hpp documents (as Fp8Operands allocates them).
+struct WorkspaceLayout {
+  std::size_t q, k, vt, q_scale, k_scale, v_scale, k_mean, lse_shift, nonfinite, scratch, bytes;
+};
+
+WorkspaceLayout workspace_layout(const AttentionShape& s) {
+  const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
+  WorkspaceLayout l{};
+  std::size_t at = 0;
+  const auto take = [&at](std::size_t bytes) {
+    const std::size_t offset = at;
+    at += round_up(bytes);
+    return offset;
+  };
+  l.q = take(static_cast<std::size_t>(s.q_elems()));
+  l.k = take(static_cast<std::size_t>(s.kv_elems()));
+  l.vt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * cuda_quantize::padded_keys(s.Sk)));
+  l.q_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
+  l.k_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
+  l.v_scale = take(floats(s.B * s.Hkv * s.D));
+  l.k_mean = take(floats(s.B * s.Hkv * s.D));
+  l.lse_shift = take(floats(s.lse_elems()));
+  l.nonfinite = take(kNonfiniteFlags * sizeof(int));
+  l.scratch = take(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
+  l.bytes = at;
+  return l;
+}
+
+cuda_quantize::ElementType element_type(DeviceElement e) {
+  switch (e) {
+    case DeviceElement::f32: return cuda_quantize::ElementType::f32;
+    case DeviceElement::f16: return cuda_quantize::ElementType::f16;
+    case DeviceElement::bf16: return cuda_quantize::ElementType::bf16;
+  }
+  throw Error("dtype", "unknown device element type");
+}
+
+cuda_quantize::StridedInput strided(const DeviceTensorView& x, DeviceElement e, std::int64_t B, std::int64_t S,
+                                    std::int64_t H, std::int64_t D, const char* name) {
+  if (x.data == nullptr) throw Error(name, "is a null device pointer");
+  return {x.data, element_type(e), B, S, H, D, x.stride_b, x.stride_s, x.stride_h};
+}
+
+}  // namespace
+
+std::size_t sm90_device_workspace_bytes(const AttentionShape& shape) {
+  check_shape(shape);
+  return workspace_layout(shape).bytes;
+}
+
+void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& opt, void* stream_handle) {
+  const AttentionShape& s = args.shape;
+  validate(s, opt);
+  if (!sm90_supports(s, opt))
+    throw Error("executor", "the sm90 executor does not implement this call (it runs recipe fp8, target sm90, "
+                            "128-token tiles, D = 64 or 128)");
+  if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
+  if (args.o == nullptr) throw Error("o", "is a null device pointer");
+  if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
+  const WorkspaceLayout layout = workspace_layout(s);
+  if (args.workspace == nullptr || args.workspace_bytes < layout.bytes)
+    throw Error("workspace", "needs " + std::to_string(layout.bytes) + " device bytes, got " +
+                                 std::to_string(args.workspace == nullptr ? 0 : args.workspace_bytes));
+  if (reinterpret_cast<std::uintptr_t>(args.workspace) % kAlign != 0)
+    throw Error("workspace", "must be " + std::to_string(kAlign) + "-byte aligned");
+
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
+  auto* base = static_cast<unsigned char*>(args.workspace);
+  const auto floats = [base](std::size_t offset) { return reinterpret_cast<float*>(base + offset); };
+
+  cuda_quantize::Fp8Buffers bufs;
+  bufs.q = base + layout.q;
+  bufs.k = base + layout.k;
+  bufs.vt = base + layout.vt;
+  bufs.vt_keys = cuda_quantize::padded_keys(s.Sk);
+  bufs.q_scale = floats(layout.q_scale);
+  bufs.k_scale = floats(layout.k_scale);
+  bufs.v_scale = floats(layout.v_scale);
+  bufs.k_mean = floats(layout.k_mean);
+  bufs.lse_shift = floats(layout.lse_shift);
+  bufs.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);
+  bufs.workspace = base + layout.scratch;
+  cuda_quantize::quantize_fp8(strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q"),
+                              strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k"),
+                              strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v"), opt.smooth_k, scale, bufs,
+                              stream);
+
+  // The kernel reads the contiguous codes the quantizer wrote (as in sm90_forward).
+  sm90::fwd::Fp8ForwardArgs a;
+  a.q = bufs.q;
+  a.q_stride_b = s.Sq * s.Hq * s.D, a.q_stride_s = s.Hq * s.D, a.q_stride_h = s.D;
+  a.k = bufs.k;
+  a.k_stride_b = s.Sk * s.Hkv * s.D, a.k_stride_s = s.Hkv * s.D, a.k_stride_h = s.D;
+  a.vt = bufs.vt;
+  a.vt_keys = bufs.vt_keys;
+  a.q_scale = bufs.q_scale, a.k_scale = bufs.k_scale, a.v_scale = bufs.v_scale;
+  a.lse_shift = opt.smooth_k ? bufs.lse_shift : nullptr;
+  a.o = args.o;
+  a.o_stride_b = args.o_stride_b, a.o_stride_s = args.o_stride_s, a.o_stride_h = args.o_stride_h;
+  a.lse = args.lse;
+  a.B = static_cast<int>(s.B), a.Hq = static_cast<int>(s.Hq), a.Hkv = static_cast<int>(s.Hkv);
+  a.Sq = static_cast<int>(s.Sq), a.Sk = static_cast<int>(s.Sk), a.D = static_cast<int>(s.D);
+  a.softmax_scale = scale;
+  a.mask = opt.mask;
+  a.p_code = opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt;
+  sm90::fwd::forward_fp8(a, stream);
+}
+
+}  // namespace fp4attn::dispatch
+
+#endif  // FP4ATTN_HAS_CUDA
