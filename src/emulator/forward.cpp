@@ -7,6 +7,7 @@
 //   m_new = max(m, max_j s·c)  c = softmax scale · log2 e (· the Q, K factors, as the kernel folds them)
 //   u = s·c − m_new, P = codes of u (Direct-P or exp2 + quantizer)
 //   l = l·alpha + Σ P,  O = O·alpha + P·V,  alpha = 2^(m − m_new)
+// (on sm90 FP8, Σ P is a column of ones in the same tensor-core product as P·V)
 // and the epilogue divides by l, applies V's per-channel factors and rounds O
 // to bf16. Every rounding rule comes from formats.hpp / direct_p.hpp, the
 // functions the CUDA kernels call.
@@ -63,11 +64,15 @@ struct TileScratch {
         p(static_cast<std::size_t>(block_k)),
         p_block(static_cast<std::size_t>(block_k / kMxfp4Block + 1)),
         p_exponents(static_cast<std::size_t>(kFp8MmaK)),
+        ones(static_cast<std::size_t>(kFp8MmaK), 1.0f),
+        ones_exponents(static_cast<std::size_t>(kFp8MmaK)),
         mma_scratch(static_cast<std::size_t>(2 * D)),
         o_tile(static_cast<std::size_t>(D)),
         o_acc(static_cast<std::size_t>(block_q * D)),
         m(static_cast<std::size_t>(block_q)),
-        l(static_cast<std::size_t>(block_q)) {}
+        l(static_cast<std::size_t>(block_q)) {
+    e4m3_exponents(ones.data(), kFp8MmaK, ones_exponents.data());
+  }
 
   KeyTile keys;
   std::vector<float> partial;    // (D): one 32-key block's partial P·V sums
@@ -76,6 +81,8 @@ struct TileScratch {
   std::vector<float> p;          // (block_k) P values
   std::vector<float> p_block;    // (block_k / 32) P block factors
   std::vector<float> p_exponents;  // (32) one k32 step's P exponents, for the FP8 wgmma model
+  std::vector<float> ones, ones_exponents;  // (32) the ones column of the kernel's Vᵀ and its exponents
+  float l_tile = 0.0f;             // one row's Σ P for this tile, as the FP8 wgmma model adds it
   std::vector<float> mma_scratch;  // (2 · D) scratch of fp8_mma_step
   std::vector<float> o_tile;     // (D) one row's P·V for this tile
   std::vector<float> o_acc;      // (block_q, D)
@@ -85,7 +92,9 @@ struct TileScratch {
 // The kernel's P·V for one tile: a fresh accumulator, then one wgmma k32 step
 // per 32 keys. The kernel feeds each group's keys in the order of the
 // quantizer's Vᵀ permutation; the fused sum of a step does not depend on the
-// order of its 32 products, so key order serves as well.
+// order of its 32 products, so key order serves as well. The kernel's B
+// operand carries a column of ones after V's D columns: l_tile is that
+// column's result, Σ P summed by the same model.
 void fp8_mma_pv_row(const Problem& pb, std::int64_t b, std::int64_t hkv, std::int64_t j0, std::int64_t kn,
                     TileScratch& t) {
   const VOperand& v = pb.v;
@@ -96,6 +105,8 @@ void fp8_mma_pv_row(const Problem& pb, std::int64_t b, std::int64_t hkv, std::in
     const std::int64_t first = v.values_of(b, hkv, j0 + k0) - v.values.data();
     fp8_mma_step(&t.p[k0], t.p_exponents.data(), &v.values[first], &pb.v_exponents[first], D, terms, D,
                  t.o_tile.data(), t.mma_scratch.data());
+    fp8_mma_step(&t.p[k0], t.p_exponents.data(), t.ones.data(), t.ones_exponents.data(), 1, terms, 1, &t.l_tile,
+                 t.mma_scratch.data());
   }
 }
 
@@ -104,6 +115,7 @@ void pv_row(const Problem& pb, std::int64_t b, std::int64_t hkv, std::int64_t j0
   const VOperand& v = pb.v;
   const std::int64_t D = v.D;
   std::fill(t.o_tile.begin(), t.o_tile.end(), 0.0f);
+  t.l_tile = 0.0f;
   if (pb.fp8_mma) return fp8_mma_pv_row(pb, b, hkv, j0, kn, t);
   // Block-scaled V (MXFP4 on sm100) sums 32 keys at a time, then applies
   // 2^(Ep + Ev); every other operand is one block spanning the tile.
@@ -160,12 +172,13 @@ void run_query_tile(const Problem& pb, std::int64_t item, TileScratch& t, Forwar
                                       std::span<float>(t.p_block));
       pv_row(pb, b, hkv, j0, kn, t);
       float* o = &t.o_acc[r * D];
-      if (pb.fp8_mma) {  // the kernel's one FFMA: O·alpha + tile
+      if (pb.fp8_mma) {  // the kernel's one FFMA: O·alpha + tile, l·alpha + the tensor core's Σ P
         for (std::int64_t d = 0; d < D; ++d) o[d] = std::fma(o[d], alpha, t.o_tile[d] * p.row_factor);
+        t.l[r] = std::fma(t.l[r], alpha, t.l_tile * p.row_factor);
       } else {
         for (std::int64_t d = 0; d < D; ++d) o[d] = o[d] * alpha + t.o_tile[d] * p.row_factor;
+        t.l[r] = t.l[r] * alpha + p.sum;
       }
-      t.l[r] = t.l[r] * alpha + p.sum;
       t.m[r] = m_new;
     }
   }

@@ -40,12 +40,20 @@ struct Fp8Config {
   static constexpr int kQConsumerBytes = kRowsPerConsumer * HeadDim;
   static constexpr int kKBytes = kBlockK * HeadDim;
   static constexpr int kVBytes = HeadDim * kBlockK;
+  // Eight rows of E4M3 ones follow each Vᵀ tile: PV runs with N = D + 8 and
+  // its last eight columns are the row sums of P, summed by the tensor core
+  // (no decode of P on the CUDA cores). Written once; TMA never touches them.
+  static constexpr int kOnesRows = 8;
+  static constexpr int kOnesBytes = kOnesRows * kBlockK;
+  static constexpr int kVStageBytes = kVBytes + kOnesBytes;
+  static constexpr int kPvN = HeadDim + kOnesRows;
   // Stages of the K/V ring. Each tensor-core turn of a consumer reads two
   // tiles (V of tile n − 1 for PV, K of tile n for QKᵀ), so two more stages
   // keep loads landing about two tiles ahead of use.
   static constexpr int kStages = 4;
   static constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 B
-  static_assert(kQConsumerBytes % kSwizzleAlign == 0 && kKBytes % kSwizzleAlign == 0 && kVBytes % kSwizzleAlign == 0,
+  static_assert(kQConsumerBytes % kSwizzleAlign == 0 && kKBytes % kSwizzleAlign == 0 &&
+                    kVStageBytes % kSwizzleAlign == 0 && kOnesBytes == kSwizzleAlign,
                 "every tile must start on a swizzle-pattern boundary");
 
   // wgmma k32 steps: QKᵀ reduces over D, PV over the 128 keys of a tile.
@@ -54,9 +62,10 @@ struct Fp8Config {
   // fp32 accumulator registers per thread: 64 rows × N columns over 128 threads.
   static constexpr int kSRegs = kRowsPerConsumer * kBlockK / kWarpgroupThreads;
   static constexpr int kORegs = kRowsPerConsumer * HeadDim / kWarpgroupThreads;
+  static constexpr int kPvRegs = kRowsPerConsumer * kPvN / kWarpgroupThreads;  // O's columns, then the row sums
 
   // setmaxnreg split: the producer only issues TMA; a consumer holds, at its
-  // peak, O, the PV tile in flight, S and P: at D = 128 that is 64 + 64 + 64
+  // peak, O, the PV tile in flight, S and P: at D = 128 that is 64 + 68 + 64
   // + 16 registers before addresses and softmax state (see NOTES.md for why
   // this keeps softmax from overlapping the consumer's own products).
   static constexpr int kProducerRegs = 24;
@@ -79,7 +88,7 @@ template <class Cfg>
 struct alignas(Cfg::kSwizzleAlign) SharedStorage {
   std::uint8_t q[Cfg::kQBytes];
   std::uint8_t k[Cfg::kStages][Cfg::kKBytes];
-  std::uint8_t v[Cfg::kStages][Cfg::kVBytes];
+  std::uint8_t v[Cfg::kStages][Cfg::kVStageBytes];  // Vᵀ tile, then kOnesRows rows of ones
   std::uint64_t q_full;
   std::uint64_t kv_full[Cfg::kStages];
   std::uint64_t kv_empty[Cfg::kStages];

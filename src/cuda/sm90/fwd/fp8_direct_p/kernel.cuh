@@ -9,16 +9,17 @@
 //   consumer warpgroups 0 and 1 (rows 64c .. 64c + 63, 240 registers)
 //     turn 0: S₀ = Q·K₀ᵀ, then softmax(S₀) → P₀
 //     turn n = 1 .. N − 1, when the other consumer has issued its products:
-//       PVₙ₋₁ = Pₙ₋₁·Vₙ₋₁   wgmma m64nDk32 into a fresh fp32 tile, P the A
-//                            operand from registers
+//       PVₙ₋₁ = Pₙ₋₁·[Vₙ₋₁ | 1]  wgmma m64n(D+8)k32 into a fresh fp32 tile, P the
+//                            A operand from registers; the 8 columns of ones
+//                            give Σ Pₙ₋₁ per row (the tensor core sums P)
 //       Sₙ = Q·Kₙᵀ           wgmma m64n128k32, both operands in SMEM, fp32
 //       pass the turn; once PVₙ₋₁ is done, while Sₙ is still computed:
-//         O = O·2^(mₙ₋₂ − mₙ₋₁) + PVₙ₋₁ in fp32; arrive kv_empty
+//         O = O·2^(mₙ₋₂ − mₙ₋₁) + PVₙ₋₁, l = l·2^(mₙ₋₂ − mₙ₋₁) + ΣPₙ₋₁ in
+//         fp32 (one FFMA each); arrive kv_empty
 //       once Sₙ is done:
 //         Sₙ = −inf outside the mask (partial tiles, causal diagonal)
 //         m' = max(m, rowmax(Sₙ)·c)  c = q_scale·k_scale·softmax_scale·log2 e
 //         Pₙ = E4M3 code of 2^(Sₙ·c − m' + 8), by Direct-P in registers
-//         l  = l·2^(m − m') + Σ decoded Pₙ
 //     turn N: PV of the last tile, added to O the same way
 //   epilogue: O·v_scale / l → bf16, LSE = (m + log2 l − 8)·ln 2 (+ smooth_k shift)
 //
@@ -42,19 +43,10 @@
 namespace fp4attn::sm90::fwd {
 
 inline constexpr float kLn2 = 0.693147180559945309f;
-// An E4M3 code shifted left by 20 bits is a float whose value is the code's
-// value times 2^-120 (subnormal codes land on float subnormals): one shift and
-// one multiply decode it exactly.
-inline constexpr int kE4m3ToFloatShift = 20;
-inline constexpr float kE4m3ToFloatScale = 0x1p120f;
 inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
 inline constexpr int kThreadsPerRow = 4;  // lanes of a quad share an accumulator row
 
 FP4ATTN_DEVICE_INLINE float neg_inf() { return __int_as_float(0xFF800000); }
-
-FP4ATTN_DEVICE_INLINE float decode_p(std::uint32_t code) {
-  return __uint_as_float(code << kE4m3ToFloatShift) * kE4m3ToFloatScale;
-}
 
 FP4ATTN_DEVICE_INLINE void wait_barrier(std::uint64_t* bar, std::uint32_t parity) {
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
@@ -127,8 +119,8 @@ FP4ATTN_DEVICE_INLINE std::uint32_t p_code_word(float s0, float s1, float s2, fl
   }
 }
 
-// Turns the S accumulator into the A operand of the four k32 steps of O += P·V
-// and adds the decoded codes to the row sums.
+// Turns the S accumulator into the A operand of the four k32 steps of O += P·V.
+// The row sums of P come out of the same product (ones columns of PV).
 //
 // The A operand of k32 step t wants, in register 2h + r, the codes of row r at
 // k = 16h + 4·(lane%4) + {0..3}; this thread's accumulator holds row r at
@@ -138,7 +130,7 @@ FP4ATTN_DEVICE_INLINE std::uint32_t p_code_word(float s0, float s1, float s2, fl
 // of 32, so P·V sums over matching keys and P never leaves its thread.
 template <PCode kPCode, int N>
 FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], float c, const float (&m)[2],
-                                          std::uint32_t (&p)[N / 16][4], float (&l)[2]) {
+                                          std::uint32_t (&p)[N / 16][4]) {
   // N accumulator registers hold 2N keys of two rows: 2N / 32 = N / 16 k32 steps.
 #pragma unroll
   for (int t = 0; t < N / 16; ++t)
@@ -147,17 +139,8 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], float c, const fl
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = 4 * t + 2 * h;  // first of the two 8-column chunks
-        const std::uint32_t word = p_code_word<kPCode>(s[4 * j + 2 * r], s[4 * j + 2 * r + 1], s[4 * j + 4 + 2 * r],
-                                                       s[4 * j + 5 + 2 * r], c, m[r]);
-        p[t][2 * h + r] = word;
-        if constexpr (kPCode == PCode::direct_p) {
-          // Exact, like decode_p, in fewer instructions (hardware decode): Direct-P is
-          // issue-bound where the MUFU-bound baseline gains nothing from it.
-          l[r] += direct_p::fp8_decoded_sum_x4(word);
-        } else {
-#pragma unroll
-          for (int b = 0; b < 4; ++b) l[r] += decode_p((word >> (8 * b)) & 0xFFu);
-        }
+        p[t][2 * h + r] = p_code_word<kPCode>(s[4 * j + 2 * r], s[4 * j + 2 * r + 1], s[4 * j + 4 + 2 * r],
+                                              s[4 * j + 5 + 2 * r], c, m[r]);
       }
 }
 
@@ -170,21 +153,24 @@ FP4ATTN_DEVICE_INLINE void issue_qk(float (&s)[Cfg::kSRegs], std::uint64_t desc_
   for (int t = 1; t < Cfg::kQkSteps; ++t) wgmma_m64n128k32_ss(s, desc_q + t * kDescK32Step, desc_k + t * kDescK32Step);
 }
 
-// PV = P·V for one tile. The FP8 tensor core keeps only about 14 significant
-// bits while accumulating, so each tile's product starts from zero and is
-// added to O in fp32 by accumulate_o (DESIGN §3.4).
+// PV = P·[V | 1] for one tile: B has the D rows of Vᵀ and, right after them
+// (the next 8-row group of the descriptor), kOnesRows rows of ones, so
+// columns D .. D + 7 of the result are the row sums of P as the tensor core
+// adds them (the emulator models l the same way). The FP8 tensor core keeps
+// only about 14 significant bits while accumulating, so each tile's product
+// starts from zero and is added to O and l in fp32 by accumulate_o (DESIGN §3.4).
 template <class Cfg>
-FP4ATTN_DEVICE_INLINE void issue_pv(float (&pv)[Cfg::kORegs], const std::uint32_t (&p)[Cfg::kPvSteps][4],
+FP4ATTN_DEVICE_INLINE void issue_pv(float (&pv)[Cfg::kPvRegs], const std::uint32_t (&p)[Cfg::kPvSteps][4],
                                     const std::uint8_t* v_tile) {
   const std::uint64_t desc_v = make_kmajor_desc<Cfg::kVSwizzle>(v_tile);
   if constexpr (Cfg::kHeadDim == 128) {
-    wgmma_m64n128k32_rs_init(pv, p[0], desc_v);
+    wgmma_m64n136k32_rs_init(pv, p[0], desc_v);
 #pragma unroll
-    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n128k32_rs(pv, p[t], desc_v + t * kDescK32Step);
+    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n136k32_rs(pv, p[t], desc_v + t * kDescK32Step);
   } else {
-    wgmma_m64n64k32_rs_init(pv, p[0], desc_v);
+    wgmma_m64n72k32_rs_init(pv, p[0], desc_v);
 #pragma unroll
-    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n64k32_rs(pv, p[t], desc_v + t * kDescK32Step);
+    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n72k32_rs(pv, p[t], desc_v + t * kDescK32Step);
   }
 }
 
@@ -202,30 +188,37 @@ FP4ATTN_DEVICE_INLINE void fence_p(std::uint32_t (&p)[T][4]) {
 // (PV being the older group, it is then complete) and hands the registers PV
 // read (P) and wrote to ordinary instructions again.
 template <int kPending, class Cfg>
-FP4ATTN_DEVICE_INLINE void wait_pv(float (&pv)[Cfg::kORegs], std::uint32_t (&p)[Cfg::kPvSteps][4]) {
+FP4ATTN_DEVICE_INLINE void wait_pv(float (&pv)[Cfg::kPvRegs], std::uint32_t (&p)[Cfg::kPvSteps][4]) {
   wgmma_wait<kPending>();
   fence_registers(pv);
   fence_p(p);
 }
 
-// O = O·alpha + PV in fp32; the rescale by alpha rides on the adding FFMA.
-template <int N>
-FP4ATTN_DEVICE_INLINE void accumulate_o(float (&o)[N], const float (&alpha)[2], const float (&pv)[N]) {
+// O = O·alpha + PV and l = l·alpha + Σ P in fp32; the rescale by alpha rides
+// on the adding FFMA. Element 2r of the first ones column (column N of PV)
+// holds row r's sum over the whole tile in every lane of the quad, so l is
+// the full row sum in each of them.
+template <int N, int NPv>
+FP4ATTN_DEVICE_INLINE void accumulate_o(float (&o)[N], float (&l)[2], const float (&alpha)[2],
+                                        const float (&pv)[NPv]) {
+  static_assert(NPv == N + 4, "PV holds O's columns, then one 8-column group of row sums");
 #pragma unroll
   for (int j = 0; j < N / 4; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int e = 0; e < 2; ++e) o[4 * j + 2 * r + e] = fmaf(o[4 * j + 2 * r + e], alpha[r], pv[4 * j + 2 * r + e]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], pv[N + 2 * r]);
 }
 
 // Online softmax of one consumer's two rows per thread, in the log2 domain.
 struct OnlineSoftmax {
   float m[2] = {neg_inf(), neg_inf()};  // running max of S·c
-  float l[2] = {0.0f, 0.0f};            // this thread's share of the row sums
+  float l[2] = {0.0f, 0.0f};            // row sums of P (whole rows; see accumulate_o)
 
   // Folds one tile of scores in: P into the A operand of PV, and alpha =
-  // 2^(m_old − m_new), the rescale of O that goes with this tile's PV. A row
+  // 2^(m_old − m_new), the rescale of O and l that goes with this tile's PV. A row
   // with nothing visible yet keeps m = −inf and subtracts 0 in its place, so
   // that no −inf − (−inf) appears.
   template <PCode kPCode, int N>
@@ -239,9 +232,8 @@ struct OnlineSoftmax {
       m_use[r] = m_new == neg_inf() ? 0.0f : m_new;
       alpha[r] = exp2f(m[r] - m_use[r]);
       m[r] = m_new;
-      l[r] *= alpha[r];
     }
-    pack_p_operand<kPCode>(s, c, m_use, p, l);
+    pack_p_operand<kPCode>(s, c, m_use, p);
   }
 };
 
@@ -295,6 +287,12 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
+  // The ones rows after every Vᵀ stage (E4M3 1.0 = 0x38), made visible to
+  // the tensor core's async proxy before any wgmma reads them.
+  constexpr int kOnesWords = Cfg::kOnesBytes / 4;
+  for (int i = threadIdx.x; i < Cfg::kStages * kOnesWords; i += Cfg::kThreads)
+    reinterpret_cast<std::uint32_t*>(smem.v[i / kOnesWords] + Cfg::kVBytes)[i % kOnesWords] = 0x38383838u;
+  cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   __syncthreads();
 
   if (wg == 0) {
@@ -350,7 +348,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   if (k_tiles > 0) {
     const TurnOrder<Cfg::kConsumers> turn{consumer};
     float s[Cfg::kSRegs];
-    float pv[Cfg::kORegs];
+    float pv[Cfg::kPvRegs];
     std::uint32_t p[Cfg::kPvSteps][4];  // P of the tile whose PV is issued next
     float alpha[2];                     // the rescale of O that goes with that PV
     turn.open_first();
@@ -372,9 +370,9 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     // Turn n: PV of tile n − 1, then S of tile n. O takes in PV while S is
     // still computed; the softmax of tile n runs while the other consumer's
     // products occupy the tensor core. Nothing of this warpgroup is in flight
-    // during softmax: with PV promoted to fp32 per tile, O, PV, S and P
-    // already fill the 240 registers, and ptxas serializes all wgmmas when
-    // registers of an in-flight product would be needed.
+    // during softmax: with PV promoted to fp32 per tile, O, PV (with the row
+    // sums), S and P already fill the 240 registers, and ptxas serializes all
+    // wgmmas when registers of an in-flight product would be needed.
     for (int n = 1; n < k_tiles; ++n) {
       const int stage = n % Cfg::kStages, prev = (n - 1) % Cfg::kStages;
       c = q_scale * k_scale[n] * scale_log2;
@@ -388,7 +386,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
       wgmma_commit();
       turn.pass(false);
       wait_pv<1, Cfg>(pv, p);  // PV is complete; S may still be running
-      accumulate_o(o, alpha, pv);
+      accumulate_o(o, softmax.l, alpha, pv);
       cuda::ptx::mbarrier_arrive(&smem.kv_empty[prev]);
       wgmma_wait<0>();
       fence_registers(s);
@@ -404,7 +402,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     wgmma_commit();
     turn.pass(true);
     wait_pv<0, Cfg>(pv, p);
-    accumulate_o(o, alpha, pv);
+    accumulate_o(o, softmax.l, alpha, pv);
   }
 
   // ---- epilogue: O = O·v_scale / l in bf16; LSE in natural log
@@ -415,9 +413,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float row_sum = softmax.l[r];
-    row_sum += __shfl_xor_sync(kFullWarp, row_sum, 1);
-    row_sum += __shfl_xor_sync(kFullWarp, row_sum, 2);
+    const float row_sum = softmax.l[r];
     if (row_abs[r] >= args.Sq) continue;
     const bool empty = row_sum == 0.0f;  // fully masked row: O = 0, LSE = −inf
     const float inv_sum = empty ? 0.0f : 1.0f / row_sum;
