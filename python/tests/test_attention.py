@@ -101,7 +101,7 @@ def test_smooth_k_keeps_the_true_lse(rng, recipe):
     # With a large common key offset, smooth_k shifts every score row by
     # scale·q·k̄; the returned LSE must add it back. Without that the two LSEs
     # would differ by |scale·q·k̄|, several units here.
-    gap_bound = {"fp8": 0.13, "mxfp4": 0.7, "nvfp4": 0.55, "mxfp4_train": 0.85}[recipe]  # 2x the worst of 8 seeds
+    gap_bound = {"fp8": 0.14, "mxfp4": 0.7, "nvfp4": 0.55, "mxfp4_train": 0.85}[recipe]  # 2x the worst of 8 seeds
     q, k, v = make_qkv(rng, 1, 48, 80, 2, 2, 64, k_offset=3.0)
     o_on, lse_on = fp4attn.attention(q, k, v, recipe=recipe, smooth_k=True, return_lse=True)
     o_off, lse_off = fp4attn.attention(q, k, v, recipe=recipe, smooth_k=False, return_lse=True)
