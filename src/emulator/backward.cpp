@@ -208,9 +208,9 @@ BackwardResult backward(const AttentionShape& shape, std::span<const float> q, s
   check_problem(shape, opt);
   if (!spec_of(opt.recipe).has_backward)
     throw Error("recipe", std::string(to_string(opt.recipe)) + " is inference only: no backward (use fp8 or mxfp4_train)");
-  check_size(o.size(), shape.q_elems(), "o");
-  check_size(d_o.size(), shape.q_elems(), "d_o");
-  check_size(lse.size(), shape.lse_elems(), "lse");
+  check_element_count(o.size(), shape.q_elems(), "o");
+  check_element_count(d_o.size(), shape.q_elems(), "d_o");
+  check_element_count(lse.size(), shape.lse_elems(), "lse");
   require_finite(d_o, "d_o");
 
   const QuantizedInputs in = quantize_inputs(shape, q, k, v, opt);

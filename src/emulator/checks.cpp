@@ -21,8 +21,4 @@ void check_problem(const AttentionShape& shape, const AttentionOptions& opt) {
     throw Error("softmax_scale", "must be finite and non-negative (0 means 1/sqrt(D))");
 }
 
-void check_size(std::size_t actual, std::int64_t expected, const char* name) {
-  check_element_count(actual, expected, name);
-}
-
 }  // namespace fp4attn::emulator

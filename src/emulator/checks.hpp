@@ -3,7 +3,6 @@
 // direct callers (tests, tools) from indexing out of bounds.
 #pragma once
 
-#include <cstddef>
 
 #include "fp4attn/recipe.hpp"
 #include "fp4attn/tensor.hpp"
@@ -12,6 +11,5 @@ namespace fp4attn::emulator {
 
 // Throws fp4attn::Error naming the offending argument.
 void check_problem(const AttentionShape& shape, const AttentionOptions& opt);
-void check_size(std::size_t actual, std::int64_t expected, const char* name);
 
 }  // namespace fp4attn::emulator

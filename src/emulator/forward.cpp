@@ -206,9 +206,9 @@ void run_query_tile(const Problem& pb, std::int64_t item, TileScratch& t, Forwar
 QuantizedInputs quantize_inputs(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                                 std::span<const float> v, const AttentionOptions& opt) {
   check_problem(shape, opt);
-  check_size(q.size(), shape.q_elems(), "q");
-  check_size(k.size(), shape.kv_elems(), "k");
-  check_size(v.size(), shape.kv_elems(), "v");
+  check_element_count(q.size(), shape.q_elems(), "q");
+  check_element_count(k.size(), shape.kv_elems(), "k");
+  check_element_count(v.size(), shape.kv_elems(), "v");
   const RecipeSpec spec = spec_of(opt.recipe);
   QuantizeOptions qo;
   qo.mx_scale_rule = opt.mx_scale_rule;
@@ -236,7 +236,7 @@ ForwardResult forward(const AttentionShape& shape, const QuantizedInputs& in, co
   check_quantized(in.q, shape.B, shape.Sq, shape.Hq, shape.D, spec.qk, "q");
   check_quantized(in.k, shape.B, shape.Sk, shape.Hkv, shape.D, spec.qk, "k");
   check_quantized(in.v, shape.B, shape.Sk, shape.Hkv, shape.D, spec.v, "v");
-  if (!in.k_mean.empty()) check_size(in.k_mean.size(), shape.B * shape.Hkv * shape.D, "k_mean");
+  if (!in.k_mean.empty()) check_element_count(in.k_mean.size(), shape.B * shape.Hkv * shape.D, "k_mean");
 
   Problem pb;
   pb.shape = shape;
