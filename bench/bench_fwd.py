@@ -14,14 +14,13 @@ import argparse
 import ctypes
 import datetime
 import json
-import math
 import os
-import statistics
-import subprocess
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from capi_lib import check, load_lib, time_ms
 
 L2_BYTES = 60 * 2**20
 TOKENS = 32768  # B·S of the standard grid
@@ -31,42 +30,8 @@ DTYPE_BF16 = 2  # fp4attn_quantize's code for bf16
 INPUT_SETS = 2
 
 
-def load_lib(path):
-    lib = ctypes.CDLL(path)
-    lib.fp4attn_last_error.restype = ctypes.c_char_p
-    lib.fp4attn_plan_create.restype = ctypes.c_void_p
-    lib.fp4attn_plan_create.argtypes = [ctypes.c_int] * 9 + [ctypes.c_float]
-    lib.fp4attn_plan_destroy.argtypes = [ctypes.c_void_p]
-    lib.fp4attn_plan_set_direct_p.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    ll3 = ctypes.c_longlong * 3
-    lib.fp4attn_quantize.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ll3, ll3, ll3, ctypes.c_void_p]
-    lib.fp4attn_check_finite.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.fp4attn_attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ll3, ctypes.c_void_p, ctypes.c_void_p]
-    return lib, ll3
-
-
-def check(lib, rc):
-    if rc != 0:
-        raise RuntimeError(lib.fp4attn_last_error().decode())
-
-
 def bshd_strides(ll3, t):
     return ll3(t.stride(0), t.stride(1), t.stride(2))
-
-
-def time_ms(fn, reps, warmup):
-    for i in range(warmup):
-        fn(i)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def flops(B, H, S, D, causal):
@@ -140,6 +105,7 @@ def main():
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     gpu = torch.cuda.get_device_name()

@@ -16,9 +16,10 @@ import ctypes
 import datetime
 import json
 import os
-import statistics
 
 import torch
+
+from capi_lib import check, load_lib, time_ms
 
 TOKENS = 32768           # B·S, as the forward grid
 L2_BYTES = 60 * 2**20
@@ -29,39 +30,6 @@ COPY_BYTES = 2**30       # device-to-device copy for the bandwidth ceiling
 NOMINAL_COPY_TBPS = 4.3  # H200 copy measured here before (read + write)
 DEFAULT = (-1, 0)        # (lag_chunks, ctas_per_sm): the library's choice
 ALL_STATS_FIRST = 1 << 30  # a lag past every chunk: statistics pass, then quantize pass
-
-
-def load_lib(path):
-    lib = ctypes.CDLL(path)
-    lib.fp4attn_last_error.restype = ctypes.c_char_p
-    lib.fp4attn_plan_create.restype = ctypes.c_void_p
-    lib.fp4attn_plan_create.argtypes = [ctypes.c_int] * 9 + [ctypes.c_float]
-    lib.fp4attn_plan_destroy.argtypes = [ctypes.c_void_p]
-    lib.fp4attn_plan_set_quantize_schedule.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    ll3 = ctypes.c_longlong * 3
-    lib.fp4attn_quantize.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ll3, ll3, ll3, ctypes.c_void_p]
-    lib.fp4attn_check_finite.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    return lib, ll3
-
-
-def check(lib, rc):
-    if rc != 0:
-        raise RuntimeError(lib.fp4attn_last_error().decode())
-
-
-def time_ms(fn, reps, warmup):
-    for i in range(warmup):
-        fn(i)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def required_bytes(B, S, H, D, smooth_k):
@@ -95,6 +63,7 @@ def main():
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)

@@ -1,0 +1,44 @@
+"""What the benchmark drivers share: the ctypes binding of libfp4attn_capi.so
+and the CUDA-event timer (warm-up, then the median of the timed runs)."""
+import ctypes
+import statistics
+
+import torch
+
+
+def load_lib(path):
+    """Loads the C ABI and declares every entry point's signature; returns (lib, ll3)
+    where ll3 is the ctypes type of a (B, S, H) stride triple."""
+    lib = ctypes.CDLL(path)
+    lib.fp4attn_last_error.restype = ctypes.c_char_p
+    lib.fp4attn_plan_create.restype = ctypes.c_void_p
+    lib.fp4attn_plan_create.argtypes = [ctypes.c_int] * 9 + [ctypes.c_float]
+    lib.fp4attn_plan_destroy.argtypes = [ctypes.c_void_p]
+    lib.fp4attn_plan_set_direct_p.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.fp4attn_plan_set_quantize_schedule.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    ll3 = ctypes.c_longlong * 3
+    lib.fp4attn_quantize.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ll3, ll3, ll3, ctypes.c_void_p]
+    lib.fp4attn_check_finite.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.fp4attn_attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ll3, ctypes.c_void_p, ctypes.c_void_p]
+    return lib, ll3
+
+
+def check(lib, rc):
+    if rc != 0:
+        raise RuntimeError(lib.fp4attn_last_error().decode())
+
+
+def time_ms(fn, reps, warmup):
+    """Median milliseconds of fn(i) over reps runs, each between two CUDA events."""
+    for i in range(warmup):
+        fn(i)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
