@@ -92,6 +92,35 @@ double ms_of(const Sm90Benchmark& bench, TimedOp op, bool direct_p) {
   return 0.0;
 }
 
+}  // namespace
+
+AttentionShape grid_shape(std::int64_t S, std::int64_t D) {
+  const std::int64_t heads = D == kSmallHeadDim ? kHeadsAtD64 : kHeadsAtD128;
+  return {.B = std::max<std::int64_t>(1, kGridTokens / S), .Hq = heads, .Hkv = heads, .Sq = S, .Sk = S, .D = D};
+}
+
+void print_sm90_benchmark(const AttentionShape& shape, const BenchOptions& timing, const Sm90Benchmark& result) {
+  const double flops = forward_flops(shape, timing.mask);
+  std::printf("%s: B=%lld H=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld %s, recipe fp8\n", result.gpu.c_str(),
+              static_cast<long long>(shape.B), static_cast<long long>(shape.Hq), static_cast<long long>(shape.Hkv),
+              static_cast<long long>(shape.Sq), static_cast<long long>(shape.Sk), static_cast<long long>(shape.D),
+              timing.mask == MaskKind::none ? "noncausal" : "causal");
+  std::printf("CUDA events, median of %d runs after %d warm-up; %d input sets rotated (%.0f MB of E4M3 operands)\n",
+              timing.reps, timing.warmup, result.input_sets, result.rotated_bytes / kBytesPerMegabyte);
+  std::printf("%-8s %-8s %10s %10s\n", "op", "direct_p", "ms", "TFLOP/s");
+  for (const Timing& t : result.timings)
+    std::printf("%-8s %-8s %10.4f %10.1f\n", to_string(t.op).data(), t.direct_p ? "on" : "off", t.ms,
+                flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop);
+  // Same work either way, so the speed-up is the ratio of times.
+  std::printf("Direct-P on vs off: fwd x%.3f, fwd_e2e x%.3f\n",
+              ms_of(result, TimedOp::fwd, false) / ms_of(result, TimedOp::fwd, true),
+              ms_of(result, TimedOp::fwd_e2e, false) / ms_of(result, TimedOp::fwd_e2e, true));
+  std::printf("cuDNN BF16 and FA2 BF16 comparisons come from bench/bench_fwd.py (PyTorch, same process); "
+              "this CLI has no PyTorch\n");
+}
+
+namespace {
+
 void bench(CLI::App& cmd, BenchArgs& args, const std::string& command_line) {
   const AttentionShape shape = resolve_shape(cmd, args);
   args.timing.mask = args.causal ? MaskKind::causal : MaskKind::none;
@@ -103,23 +132,8 @@ void bench(CLI::App& cmd, BenchArgs& args, const std::string& command_line) {
   const auto rename = [s_given](const std::string& argument) { return flag_of(argument, s_given); };
   with_flag_names(rename, [&] { result = benchmark_sm90(shape, args.timing); });
 
+  print_sm90_benchmark(shape, args.timing, result);
   const double flops = forward_flops(shape, args.timing.mask);
-  std::printf("%s: B=%lld H=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld %s, recipe fp8\n", result.gpu.c_str(),
-              static_cast<long long>(shape.B), static_cast<long long>(shape.Hq), static_cast<long long>(shape.Hkv),
-              static_cast<long long>(shape.Sq), static_cast<long long>(shape.Sk), static_cast<long long>(shape.D),
-              args.causal ? "causal" : "noncausal");
-  std::printf("CUDA events, median of %d runs after %d warm-up; %d input sets rotated (%.0f MB of E4M3 operands)\n",
-              args.timing.reps, args.timing.warmup, result.input_sets, result.rotated_bytes / kBytesPerMegabyte);
-  std::printf("%-8s %-8s %10s %10s\n", "op", "direct_p", "ms", "TFLOP/s");
-  for (const Timing& t : result.timings)
-    std::printf("%-8s %-8s %10.4f %10.1f\n", to_string(t.op).data(), t.direct_p ? "on" : "off", t.ms,
-                flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop);
-  // Same work either way, so the speed-up is the ratio of times.
-  std::printf("Direct-P on vs off: fwd x%.3f, fwd_e2e x%.3f\n",
-              ms_of(result, TimedOp::fwd, false) / ms_of(result, TimedOp::fwd, true),
-              ms_of(result, TimedOp::fwd_e2e, false) / ms_of(result, TimedOp::fwd_e2e, true));
-  std::printf("cuDNN BF16 and FA2 BF16 comparisons come from bench/bench_fwd.py (PyTorch, same process); "
-              "this CLI has no PyTorch\n");
   if (!args.json.empty()) write_json(to_json(shape, args, result, flops, command_line), args.json, "--json");
 }
 

@@ -1,5 +1,6 @@
 // `fp4attn run`: the default problem through every recipe, Direct-P on and off.
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 
 #include "commands.hpp"
@@ -15,6 +16,10 @@ constexpr AttentionShape kDefaultShape{.B = 1, .Hq = 4, .Hkv = 4, .Sq = 1024, .S
 // --quick: a seconds-long smoke run (CI, tests).
 constexpr AttentionShape kQuickShape{.B = 1, .Hq = 2, .Hkv = 2, .Sq = 256, .Sk = 256, .D = 64};
 constexpr std::uint64_t kDefaultSeed = 20261129;
+// Throughput is timed on the DESIGN §8 headline point, where the GPU is full;
+// the accuracy problem above is too small to say anything about speed.
+constexpr std::int64_t kThroughputS = 8192;
+constexpr std::int64_t kThroughputD = 128;
 
 struct RunArgs {
   AttentionShape shape = kDefaultShape;
@@ -53,6 +58,13 @@ void run(CLI::App& cmd, const RunArgs& args, const std::string& command_line) {
     validate(shape, opt);  // before allocating inputs of an absurd shape
     report(make_synthetic(shape, mask, args.seed), settings, args.common, command_line);
   });
+  if (!args.quick && sm90_available()) {
+    const AttentionShape grid = grid_shape(kThroughputS, kThroughputD);
+    BenchOptions timing;
+    timing.mask = mask;
+    std::printf("\nThroughput of the sm90 fp8 kernel (`fp4attn bench` times other shapes):\n");
+    print_sm90_benchmark(grid, timing, benchmark_sm90(grid, timing));
+  }
 }
 
 }  // namespace

@@ -18,6 +18,13 @@ void add_accuracy_command(CLI::App& app, const std::string& command_line);
 void add_info_command(CLI::App& app);
 void add_bench_command(CLI::App& app, const std::string& command_line);
 
+// The DESIGN §8 grid point for sequence length S and head dim D (B·S = 32k
+// tokens; 16 heads at D = 128, 32 at D = 64).
+AttentionShape grid_shape(std::int64_t S, std::int64_t D);
+// Prints an sm90 timing as `fp4attn bench` does: ms and TFLOP/s per op, and
+// Direct-P's speed-up.
+void print_sm90_benchmark(const AttentionShape& shape, const BenchOptions& timing, const Sm90Benchmark& result);
+
 // Options both `run` and `accuracy` take.
 struct CommonArgs {
   bool causal = false;
