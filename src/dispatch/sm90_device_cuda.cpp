@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cuda/quantize/quantize_fp8.hpp"
+#include "cuda/sm90/fwd/fp8_operands.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
@@ -119,23 +120,11 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
                               stream);
 
   // The kernel reads the contiguous codes the quantizer wrote (as in sm90_forward).
-  sm90::fwd::Fp8ForwardArgs a;
-  a.q = bufs.q;
-  a.q_stride_b = s.Sq * s.Hq * s.D, a.q_stride_s = s.Hq * s.D, a.q_stride_h = s.D;
-  a.k = bufs.k;
-  a.k_stride_b = s.Sk * s.Hkv * s.D, a.k_stride_s = s.Hkv * s.D, a.k_stride_h = s.D;
-  a.vt = bufs.vt;
-  a.vt_keys = bufs.vt_keys;
-  a.q_scale = bufs.q_scale, a.k_scale = bufs.k_scale, a.v_scale = bufs.v_scale;
-  a.lse_shift = opt.smooth_k ? bufs.lse_shift : nullptr;
+  sm90::fwd::Fp8ForwardArgs a = sm90::fwd::contiguous_forward_args(
+      s, bufs, opt.mask, opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt, scale, opt.smooth_k);
   a.o = args.o;
   a.o_stride_b = args.o_stride_b, a.o_stride_s = args.o_stride_s, a.o_stride_h = args.o_stride_h;
   a.lse = args.lse;
-  a.B = static_cast<int>(s.B), a.Hq = static_cast<int>(s.Hq), a.Hkv = static_cast<int>(s.Hkv);
-  a.Sq = static_cast<int>(s.Sq), a.Sk = static_cast<int>(s.Sk), a.D = static_cast<int>(s.D);
-  a.softmax_scale = scale;
-  a.mask = opt.mask;
-  a.p_code = opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt;
   sm90::fwd::forward_fp8(a, stream);
 }
 

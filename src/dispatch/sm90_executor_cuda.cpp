@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/quantize/quantize_fp8.hpp"
+#include "cuda/sm90/fwd/fp8_operands.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/error.hpp"
@@ -17,7 +18,6 @@ namespace {
 
 constexpr int kHopperMajor = 9;
 constexpr int kHopperMinor = 0;
-constexpr int kNonfiniteFlags = 3;
 
 void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
@@ -81,18 +81,8 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
   upload(dq, q, stream);
   upload(dk, k, stream);
   upload(dv, v, stream);
-  const std::int64_t vt_keys = cuda_quantize::padded_keys(shape.Sk);
-  const std::int64_t q_blocks = (shape.Sq + cuda_quantize::kTokenBlock - 1) / cuda_quantize::kTokenBlock;
-  const std::int64_t k_blocks = (shape.Sk + cuda_quantize::kTokenBlock - 1) / cuda_quantize::kTokenBlock;
-  DeviceBuffer<std::uint8_t> q8(shape.q_elems()), k8(shape.kv_elems()),
-      vt(static_cast<std::size_t>(shape.B * shape.Hkv * shape.D * vt_keys));
-  DeviceBuffer<float> q_scale(shape.B * shape.Hq * q_blocks), k_scale(shape.B * shape.Hkv * k_blocks),
-      v_scale(shape.B * shape.Hkv * shape.D), k_mean(shape.B * shape.Hkv * shape.D), lse_shift(shape.lse_elems());
-  DeviceBuffer<int> flags(kNonfiniteFlags);
-  check(cudaMemsetAsync(flags.get(), 0, flags.bytes(), stream), "cudaMemsetAsync");
-
-  const cuda_quantize::Fp8Buffers bufs{q8.get(),    q_scale.get(), k8.get(),        k_scale.get(), vt.get(),
-                                       v_scale.get(), k_mean.get(), lse_shift.get(), vt_keys,       flags.get()};
+  const sm90::fwd::Fp8Operands operands(shape);
+  const cuda_quantize::Fp8Buffers& bufs = operands.buffers();
   cuda_quantize::quantize_fp8(contiguous(dq.get(), shape.B, shape.Sq, shape.Hq, shape.D),
                               contiguous(dk.get(), shape.B, shape.Sk, shape.Hkv, shape.D),
                               contiguous(dv.get(), shape.B, shape.Sk, shape.Hkv, shape.D), opt.smooth_k, scale, bufs,
@@ -101,23 +91,11 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
 
   DeviceBuffer<std::uint16_t> o(shape.q_elems());
   DeviceBuffer<float> lse(shape.lse_elems());
-  sm90::fwd::Fp8ForwardArgs a;
-  a.q = q8.get();
-  a.q_stride_b = shape.Sq * shape.Hq * shape.D, a.q_stride_s = shape.Hq * shape.D, a.q_stride_h = shape.D;
-  a.k = k8.get();
-  a.k_stride_b = shape.Sk * shape.Hkv * shape.D, a.k_stride_s = shape.Hkv * shape.D, a.k_stride_h = shape.D;
-  a.vt = vt.get();
-  a.vt_keys = vt_keys;
-  a.q_scale = q_scale.get(), a.k_scale = k_scale.get(), a.v_scale = v_scale.get();
-  a.lse_shift = opt.smooth_k ? lse_shift.get() : nullptr;
+  sm90::fwd::Fp8ForwardArgs a = operands.forward_args(
+      opt.mask, opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt, scale, opt.smooth_k);
   a.o = o.get();
   a.o_stride_b = a.q_stride_b, a.o_stride_s = a.q_stride_s, a.o_stride_h = a.q_stride_h;
   a.lse = lse.get();
-  a.B = static_cast<int>(shape.B), a.Hq = static_cast<int>(shape.Hq), a.Hkv = static_cast<int>(shape.Hkv);
-  a.Sq = static_cast<int>(shape.Sq), a.Sk = static_cast<int>(shape.Sk), a.D = static_cast<int>(shape.D);
-  a.softmax_scale = scale;
-  a.mask = opt.mask;
-  a.p_code = opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt;
   sm90::fwd::forward_fp8(a, stream);
 
   std::vector<std::uint16_t> o_bits(shape.q_elems());

@@ -37,17 +37,17 @@ std::size_t Fp8Operands::code_bytes() const {
   return static_cast<std::size_t>(shape_.q_elems() + shape_.kv_elems() + shape_.B * shape_.Hkv * shape_.D * bufs_.vt_keys);
 }
 
-Fp8ForwardArgs Fp8Operands::forward_args(MaskKind mask, PCode p_code, float softmax_scale, bool smooth_k) const {
-  const AttentionShape& s = shape_;
+Fp8ForwardArgs contiguous_forward_args(const AttentionShape& s, const cuda_quantize::Fp8Buffers& bufs,
+                                       MaskKind mask, PCode p_code, float softmax_scale, bool smooth_k) {
   Fp8ForwardArgs a;
-  a.q = bufs_.q;
+  a.q = bufs.q;
   a.q_stride_b = s.Sq * s.Hq * s.D, a.q_stride_s = s.Hq * s.D, a.q_stride_h = s.D;
-  a.k = bufs_.k;
+  a.k = bufs.k;
   a.k_stride_b = s.Sk * s.Hkv * s.D, a.k_stride_s = s.Hkv * s.D, a.k_stride_h = s.D;
-  a.vt = bufs_.vt;
-  a.vt_keys = bufs_.vt_keys;
-  a.q_scale = bufs_.q_scale, a.k_scale = bufs_.k_scale, a.v_scale = bufs_.v_scale;
-  a.lse_shift = smooth_k ? bufs_.lse_shift : nullptr;
+  a.vt = bufs.vt;
+  a.vt_keys = bufs.vt_keys;
+  a.q_scale = bufs.q_scale, a.k_scale = bufs.k_scale, a.v_scale = bufs.v_scale;
+  a.lse_shift = smooth_k ? bufs.lse_shift : nullptr;
   a.B = static_cast<int>(s.B), a.Hq = static_cast<int>(s.Hq), a.Hkv = static_cast<int>(s.Hkv);
   a.Sq = static_cast<int>(s.Sq), a.Sk = static_cast<int>(s.Sk), a.D = static_cast<int>(s.D);
   a.softmax_scale = softmax_scale;

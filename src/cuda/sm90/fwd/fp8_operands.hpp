@@ -11,6 +11,12 @@
 
 namespace fp4attn::sm90::fwd {
 
+// Kernel arguments over quantized operands stored as contiguous (B, S, H, D)
+// codes (what the GPU quantizer writes); the caller sets o (with its strides)
+// and lse.
+Fp8ForwardArgs contiguous_forward_args(const AttentionShape& shape, const cuda_quantize::Fp8Buffers& bufs,
+                                       MaskKind mask, PCode p_code, float softmax_scale, bool smooth_k);
+
 class Fp8Operands {
  public:
   // Allocates every buffer of cuda_quantize::Fp8Buffers, the quantizer's
@@ -21,9 +27,10 @@ class Fp8Operands {
   const cuda_quantize::Fp8Buffers& buffers() const { return bufs_; }
   // Device bytes the kernel reads per call: Q, K and Vᵀ codes.
   std::size_t code_bytes() const;
-  // Kernel arguments over these operands as contiguous (B, S, H, D) codes;
-  // the caller sets o (with its strides) and lse.
-  Fp8ForwardArgs forward_args(MaskKind mask, PCode p_code, float softmax_scale, bool smooth_k) const;
+  // contiguous_forward_args over these operands.
+  Fp8ForwardArgs forward_args(MaskKind mask, PCode p_code, float softmax_scale, bool smooth_k) const {
+    return contiguous_forward_args(shape_, bufs_, mask, p_code, softmax_scale, smooth_k);
+  }
 
  private:
   void* allocate(std::size_t bytes);
