@@ -56,6 +56,23 @@ std::string device_description();
 ForwardOutput forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                       std::span<const float> v, const AttentionOptions& opt, Executor executor = Executor::automatic);
 
+struct BackwardOutput {
+  std::vector<float> dq;  // (B, Sq, Hq, D)
+  std::vector<float> dk;  // (B, Sk, Hkv, D), summed over each group of query heads
+  std::vector<float> dv;  // (B, Sk, Hkv, D)
+  Executor executor = Executor::emulator;
+};
+
+// FP8 backward (recipes with a backward: fp8, mxfp4_train; DESIGN §5) from the
+// forward's inputs q, k, v, its output o and LSE (B, Hq, Sq, natural log; -inf
+// for rows that see no key), and the output gradient d_o (B, Sq, Hq, D).
+// Automatic: the sm90 kernels when present and implemented (recipe fp8), else
+// the CPU emulator. Throws fp4attn::Error naming the bad argument.
+BackwardOutput backward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
+                        std::span<const float> v, std::span<const float> o, std::span<const float> lse,
+                        std::span<const float> d_o, const AttentionOptions& opt,
+                        Executor executor = Executor::automatic);
+
 // Device timing of the sm90 fp8 forward (DESIGN §8), behind `fp4attn bench`.
 enum class TimedOp : std::uint8_t {
   fwd,      // the kernel on pre-quantized E4M3 inputs

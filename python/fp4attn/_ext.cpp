@@ -4,7 +4,8 @@
 // C++ structs, and results leave as NumPy arrays that own the C++ buffers.
 // forward_device is the exception: it takes device pointers (as integers),
 // strides and a CUDA stream handle from the PyTorch layer and enqueues the
-// sm90 forward there (dispatch::sm90_forward_device).
+// sm90 forward there (dispatch::sm90_forward_device); backward_device does the
+// same for the backward (dispatch::sm90_backward_device).
 // Argument checks live in fp4attn::validate (C++) and fp4attn/_validate.py.
 // fp4attn::Error derives from std::invalid_argument, which nanobind raises
 // as ValueError with the message, so errors keep naming the argument.
@@ -16,12 +17,14 @@
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
+#include "fp4attn/error.hpp"
 #include "fp4attn/quantize.hpp"
 #include "fp4attn/recipe.hpp"
 
@@ -117,6 +120,70 @@ void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, st
   a.workspace_bytes = workspace_bytes;
   nb::gil_scoped_release no_gil;  // only enqueues work; other Python threads may go on
   dispatch::sm90_forward_device(a, opt, pointer<void*>(stream));
+}
+
+using HostLse = nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+
+// Gradients of the forward on host arrays: q, o, d_o (B, Sq, Hq, D), k, v
+// (B, Sk, Hkv, D), lse (B, Hq, Sq); fp4attn::backward checks every size.
+nb::tuple backward_host(const HostInput& q, const HostInput& k, const HostInput& v, const HostInput& o,
+                        const HostLse& lse, const HostInput& d_o, const AttentionOptions& opt, Executor executor) {
+  AttentionShape shape;
+  shape.B = extent(q, 0);
+  shape.Sq = extent(q, 1);
+  shape.Hq = extent(q, 2);
+  shape.D = extent(q, 3);
+  shape.Sk = extent(k, 1);
+  shape.Hkv = extent(k, 2);
+  BackwardOutput out;
+  {
+    nb::gil_scoped_release no_gil;
+    out = fp4attn::backward(shape, span_of(q), span_of(k), span_of(v), span_of(o), {lse.data(), lse.size()},
+                            span_of(d_o), opt, executor);
+  }
+  const auto q_shape = std::array{dim(shape.B), dim(shape.Sq), dim(shape.Hq), dim(shape.D)};
+  const auto kv_shape = std::array{dim(shape.B), dim(shape.Sk), dim(shape.Hkv), dim(shape.D)};
+  auto dq = to_numpy(std::move(out.dq), q_shape);
+  auto dk = to_numpy(std::move(out.dk), kv_shape);
+  auto dv = to_numpy(std::move(out.dv), kv_shape);
+  return nb::make_tuple(dq, dk, dv, out.executor);
+}
+
+// Validates the call and says whether backward_device can run it.
+bool device_backward_supported(const ShapeTuple& shape_tuple, const AttentionOptions& opt) {
+  const AttentionShape shape = shape_of(shape_tuple);
+  validate(shape, opt);
+  if (!spec_of(opt.recipe).has_backward)
+    throw Error("recipe", std::string(to_string(opt.recipe)) + " is inference only: no backward");
+  return cuda_built() && sm90_available() && dispatch::sm90_backward_supports(shape, opt);
+}
+
+void backward_device(const ShapeTuple& shape, dispatch::DeviceElement element, std::uintptr_t q,
+                     const Strides& q_strides, std::uintptr_t k, const Strides& k_strides, std::uintptr_t v,
+                     const Strides& v_strides, std::uintptr_t o, const Strides& o_strides, std::uintptr_t d_o,
+                     const Strides& d_o_strides, std::uintptr_t lse, std::uintptr_t dq, const Strides& dq_strides,
+                     std::uintptr_t dk, const Strides& dk_strides, std::uintptr_t dv, const Strides& dv_strides,
+                     std::uintptr_t workspace, std::size_t workspace_bytes, const AttentionOptions& opt,
+                     bool deterministic, std::uintptr_t stream) {
+  dispatch::DeviceBackwardArgs a;
+  a.shape = shape_of(shape);
+  a.element = element;
+  a.q = device_view(q, q_strides);
+  a.k = device_view(k, k_strides);
+  a.v = device_view(v, v_strides);
+  a.o = device_view(o, o_strides);
+  a.d_o = device_view(d_o, d_o_strides);
+  a.lse = pointer<const float*>(lse);
+  a.dq = pointer<void*>(dq);
+  std::tie(a.dq_stride_b, a.dq_stride_s, a.dq_stride_h) = dq_strides;
+  a.dk = pointer<void*>(dk);
+  std::tie(a.dk_stride_b, a.dk_stride_s, a.dk_stride_h) = dk_strides;
+  a.dv = pointer<void*>(dv);
+  std::tie(a.dv_stride_b, a.dv_stride_s, a.dv_stride_h) = dv_strides;
+  a.workspace = pointer<void*>(workspace);
+  a.workspace_bytes = workspace_bytes;
+  nb::gil_scoped_release no_gil;  // only enqueues work
+  dispatch::sm90_backward_device(a, opt, deterministic, pointer<void*>(stream));
 }
 
 QuantizedTensor quantize_host(const HostInput& x, TensorFormat format, BlockAxis axis, const QuantizeOptions& opt,
@@ -242,6 +309,24 @@ NB_MODULE(_ext, m) {
         nb::arg("stream"),
         "Recipe-fp8 forward on device pointers (q, k, v of one element type; O bf16; LSE fp32), "
         "enqueued on the CUDA stream handle `stream` without host synchronisation.");
+  m.def("backward", &py::backward_host, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"),
+        nb::arg("d_o"), nb::arg("options"), nb::arg("executor") = Executor::automatic,
+        "FP8 backward on fp32 host arrays: (dq, dk, dv, executor).");
+  m.def("device_backward_supported", &py::device_backward_supported, nb::arg("shape"), nb::arg("options"),
+        "Validates a (B, Sq, Sk, Hq, Hkv, D) backward call; True when backward_device can run it.");
+  m.def("device_backward_workspace_bytes",
+        [](const py::ShapeTuple& shape) {
+          return fp4attn::dispatch::sm90_device_backward_workspace_bytes(py::shape_of(shape));
+        },
+        nb::arg("shape"), "Device bytes of backward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call.");
+  m.def("backward_device", &py::backward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
+        nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
+        nb::arg("o_strides"), nb::arg("d_o"), nb::arg("d_o_strides"), nb::arg("lse"), nb::arg("dq"),
+        nb::arg("dq_strides"), nb::arg("dk"), nb::arg("dk_strides"), nb::arg("dv"), nb::arg("dv_strides"),
+        nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"), nb::arg("deterministic"),
+        nb::arg("stream"),
+        "Enqueues the sm90 fp8 backward on device pointers (ints) and a CUDA stream handle; dq, dk, dv in the "
+        "element type of the inputs.");
   m.def("recipe_has_backward", [](fp4attn::Recipe r) { return fp4attn::spec_of(r).has_backward; });
   m.def("cuda_built", &fp4attn::cuda_built);
   m.def("sm90_available", &fp4attn::sm90_available);

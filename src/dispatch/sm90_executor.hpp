@@ -61,8 +61,56 @@ std::size_t sm90_device_workspace_bytes(const AttentionShape& shape);
 // graph. Validates shape and options (fp4attn::validate) and throws
 // fp4attn::Error when the sm90 executor does not implement the call
 // (sm90_supports), no Hopper GPU is present, or a pointer, stride or the
-// workspace is unfit. Non-finite input is not reported (that would need a
-// host synchronisation); the output is then unspecified.
+// workspace is unfit. Non-finite input cannot raise an error here (that
+// would need a host synchronisation): it makes every element of O and LSE NaN.
 void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& opt, void* stream);
+
+// ---- Backward on tensors already on the device (recipe fp8, DESIGN §5).
+
+struct DeviceBackwardArgs {
+  AttentionShape shape;
+  DeviceElement element = DeviceElement::bf16;  // of q, k, v, o, d_o, dq, dk, dv
+  DeviceTensorView q, k, v;  // the forward's inputs: (B, Sq, Hq, D), (B, Sk, Hkv, D), (B, Sk, Hkv, D)
+  DeviceTensorView o, d_o;   // the forward's output and its gradient, (B, Sq, Hq, D)
+  const float* lse = nullptr;  // (B, Hq, Sq) contiguous, natural log, as the forward returns it
+  void* dq = nullptr;          // (B, Sq, Hq, D), element strides below
+  std::int64_t dq_stride_b = 0, dq_stride_s = 0, dq_stride_h = 0;
+  void* dk = nullptr;  // (B, Sk, Hkv, D), summed over each group of query heads
+  std::int64_t dk_stride_b = 0, dk_stride_s = 0, dk_stride_h = 0;
+  void* dv = nullptr;  // (B, Sk, Hkv, D)
+  std::int64_t dv_stride_b = 0, dv_stride_s = 0, dv_stride_h = 0;
+  // Scratch of at least sm90_device_backward_workspace_bytes(shape) device
+  // bytes, any content, 256-byte aligned; used by one call at a time.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+// Device bytes of DeviceBackwardArgs::workspace for `shape`: the quantized
+// operands (Q, K as the forward; dO, V per token block), their transposed
+// copies, scales, row statistics and an fp32 dQ buffer (non-deterministic mode).
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape);
+
+// Recipe-fp8 backward on device pointers, enqueued on `stream`: the GPU
+// quantizer (Q, K, smooth_k as the forward; dO and V per 128-token block),
+// transposes and row statistics, then the dQ and dK/dV kernels. No allocation
+// and no host synchronisation. Throws fp4attn::Error naming the argument for
+// invalid shapes or options, calls the sm90 backward does not implement,
+// null pointers and an unfit workspace. `deterministic` (the default in every
+// caller) runs two passes, each gradient written once: bit-identical results
+// run to run. `deterministic = false` runs one pass that adds dQ by fp32
+// atomics (dQ's last bits vary run to run; measured slower than the two
+// passes today, see src/cuda/sm90/bwd/NOTES.md).
+void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions& opt, bool deterministic,
+                          void* stream);
+
+// Whether the sm90 backward implements this validated problem (sm90_supports
+// plus a recipe with a backward on the GPU and E4M3 dS).
+bool sm90_backward_supports(const AttentionShape& shape, const AttentionOptions& opt);
+
+// Backward on host arrays through the device path (f32 on the GPU); the caller
+// has validated everything (fp4attn::backward).
+BackwardOutput sm90_backward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
+                             std::span<const float> v, std::span<const float> o, std::span<const float> lse,
+                             std::span<const float> d_o, const AttentionOptions& opt);
 
 }  // namespace fp4attn::dispatch

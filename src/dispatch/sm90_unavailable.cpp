@@ -24,6 +24,20 @@ void sm90_forward_device(const DeviceForwardArgs&, const AttentionOptions&, void
   throw Error("executor", "this build has no CUDA executors");
 }
 
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape&) { return 0; }
+
+void sm90_backward_device(const DeviceBackwardArgs&, const AttentionOptions&, bool, void*) {
+  throw Error("executor", "this build has no CUDA executors");
+}
+
+bool sm90_backward_supports(const AttentionShape&, const AttentionOptions&) { return false; }
+
+BackwardOutput sm90_backward(const AttentionShape&, std::span<const float>, std::span<const float>,
+                             std::span<const float>, std::span<const float>, std::span<const float>,
+                             std::span<const float>, const AttentionOptions&) {
+  throw Error("executor", "this build has no CUDA executors");
+}
+
 }  // namespace fp4attn::dispatch
 
 #endif  // !FP4ATTN_HAS_CUDA

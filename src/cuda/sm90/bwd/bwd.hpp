@@ -1,0 +1,82 @@
+// Host-side entry of the sm90 FP8 backward kernels (recipe fp8, DESIGN §5):
+// argument blocks and launchers. No device code here, so dispatch can include
+// it from .cpp files.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "cuda/quantize/quantize_fp8.hpp"
+#include "cuda/sm90/fwd/fwd.hpp"
+#include "fp4attn/recipe.hpp"
+
+namespace fp4attn::sm90::bwd {
+
+using fwd::PCode;
+using cuda_quantize::ElementType;
+
+// Tokens per tile and per FP8 scale block; transposed operands pad their
+// token rows to a multiple of it.
+inline constexpr int kTile = 128;
+
+inline std::int64_t padded_tokens(std::int64_t S) { return (S + kTile - 1) / kTile * kTile; }
+
+// A (B, S, H, D) device tensor of `type`, element strides on B, S, H, D contiguous.
+struct TensorRef {
+  void* data = nullptr;
+  std::int64_t stride_b = 0, stride_s = 0, stride_h = 0;
+};
+
+// How dQ is summed over key tiles.
+enum class DqMode : std::uint8_t {
+  two_pass,  // a dQ kernel owns each query tile: deterministic (the default)
+  atomic,    // the dK/dV kernel adds each pair's dQ tile to an fp32 buffer by
+             // atomics, then finalize_dq scales it: one pass, run-to-run
+             // bit differences in dQ (slower than two_pass today: NOTES.md)
+};
+
+// Device pointers of one backward call. Codes are what the GPU quantizer
+// writes: q, d_o (B, Sq, Hq, D) and k, v (B, Sk, Hkv, D) contiguous E4M3 with
+// one fp32 scale per (b, h, 128-token block); the transposed copies are
+// (B, H, D, padded_tokens(S)) with tokens permuted inside each group of 32 by
+// cuda_quantize::vt_key_of_slot (the order of an FP8 wgmma A operand built
+// from an accumulator). Row statistics are (B, Hq, padded_tokens(Sq)).
+struct Fp8BackwardArgs {
+  const std::uint8_t *q = nullptr, *k = nullptr, *d_o = nullptr, *v = nullptr;
+  const std::uint8_t *qt = nullptr, *d_ot = nullptr, *kt = nullptr;
+  const float *q_scale = nullptr, *k_scale = nullptr, *do_scale = nullptr, *v_scale = nullptr;
+  const float* lse_log2 = nullptr;  // log2-domain LSE of the smoothed scores; +inf: the row sees no key
+  const float* delta = nullptr;     // rowsum(dO ⊙ O)
+  float* dq_accum = nullptr;  // DqMode::atomic: (B, Sq, Hq, D) fp32, zero before the call
+  DqMode dq_mode = DqMode::two_pass;
+  ElementType out_type = ElementType::f32;
+  TensorRef dq, dk, dv;
+  int B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0;
+  float softmax_scale = 0.0f;  // resolved (> 0)
+  MaskKind mask = MaskKind::none;
+  PCode p_code = PCode::direct_p;
+};
+
+// Transposes contiguous (B, S, H, D) codes into (B, H, D, padded_tokens(S)),
+// tokens permuted per 32 as above, padding zero.
+void transpose_codes(const std::uint8_t* codes, std::uint8_t* out, int B, int S, int H, int D, cudaStream_t stream);
+
+// Row statistics of the backward: delta = Σ_d dO·O in fp32, lse_log2 =
+// (lse − shift)·log2 e, or +inf where lse is −inf (a row that sees no key;
+// a NaN lse makes delta NaN). shift may be null (no smooth_k). Padding rows
+// get delta 0 and lse_log2 +inf.
+void row_statistics(ElementType type, const TensorRef& d_o, const TensorRef& o, const float* lse, const float* shift,
+                    float* delta, float* lse_log2, int B, int Sq, int Hq, int D, cudaStream_t stream);
+
+// dq = scale · accum (contiguous fp32 (B, Sq, Hq, D)) into `dq` of `type`.
+void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
+                 cudaStream_t stream);
+
+// The two deterministic passes: dQ (one CTA per query tile) and dK, dV (one
+// CTA per key tile of a KV head, over its whole GQA group). Throws
+// fp4attn::Error for arguments the kernels cannot take and on CUDA errors.
+// DqMode::atomic runs the dK/dV kernel alone, with dQ by atomics, then finalize_dq.
+void backward_fp8(const Fp8BackwardArgs& args, cudaStream_t stream);
+
+}  // namespace fp4attn::sm90::bwd

@@ -1,0 +1,273 @@
+// Device pieces shared by the two FP8 backward kernels: accumulator
+// fragments, P and dS codes in the FP8 wgmma A-operand layout, the pair's dS
+// scale and the stores of the gradients.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cuda/ptx>
+
+#include "cuda/sm90/bwd/config.h"
+#include "cuda/sm90/bwd/wgmma_ss64.cuh"
+#include "fp4attn/direct_p.hpp"
+#include "fp4attn/formats.hpp"
+
+namespace fp4attn::sm90::bwd {
+
+inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
+inline constexpr int kThreadsPerRow = 4;
+// P = E4M3(2^(u + 8)) · 2^-8: the code carries 2^(u+8), the 2^-8 stays outside.
+inline constexpr float kPUnscale = 0x1p-8f;
+
+FP4ATTN_DEVICE_INLINE float neg_inf() { return __int_as_float(0xFF800000); }
+
+FP4ATTN_DEVICE_INLINE void wait_barrier(std::uint64_t* bar, std::uint32_t parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+// Element 4j + 2r + e of an m64nN fp32 accumulator is row 16·warp + lane/4 + 8r,
+// column 8j + 2·(lane % 4) + e (rows within the warpgroup's 64).
+struct Fragment {
+  int row[2];
+  int col;
+  __device__ explicit Fragment(int thread_in_wg) {
+    const int warp = thread_in_wg / kWarpSize, lane = thread_in_wg % kWarpSize;
+    row[0] = 16 * warp + lane / kThreadsPerRow;
+    row[1] = row[0] + 8;
+    col = 2 * (lane % kThreadsPerRow);
+  }
+};
+
+// The A operand of k32 step t holds, in register 2h + r, the codes of row r
+// at accumulator columns 32t + 16h + 2·(lane%4) + {0, 1, 8, 9}: accumulator
+// elements 4j + 2r + {0, 1, 4, 5} with j = 4t + 2h. The B operands that meet
+// such an A store their tokens permuted the same way (vt_key_of_slot), so the
+// product sums over matching tokens without a register shuffle.
+FP4ATTN_DEVICE_INLINE int a_element(int t, int h, int r, int i) {
+  const int j = 4 * t + 2 * h;
+  return 4 * j + 2 * r + (i & 1) + 4 * (i >> 1);
+}
+
+// E4M3 codes of P = 2^(u + 8) for four log2-domain scores, u0 in the low byte.
+template <PCode kPCode>
+FP4ATTN_DEVICE_INLINE std::uint32_t p_codes_x4(float u0, float u1, float u2, float u3) {
+  if constexpr (kPCode == PCode::direct_p) {
+    return direct_p::fp8_codes_x4(u0, u1, u2, u3);
+  } else {
+    float p[4] = {u0, u1, u2, u3};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p[i]) : "f"(p[i] + direct_p::kFp8Offset));
+    std::uint16_t lo, hi;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(p[1]), "f"(p[0]));  // first source → high byte
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(p[3]), "f"(p[2]));
+    return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+  }
+}
+
+// Round-to-nearest-even E4M3 codes of four values (saturating), x0 in the low byte.
+FP4ATTN_DEVICE_INLINE std::uint32_t e4m3_codes_x4(float x0, float x1, float x2, float x3) {
+  std::uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+  return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+}
+
+// The four P values packed in a word, byte 0 first, times 2^-120: an E4M3
+// code's bits moved to fp32 bits 20..26 read as a float are its value · 2^-120,
+// for normal and subnormal codes alike (P ≥ 0: no sign bit). Four integer
+// operations instead of conversions; the 2^120 goes into a later multiply.
+inline constexpr float kPBitsUnscale = 0x1p112f;  // 2^120 · kPUnscale
+FP4ATTN_DEVICE_INLINE void p_bits_x4(std::uint32_t codes, float (&v)[4]) {
+  constexpr std::uint32_t kField = 0x07F00000u;
+  v[0] = __uint_as_float((codes << 20) & kField);
+  v[1] = __uint_as_float((codes << 12) & kField);
+  v[2] = __uint_as_float((codes << 4) & kField);
+  v[3] = __uint_as_float((codes >> 4) & kField);
+}
+
+// P codes of one consumer's tile from its scores s (−inf where masked) and
+// the log2-domain LSE of each element's query row (lse(row, col) gives it).
+template <PCode kPCode, int N, class Lse>
+FP4ATTN_DEVICE_INLINE void p_operand(const float (&s)[N], float c, const Lse& lse, std::uint32_t (&p)[N / 16][4]) {
+#pragma unroll
+  for (int t = 0; t < N / 16; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float u[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int e = a_element(t, h, r, i);
+          u[i] = direct_p::log2_score(s[e], c, lse(r, e));
+        }
+        p[t][2 * h + r] = p_codes_x4<kPCode>(u[0], u[1], u[2], u[3]);
+      }
+}
+
+// dS = P·2^-8 ⊙ (dP·f − delta) in place of dP, and the largest |dS| of this
+// thread. p: P codes in A layout. dP·f − delta is one FFMA where the emulator
+// rounds twice: dP itself already differs from the emulator's fp32 sum by the
+// tensor core's accumulation, far more than this one rounding.
+template <int N, class Delta>
+FP4ATTN_DEVICE_INLINE float ds_in_place(float (&dp)[N], float dp_factor, const Delta& delta,
+                                        const std::uint32_t (&p)[N / 16][4]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int t = 0; t < N / 16; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float pv[4];
+        p_bits_x4(p[t][2 * h + r], pv);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int e = a_element(t, h, r, i);
+          dp[e] = __fmul_rn(__fmul_rn(pv[i], kPBitsUnscale), fmaf(dp[e], dp_factor, -delta(r, e)));
+          amax = fmaxf(amax, fabsf(dp[e]));
+        }
+      }
+  return amax;
+}
+
+// The pair's dS scale: the largest |dS| of both consumers (the whole
+// 128 × 128 pair) over E4M3's maximum, 1 when the pair is all zero. `slot`
+// alternates per pair so that a consumer one pair ahead never overwrites
+// values the other still reads.
+template <int kWarps>
+FP4ATTN_DEVICE_INLINE float pair_ds_scale(float amax, float (&slot)[kWarps], int consumer_thread) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullWarp, amax, o));
+  if (consumer_thread % kWarpSize == 0) slot[consumer_thread / kWarpSize] = amax;
+  named_barrier_sync(kBarrierPairAmax, kPairThreads);
+  float m = slot[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, slot[w]);
+  const float scale = __fdiv_rn(m, kE4M3Max);
+  return scale > 0.0f ? scale : 1.0f;
+}
+
+// dS codes in A layout: dS · (1 / scale) rounded to E4M3. The emulator
+// divides; the product differs from the quotient by at most an ulp of fp32,
+// which moves a code only when dS / scale lies within that ulp of an E4M3
+// rounding boundary (NOTES.md), and saves an IEEE division per element.
+template <int N>
+FP4ATTN_DEVICE_INLINE void ds_operand(const float (&ds)[N], float scale, std::uint32_t (&a)[N / 16][4]) {
+  const float inv = __frcp_rn(scale);
+#pragma unroll
+  for (int t = 0; t < N / 16; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        a[t][2 * h + r] = e4m3_codes_x4(__fmul_rn(ds[a_element(t, h, r, 0)], inv),
+                                        __fmul_rn(ds[a_element(t, h, r, 1)], inv),
+                                        __fmul_rn(ds[a_element(t, h, r, 2)], inv),
+                                        __fmul_rn(ds[a_element(t, h, r, 3)], inv));
+}
+
+template <int T>
+FP4ATTN_DEVICE_INLINE void fence_operand(std::uint32_t (&a)[T][4]) {
+#pragma unroll
+  for (int t = 0; t < T; ++t) fence_registers(a[t]);
+}
+
+// tmp = A·B for a 64 × HeadDim gradient tile: A from registers (the 128
+// tokens of a tile in four k32 steps), B a transposed tile (rows d, tokens
+// along K) in shared memory.
+template <class Cfg>
+FP4ATTN_DEVICE_INLINE void issue_grad(float (&d)[Cfg::kGradRegs], const std::uint32_t (&a)[Cfg::kTokenSteps][4],
+                                      const std::uint8_t* b_tile) {
+  const std::uint64_t desc = make_kmajor_desc<Cfg::kColSwizzle>(b_tile);
+  if constexpr (Cfg::kHeadDim == 128) {
+    wgmma_m64n128k32_rs_init(d, a[0], desc);
+#pragma unroll
+    for (int t = 1; t < Cfg::kTokenSteps; ++t) wgmma_m64n128k32_rs(d, a[t], desc + t * kDescK32Step);
+  } else {
+    wgmma_m64n64k32_rs_init(d, a[0], desc);
+#pragma unroll
+    for (int t = 1; t < Cfg::kTokenSteps; ++t) wgmma_m64n64k32_rs(d, a[t], desc + t * kDescK32Step);
+  }
+}
+
+// acc = A·Bᵀ over D for a 64 × 128 tile, both token-major in shared memory.
+template <class Cfg>
+FP4ATTN_DEVICE_INLINE void issue_scores(float (&d)[Cfg::kSRegs], const std::uint8_t* a_tile, const std::uint8_t* b_tile) {
+  const std::uint64_t da = make_kmajor_desc<Cfg::kRowSwizzle>(a_tile);
+  const std::uint64_t db = make_kmajor_desc<Cfg::kRowSwizzle>(b_tile);
+  wgmma_m64n128k32_ss_init(d, da, db);
+#pragma unroll
+  for (int t = 1; t < Cfg::kDSteps; ++t) wgmma_m64n128k32_ss(d, da + t * kDescK32Step, db + t * kDescK32Step);
+}
+
+// dQ part = dS·K for 64 queries (DqMode::atomic): A the dS tile rows (128
+// key slots, K-major), B the Kᵀ tile (rows d, the same key slots).
+template <class Cfg>
+FP4ATTN_DEVICE_INLINE void issue_dq(float (&d)[Cfg::kGradRegs], const std::uint8_t* ds_rows, const std::uint8_t* kt) {
+  const std::uint64_t da = make_kmajor_desc<Cfg::kColSwizzle>(ds_rows);
+  const std::uint64_t db = make_kmajor_desc<Cfg::kColSwizzle>(kt);
+  if constexpr (Cfg::kHeadDim == 128) {
+    wgmma_m64n128k32_ss_init(d, da, db);
+#pragma unroll
+    for (int t = 1; t < Cfg::kTokenSteps; ++t) wgmma_m64n128k32_ss(d, da + t * kDescK32Step, db + t * kDescK32Step);
+  } else {
+    wgmma_m64n64k32_ss_init(d, da, db);
+#pragma unroll
+    for (int t = 1; t < Cfg::kTokenSteps; ++t) wgmma_m64n64k32_ss(d, da + t * kDescK32Step, db + t * kDescK32Step);
+  }
+}
+
+// Slot of key `key` (0..127 in its tile) in the A-operand order of a 32-key
+// group: the inverse of cuda_quantize::vt_key_of_slot.
+FP4ATTN_DEVICE_INLINE int slot_of_key(int key) {
+  const int m = key % 16;
+  return (key / 16) * 16 + 4 * ((m % 8) / 2) + 2 * (m / 8) + m % 2;
+}
+
+// Byte offset of (row, byte) in a tile of 128-byte rows with the 128-byte
+// swizzle (16-byte chunk index XOR row % 8), the layout TMA writes and the
+// wgmma descriptor reads.
+FP4ATTN_DEVICE_INLINE int swizzled_offset(int row, int byte) {
+  return row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
+}
+
+template <class T>
+FP4ATTN_DEVICE_INLINE T to_element(float x);
+template <>
+FP4ATTN_DEVICE_INLINE float to_element<float>(float x) { return x; }
+template <>
+FP4ATTN_DEVICE_INLINE __half to_element<__half>(float x) { return __float2half_rn(x); }
+template <>
+FP4ATTN_DEVICE_INLINE __nv_bfloat16 to_element<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Stores a 64 × HeadDim gradient tile times `scale` (rows from `first_row`,
+// those ≥ rows skipped) into a (B, S, H, D) tensor of `type`.
+template <int N>
+FP4ATTN_DEVICE_INLINE void store_rows(const float (&acc)[N], float scale, const Fragment& f, int first_row, int rows,
+                                      ElementType type, const TensorRef& out, int batch, int head) {
+  const auto store = [&](auto* base) {
+    using T = std::remove_pointer_t<decltype(base)>;
+    base += batch * out.stride_b + head * out.stride_h;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = first_row + f.row[r];
+      if (row >= rows) continue;
+      T* dst = base + static_cast<std::int64_t>(row) * out.stride_s;
+#pragma unroll
+      for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) dst[8 * j + f.col + e] = to_element<T>(__fmul_rn(scale, acc[4 * j + 2 * r + e]));
+    }
+  };
+  switch (type) {
+    case ElementType::f32: store(static_cast<float*>(out.data)); break;
+    case ElementType::f16: store(static_cast<__half*>(out.data)); break;
+    case ElementType::bf16: store(static_cast<__nv_bfloat16*>(out.data)); break;
+  }
+}
+
+}  // namespace fp4attn::sm90::bwd

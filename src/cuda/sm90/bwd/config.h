@@ -1,0 +1,107 @@
+// Tile sizes, pipeline depth, register split and shared memory of the two
+// FP8 backward kernels, with the budget checked at compile time.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/bwd/bwd.hpp"
+#include "cuda/sm90/ptx.cuh"
+
+namespace fp4attn::sm90::bwd {
+
+inline constexpr int kWarpSize = 32;
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kSmemPerBlockLimit = 227 * 1024;
+inline constexpr int kRegisterFile = 64 * 1024;
+
+template <int HeadDim>
+struct BwdConfig {
+  static_assert(HeadDim == 64 || HeadDim == 128, "head dims 64 and 128 are implemented");
+  static constexpr int kHeadDim = HeadDim;
+  // Both tiles are the recipe's FP8 scale blocks: one Q, K, dO, V scale per
+  // tile, and one dS scale per (query tile, key tile) pair.
+  static constexpr int kBlock = kTile;
+  // One producer warpgroup (TMA) and two consumer warpgroups of 64 rows:
+  // the M of every wgmma.
+  static constexpr int kConsumers = 2;
+  static constexpr int kRowsPerConsumer = kBlock / kConsumers;
+  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  static constexpr int kConsumerWarps = kConsumers * kWarpgroupThreads / kWarpSize;
+
+  // Token-major tiles (rows of HeadDim bytes) and transposed tiles (rows of
+  // 128 tokens = 128 bytes), each one swizzle atom wide.
+  static constexpr Swizzle kRowSwizzle = HeadDim == 128 ? Swizzle::b128 : Swizzle::b64;
+  static constexpr Swizzle kColSwizzle = Swizzle::b128;
+  static_assert(swizzle_row_bytes(kRowSwizzle) == HeadDim, "one token row must be one swizzle atom");
+  static_assert(swizzle_row_bytes(kColSwizzle) == kBlock, "one transposed row must be one swizzle atom");
+  static constexpr int kTileBytes = kBlock * HeadDim;      // either orientation
+  static constexpr int kConsumerBytes = kRowsPerConsumer * HeadDim;
+  static constexpr int kRowStatBytes = kBlock * 4;         // 128 fp32 (lse_log2 or delta)
+  static constexpr int kSwizzleAlign = 1024;
+  static_assert(kTileBytes % kSwizzleAlign == 0 && kConsumerBytes % 512 == 0, "tiles start on swizzle boundaries");
+
+  static constexpr int kStages = 2;
+  // wgmma k32 steps: over D for S and dP, over the 128 tokens of a tile for the gradients.
+  static constexpr int kDSteps = HeadDim / 32;
+  static constexpr int kTokenSteps = kBlock / 32;
+  static constexpr int kSRegs = kRowsPerConsumer * kBlock / kWarpgroupThreads;    // 64
+  static constexpr int kGradRegs = kRowsPerConsumer * HeadDim / kWarpgroupThreads;  // 64 or 32
+
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= kRegisterFile,
+                "register split exceeds the register file");
+};
+
+// Named barriers (0 is __syncthreads).
+enum BarrierId : int {
+  kBarrierSyncThreads = 0,
+  kBarrierPairAmax = 1,  // both consumers: the dS scale of a pair
+  kBarrierDsTile = 2,    // both consumers: the pair's dS tile is in shared memory (DqMode::atomic)
+};
+inline constexpr int kPairThreads = 2 * kWarpgroupThreads;
+
+// dQ kernel: Q and dO of the CTA's query tile once; K, V and Kᵀ per key tile.
+template <class Cfg>
+struct alignas(Cfg::kSwizzleAlign) DqShared {
+  std::uint8_t q[Cfg::kTileBytes];
+  std::uint8_t d_o[Cfg::kTileBytes];
+  std::uint8_t k[Cfg::kStages][Cfg::kTileBytes];
+  std::uint8_t v[Cfg::kStages][Cfg::kTileBytes];
+  std::uint8_t kt[Cfg::kStages][Cfg::kTileBytes];
+  float amax[2][Cfg::kConsumerWarps];  // by pair parity: no WAR race between consecutive pairs
+  std::uint64_t q_full;
+  std::uint64_t full[Cfg::kStages];
+  std::uint64_t empty[Cfg::kStages];
+};
+
+// dK/dV kernel: K and V of the CTA's key tile once; Q, dO, Qᵀ, dOᵀ and the
+// row statistics per query tile.
+template <class Cfg>
+struct alignas(Cfg::kSwizzleAlign) DkvShared {
+  std::uint8_t k[Cfg::kTileBytes];
+  std::uint8_t v[Cfg::kTileBytes];
+  std::uint8_t q[Cfg::kStages][Cfg::kTileBytes];
+  std::uint8_t d_o[Cfg::kStages][Cfg::kTileBytes];
+  std::uint8_t qt[Cfg::kStages][Cfg::kTileBytes];
+  std::uint8_t d_ot[Cfg::kStages][Cfg::kTileBytes];
+  // DqMode::atomic: Kᵀ of the CTA's key tile (B of dQ = dS·K) and the pair's
+  // dS codes as a (query, key slot) K-major A tile, by pair parity.
+  std::uint8_t kt[Cfg::kTileBytes];
+  std::uint8_t ds[2][Cfg::kBlock * Cfg::kBlock];
+  float lse_log2[Cfg::kStages][Cfg::kBlock];
+  float delta[Cfg::kStages][Cfg::kBlock];
+  float amax[2][Cfg::kConsumerWarps];
+  std::uint64_t kv_full;
+  std::uint64_t full[Cfg::kStages];
+  std::uint64_t empty[Cfg::kStages];
+};
+
+template <class Shared>
+constexpr int shared_bytes() {
+  return static_cast<int>(sizeof(Shared)) + 1024;  // + alignment of the dynamic base by hand
+}
+static_assert(shared_bytes<DqShared<BwdConfig<128>>>() <= kSmemPerBlockLimit, "dQ shared memory over budget");
+static_assert(shared_bytes<DkvShared<BwdConfig<128>>>() <= kSmemPerBlockLimit, "dK/dV shared memory over budget");
+
+}  // namespace fp4attn::sm90::bwd

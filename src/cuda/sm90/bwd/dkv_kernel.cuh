@@ -1,0 +1,254 @@
+// dK/dV pass of the FP8 backward (recipe fp8, DESIGN §5): one CTA per
+// 128-key tile of one (batch, KV head), looping over every query tile of
+// every query head of its GQA group that sees the tile. Working on the
+// transposed problem puts Pᵀ and dSᵀ in the accumulator layout, so both are
+// register A operands of the gradient products:
+//
+//   producer warpgroup (one thread): TMA K, V once; per query tile Q, dO,
+//     Qᵀ, dOᵀ and the tile's lse_log2 and delta (bulk copies)
+//   consumer warpgroups 0, 1 (keys 64c .. 64c + 63), per query tile:
+//     Sᵀ = K·Qᵀ                 → Pᵀ codes (−inf masked), as the dQ pass
+//     dV += (Pᵀ·dOᵀ) · 2^-8 · do_scale
+//     dPᵀ = V·dOᵀ               → dSᵀ, pair scale (both consumers), E4M3 codes
+//     dK += (dSᵀ·Qᵀ) · scale · q_scale
+//   The products run one after another: dK, dV (fp32) and one 64 × 128 tile
+//   in flight fill the consumer's registers.
+//   DqMode::atomic, per query tile as well: the dSᵀ codes go to shared
+//     memory as a (query, key slot) tile; once both consumers' halves are
+//     there, dQ part = dS·Kᵀ-tile for 64 queries, times scale · k_scale, is
+//     added to an fp32 buffer by atomics (finalize_dq scales it afterwards)
+//   epilogue: dK · softmax_scale and dV in the output's element type
+#pragma once
+
+#include "cuda/sm90/bwd/common.cuh"
+
+namespace fp4attn::sm90::bwd {
+
+template <int HeadDim, PCode kPCode, DqMode kDqMode>
+__global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
+    fp8_dkv_kernel(const __grid_constant__ Fp8BackwardArgs args, const __grid_constant__ CUtensorMap tm_q,
+                   const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_qt,
+                   const __grid_constant__ CUtensorMap tm_dot, const __grid_constant__ CUtensorMap tm_k,
+                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_kt) {
+  constexpr bool kDqAtomic = kDqMode == DqMode::atomic;
+  using Cfg = BwdConfig<HeadDim>;
+  extern __shared__ std::uint8_t smem_raw[];
+  auto& smem = *reinterpret_cast<DkvShared<Cfg>*>(
+      (reinterpret_cast<std::uintptr_t>(smem_raw) + Cfg::kSwizzleAlign - 1) & ~std::uintptr_t{Cfg::kSwizzleAlign - 1});
+
+  const int k_tile = blockIdx.x;  // causal: the first key tiles see the most queries and start first
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  const int group = args.Hq / args.Hkv;
+  const int k0 = k_tile * Cfg::kBlock;
+  const bool causal = args.mask != MaskKind::none;
+  const int diagonal = args.mask == MaskKind::causal ? args.Sk - args.Sq : 0;
+  const int q_blocks = (args.Sq + Cfg::kBlock - 1) / Cfg::kBlock;
+  // Query i sees key j iff j ≤ i + diagonal: the first query that sees key k0.
+  const int first_query = causal ? max(0, k0 - diagonal) : 0;
+  const int first_q_tile = first_query >= args.Sq ? q_blocks : first_query / Cfg::kBlock;
+  const int q_tiles = q_blocks - first_q_tile;
+  const int iterations = q_tiles * group;
+
+  const int wg = threadIdx.x / kWarpgroupThreads;
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_init(&smem.kv_full, 1);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      cuda::ptx::mbarrier_init(&smem.full[s], 1);
+      cuda::ptx::mbarrier_init(&smem.empty[s], Cfg::kConsumers * kWarpgroupThreads);
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  const std::int64_t stat_row = static_cast<std::int64_t>(q_blocks) * Cfg::kBlock;  // padded Sq
+  if (wg == 0) {
+    // ---- producer
+    set_max_registers_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0 || iterations == 0) return;
+    const std::int32_t k_coord[4] = {0, k0, kv_head, batch};
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                         &smem.kv_full, (kDqAtomic ? 3 : 2) * Cfg::kTileBytes);
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.k, &tm_k, k_coord,
+                                    &smem.kv_full);
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v, &tm_v, k_coord,
+                                    &smem.kv_full);
+    if constexpr (kDqAtomic) {
+      const std::int32_t kt_coord[4] = {k0, 0, kv_head, batch};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.kt, &tm_kt, kt_coord,
+                                      &smem.kv_full);
+    }
+    for (int n = 0; n < iterations; ++n) {
+      const int stage = n % Cfg::kStages;
+      const int head = kv_head * group + n / q_tiles;
+      const int qt = first_q_tile + n % q_tiles;
+      wait_barrier(&smem.empty[stage], ((n / Cfg::kStages) & 1) ^ 1);
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           &smem.full[stage], 4 * Cfg::kTileBytes + 2 * Cfg::kRowStatBytes);
+      const std::int32_t q_coord[4] = {0, qt * Cfg::kBlock, head, batch};
+      const std::int32_t t_coord[4] = {qt * Cfg::kBlock, 0, head, batch};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.q[stage], &tm_q,
+                                      q_coord, &smem.full[stage]);
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.d_o[stage], &tm_do,
+                                      q_coord, &smem.full[stage]);
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.qt[stage], &tm_qt,
+                                      t_coord, &smem.full[stage]);
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.d_ot[stage], &tm_dot,
+                                      t_coord, &smem.full[stage]);
+      const std::int64_t stats = (static_cast<std::int64_t>(batch) * args.Hq + head) * stat_row + qt * Cfg::kBlock;
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.lse_log2[stage],
+                               args.lse_log2 + stats, Cfg::kRowStatBytes, &smem.full[stage]);
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.delta[stage],
+                               args.delta + stats, Cfg::kRowStatBytes, &smem.full[stage]);
+    }
+    return;
+  }
+
+  // ---- consumers
+  set_max_registers_inc<Cfg::kConsumerRegs>();
+  const int consumer = wg - 1;
+  const int consumer_thread = threadIdx.x - kWarpgroupThreads;
+  const Fragment frag(threadIdx.x % kWarpgroupThreads);
+  const int first_key = k0 + consumer * Cfg::kRowsPerConsumer;
+  const int key_abs[2] = {first_key + frag.row[0], first_key + frag.row[1]};
+  const int k_blocks = (args.Sk + Cfg::kBlock - 1) / Cfg::kBlock;
+  const std::int64_t kv_index = static_cast<std::int64_t>(batch) * args.Hkv + kv_head;
+  const float k_scale = args.k_scale[kv_index * k_blocks + k_tile];
+  const float v_scale = args.v_scale[kv_index * k_blocks + k_tile];
+  const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
+
+  float dk[Cfg::kGradRegs], dv[Cfg::kGradRegs];
+#pragma unroll
+  for (int i = 0; i < Cfg::kGradRegs; ++i) dk[i] = dv[i] = 0.0f;
+
+  if (iterations > 0) {
+    const std::uint8_t* k_rows = smem.k + consumer * Cfg::kConsumerBytes;
+    const std::uint8_t* v_rows = smem.v + consumer * Cfg::kConsumerBytes;
+    wait_barrier(&smem.kv_full, 0);
+    for (int n = 0; n < iterations; ++n) {
+      const int stage = n % Cfg::kStages;
+      const int head = kv_head * group + n / q_tiles;
+      const int qt = first_q_tile + n % q_tiles;
+      const int q0 = qt * Cfg::kBlock;
+      const std::int64_t q_head = static_cast<std::int64_t>(batch) * args.Hq + head;
+      const float q_scale = args.q_scale[q_head * q_blocks + qt];
+      const float do_scale = args.do_scale[q_head * q_blocks + qt];
+      wait_barrier(&smem.full[stage], (n / Cfg::kStages) & 1);
+      const float* lse_tile = smem.lse_log2[stage];
+      const float* delta_tile = smem.delta[stage];
+      // Columns are queries: element e of this thread is query 8(e/4) + col + e%2.
+      const auto column = [&](int e) { return 8 * (e / 4) + frag.col + (e & 1); };
+      const auto lse = [&](int, int e) { return lse_tile[column(e)]; };
+      const auto delta = [&](int, int e) { return delta_tile[column(e)]; };
+
+      std::uint32_t p[Cfg::kTokenSteps][4];
+      {
+        float s[Cfg::kSRegs];
+        wgmma_fence();
+        issue_scores<Cfg>(s, k_rows, smem.q[stage]);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(s);
+        const bool partial = k0 + Cfg::kBlock > args.Sk || q0 + Cfg::kBlock > args.Sq;
+        const bool on_diagonal = causal && first_key + Cfg::kRowsPerConsumer - 1 > q0 + diagonal;
+        if (partial || on_diagonal) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int j = 0; j < Cfg::kSRegs / 4; ++j)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int query = q0 + 8 * j + frag.col + e;
+                const bool hidden = key_abs[r] >= args.Sk || query >= args.Sq || (causal && key_abs[r] > query + diagonal);
+                if (hidden) s[4 * j + 2 * r + e] = neg_inf();
+              }
+        }
+        p_operand<kPCode>(s, q_scale * k_scale * scale_log2, lse, p);
+      }
+      {
+        float part[Cfg::kGradRegs];
+        fence_operand(p);
+        wgmma_fence();
+        issue_grad<Cfg>(part, p, smem.d_ot[stage]);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(part);
+        fence_operand(p);
+        // dO's scale is one per query tile: it factors out of the tile's sum.
+        const float factor = kPUnscale * do_scale;
+#pragma unroll
+        for (int i = 0; i < Cfg::kGradRegs; ++i) dv[i] = fmaf(part[i], factor, dv[i]);
+      }
+      std::uint32_t a[Cfg::kTokenSteps][4];
+      float ds_scale;
+      {
+        float dp[Cfg::kSRegs];
+        wgmma_fence();
+        issue_scores<Cfg>(dp, v_rows, smem.d_o[stage]);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(dp);
+        const float amax = ds_in_place(dp, do_scale * v_scale, delta, p);
+        ds_scale = pair_ds_scale(amax, smem.amax[n & 1], consumer_thread);
+        ds_operand(dp, ds_scale, a);
+      }
+      if constexpr (kDqAtomic) {
+        // dS as the A tile of dQ = dS·K: row = query, byte = key slot (the
+        // Kᵀ tile's order). Byte i of a[t][2h + r] is query column(e) of key row r.
+        std::uint8_t* tile = smem.ds[n & 1];
+        const int slot[2] = {slot_of_key(consumer * Cfg::kRowsPerConsumer + frag.row[0]),
+                             slot_of_key(consumer * Cfg::kRowsPerConsumer + frag.row[1])};
+#pragma unroll
+        for (int t = 0; t < Cfg::kTokenSteps; ++t)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                tile[swizzled_offset(column(a_element(t, h, r, i)), slot[r])] =
+                    static_cast<std::uint8_t>(a[t][2 * h + r] >> (8 * i));
+        // Generic-proxy writes, read by the tensor core: fence, then both halves.
+        cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+        named_barrier_sync(kBarrierDsTile, kPairThreads);
+      }
+      {
+        float part[Cfg::kGradRegs];
+        fence_operand(a);
+        wgmma_fence();
+        issue_grad<Cfg>(part, a, smem.qt[stage]);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(part);
+        fence_operand(a);
+        cuda::ptx::mbarrier_arrive(&smem.empty[stage]);
+        const float factor = ds_scale * q_scale;
+#pragma unroll
+        for (int i = 0; i < Cfg::kGradRegs; ++i) dk[i] = fmaf(part[i], factor, dk[i]);
+      }
+      if constexpr (kDqAtomic) {
+        float part[Cfg::kGradRegs];
+        wgmma_fence();
+        issue_dq<Cfg>(part, smem.ds[n & 1] + consumer * Cfg::kRowsPerConsumer * Cfg::kBlock, smem.kt);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(part);
+        // K's scale is one per key tile, the dS scale one per pair.
+        const float factor = ds_scale * k_scale;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int query = q0 + consumer * Cfg::kRowsPerConsumer + frag.row[r];
+          if (query >= args.Sq) continue;
+          float* row = args.dq_accum + ((static_cast<std::int64_t>(batch) * args.Sq + query) * args.Hq + head) * HeadDim;
+#pragma unroll
+          for (int j = 0; j < Cfg::kGradRegs / 4; ++j)
+            atomicAdd(reinterpret_cast<float2*>(row + 8 * j + frag.col),
+                      make_float2(part[4 * j + 2 * r] * factor, part[4 * j + 2 * r + 1] * factor));
+        }
+      }
+    }
+  }
+  store_rows(dk, args.softmax_scale, frag, first_key, args.Sk, args.out_type, args.dk, batch, kv_head);
+  store_rows(dv, 1.0f, frag, first_key, args.Sk, args.out_type, args.dv, batch, kv_head);
+}
+
+}  // namespace fp4attn::sm90::bwd

@@ -1,0 +1,167 @@
+// dQ pass of the FP8 backward (recipe fp8, DESIGN §5): one CTA per 128-query
+// tile of one (batch, query head), looping over the key tiles its rows see.
+//
+//   producer warpgroup (one thread): TMA Q, dO once; per key tile K, V, Kᵀ
+//   consumer warpgroups 0, 1 (query rows 64c .. 64c + 63), per key tile:
+//     S  = Q·Kᵀ, dP = dO·Vᵀ      wgmma m64n128k32, operands in SMEM
+//     P  = E4M3 code of 2^(S·c − lse_log2 + 8) (Direct-P or exp2), −inf masked
+//     dS = P·2^-8 ⊙ (dP·f − delta); scale = amax over the 128 × 128 pair / 448
+//          (both consumers, through SMEM and a named barrier)
+//     dQ += (E4M3(dS / scale) · Kᵀ) · scale · k_scale   wgmma m64nDk32, dS the
+//          register A operand, Kᵀ (tokens permuted) from SMEM, a fresh fp32
+//          tile added to dQ in fp32 as the emulator does
+//   epilogue: dQ · softmax_scale in the output's element type
+#pragma once
+
+#include "cuda/sm90/bwd/common.cuh"
+
+namespace fp4attn::sm90::bwd {
+
+template <int HeadDim, PCode kPCode>
+__global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
+    fp8_dq_kernel(const __grid_constant__ Fp8BackwardArgs args, const __grid_constant__ CUtensorMap tm_q,
+                  const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
+                  const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_kt) {
+  using Cfg = BwdConfig<HeadDim>;
+  extern __shared__ std::uint8_t smem_raw[];
+  auto& smem = *reinterpret_cast<DqShared<Cfg>*>(
+      (reinterpret_cast<std::uintptr_t>(smem_raw) + Cfg::kSwizzleAlign - 1) & ~std::uintptr_t{Cfg::kSwizzleAlign - 1});
+
+  // Causal grids start with their longest CTAs (the last query tiles).
+  const int q_tile = args.mask == MaskKind::none ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+  const int head = blockIdx.y, batch = blockIdx.z;
+  const int kv_head = head / (args.Hq / args.Hkv);
+  const int q0 = q_tile * Cfg::kBlock;
+  const bool causal = args.mask != MaskKind::none;
+  const int diagonal = args.mask == MaskKind::causal ? args.Sk - args.Sq : 0;
+  const int last_row = min(q0 + Cfg::kBlock, args.Sq) - 1;
+  const int last_key = causal ? min(args.Sk - 1, last_row + diagonal) : args.Sk - 1;
+  const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlock + 1;
+
+  const int wg = threadIdx.x / kWarpgroupThreads;
+  if (threadIdx.x == 0) {
+    cuda::ptx::mbarrier_init(&smem.q_full, 1);
+    for (int s = 0; s < Cfg::kStages; ++s) {
+      cuda::ptx::mbarrier_init(&smem.full[s], 1);
+      cuda::ptx::mbarrier_init(&smem.empty[s], Cfg::kConsumers * kWarpgroupThreads);
+    }
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer
+    set_max_registers_dec<Cfg::kProducerRegs>();
+    if (threadIdx.x != 0 || k_tiles == 0) return;
+    const std::int32_t q_coord[4] = {0, q0, head, batch};
+    cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                         &smem.q_full, 2 * Cfg::kTileBytes);
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.q, &tm_q, q_coord,
+                                    &smem.q_full);
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.d_o, &tm_do, q_coord,
+                                    &smem.q_full);
+    for (int n = 0; n < k_tiles; ++n) {
+      const int stage = n % Cfg::kStages;
+      wait_barrier(&smem.empty[stage], ((n / Cfg::kStages) & 1) ^ 1);
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           &smem.full[stage], 3 * Cfg::kTileBytes);
+      const std::int32_t k_coord[4] = {0, n * Cfg::kBlock, kv_head, batch};
+      const std::int32_t kt_coord[4] = {n * Cfg::kBlock, 0, kv_head, batch};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.k[stage], &tm_k,
+                                      k_coord, &smem.full[stage]);
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v[stage], &tm_v,
+                                      k_coord, &smem.full[stage]);
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.kt[stage], &tm_kt,
+                                      kt_coord, &smem.full[stage]);
+    }
+    return;
+  }
+
+  // ---- consumers
+  set_max_registers_inc<Cfg::kConsumerRegs>();
+  const int consumer = wg - 1;
+  const int consumer_thread = threadIdx.x - kWarpgroupThreads;
+  const Fragment frag(threadIdx.x % kWarpgroupThreads);
+  const int first_row = q0 + consumer * Cfg::kRowsPerConsumer;
+  const int row_abs[2] = {first_row + frag.row[0], first_row + frag.row[1]};
+  const int q_blocks = (args.Sq + Cfg::kBlock - 1) / Cfg::kBlock;
+  const int k_blocks = (args.Sk + Cfg::kBlock - 1) / Cfg::kBlock;
+  const std::int64_t q_head = static_cast<std::int64_t>(batch) * args.Hq + head;
+  const std::int64_t kv_index = static_cast<std::int64_t>(batch) * args.Hkv + kv_head;
+  const float q_scale = args.q_scale[q_head * q_blocks + q_tile];
+  const float do_scale = args.do_scale[q_head * q_blocks + q_tile];
+  const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
+  // Row statistics are padded to whole tiles: rows past Sq read +inf and 0.
+  const std::int64_t stat_base = q_head * (static_cast<std::int64_t>(q_blocks) * Cfg::kBlock);
+  const float row_lse[2] = {args.lse_log2[stat_base + row_abs[0]], args.lse_log2[stat_base + row_abs[1]]};
+  const float row_delta[2] = {args.delta[stat_base + row_abs[0]], args.delta[stat_base + row_abs[1]]};
+  const auto lse = [&](int r, int) { return row_lse[r]; };
+  const auto delta = [&](int r, int) { return row_delta[r]; };
+
+  float dq[Cfg::kGradRegs];
+#pragma unroll
+  for (int i = 0; i < Cfg::kGradRegs; ++i) dq[i] = 0.0f;
+
+  if (k_tiles > 0) {
+    const std::uint8_t* q_rows = smem.q + consumer * Cfg::kConsumerBytes;
+    const std::uint8_t* do_rows = smem.d_o + consumer * Cfg::kConsumerBytes;
+    wait_barrier(&smem.q_full, 0);
+    for (int n = 0; n < k_tiles; ++n) {
+      const int stage = n % Cfg::kStages;
+      const int first_key = n * Cfg::kBlock;
+      const float k_scale = args.k_scale[kv_index * k_blocks + n];
+      const float v_scale = args.v_scale[kv_index * k_blocks + n];
+      wait_barrier(&smem.full[stage], (n / Cfg::kStages) & 1);
+
+      float s[Cfg::kSRegs], dp[Cfg::kSRegs];
+      wgmma_fence();
+      issue_scores<Cfg>(s, q_rows, smem.k[stage]);
+      wgmma_commit();
+      issue_scores<Cfg>(dp, do_rows, smem.v[stage]);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(s);
+      fence_registers(dp);
+
+      // −inf outside the mask: keys ≥ Sk, rows ≥ Sq, causally key > row + diagonal.
+      const bool partial = first_key + Cfg::kBlock > args.Sk || q0 + Cfg::kBlock > args.Sq;
+      const bool on_diagonal = causal && first_key + Cfg::kBlock - 1 > first_row + diagonal;
+      if (partial || on_diagonal) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int limit = row_abs[r] >= args.Sq ? -1 : causal ? min(args.Sk - 1, row_abs[r] + diagonal) : args.Sk - 1;
+#pragma unroll
+          for (int j = 0; j < Cfg::kSRegs / 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (first_key + 8 * j + frag.col + e > limit) s[4 * j + 2 * r + e] = neg_inf();
+        }
+      }
+      std::uint32_t p[Cfg::kTokenSteps][4];
+      const float c = q_scale * k_scale * scale_log2;
+      p_operand<kPCode>(s, c, lse, p);
+      const float amax = ds_in_place(dp, do_scale * v_scale, delta, p);
+      const float ds_scale = pair_ds_scale(amax, smem.amax[n & 1], consumer_thread);
+      std::uint32_t a[Cfg::kTokenSteps][4];
+      ds_operand(dp, ds_scale, a);
+
+      float part[Cfg::kGradRegs];
+      fence_operand(a);
+      wgmma_fence();
+      issue_grad<Cfg>(part, a, smem.kt[stage]);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_registers(part);
+      fence_operand(a);
+      cuda::ptx::mbarrier_arrive(&smem.empty[stage]);
+      // K's scale is one per key tile: it factors out of the tile's sum.
+      const float factor = ds_scale * k_scale;
+#pragma unroll
+      for (int i = 0; i < Cfg::kGradRegs; ++i) dq[i] = fmaf(part[i], factor, dq[i]);
+    }
+  }
+  TensorRef out = args.dq;
+  store_rows(dq, args.softmax_scale, frag, first_row, args.Sq, args.out_type, out, batch, head);
+}
+
+}  // namespace fp4attn::sm90::bwd

@@ -1,0 +1,81 @@
+// Host launcher of the FP8 backward kernels: tensor maps, grids, shared memory.
+#include <string>
+
+#include "cuda/sm90/bwd/dkv_kernel.cuh"
+#include "cuda/sm90/bwd/dq_kernel.cuh"
+#include "cuda/sm90/tensor_map.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::sm90::bwd {
+namespace {
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
+
+// Token-major contiguous codes (B, S, H, D), boxes of 128 tokens.
+template <int D>
+CUtensorMap token_map(const std::uint8_t* codes, int B, int S, int H, const char* name) {
+  constexpr TmaSwizzle kSwizzle = D == 128 ? TmaSwizzle::b128 : TmaSwizzle::b64;
+  return make_byte_tensor_map(codes, {u64(D), u64(S), u64(H), u64(B)}, {u64(H) * D, u64(D), u64(S) * H * D},
+                              {D, kTile, 1, 1}, kSwizzle, name);
+}
+
+// Transposed codes (B, H, D, padded), boxes of D rows × 128 tokens.
+template <int D>
+CUtensorMap transposed_map(const std::uint8_t* codes, int B, int S, int H, const char* name) {
+  const std::uint64_t padded = u64(padded_tokens(S));
+  return make_byte_tensor_map(codes, {padded, u64(D), u64(H), u64(B)}, {padded, padded * D, padded * D * H},
+                              {kTile, D, 1, 1}, TmaSwizzle::b128, name);
+}
+
+template <int D, PCode kPCode>
+void launch(const Fp8BackwardArgs& a, cudaStream_t stream) {
+  using Cfg = BwdConfig<D>;
+  const CUtensorMap tm_q = token_map<D>(a.q, a.B, a.Sq, a.Hq, "q");
+  const CUtensorMap tm_do = token_map<D>(a.d_o, a.B, a.Sq, a.Hq, "d_o");
+  const CUtensorMap tm_k = token_map<D>(a.k, a.B, a.Sk, a.Hkv, "k");
+  const CUtensorMap tm_v = token_map<D>(a.v, a.B, a.Sk, a.Hkv, "v");
+  const CUtensorMap tm_qt = transposed_map<D>(a.qt, a.B, a.Sq, a.Hq, "q");
+  const CUtensorMap tm_dot = transposed_map<D>(a.d_ot, a.B, a.Sq, a.Hq, "d_o");
+  const CUtensorMap tm_kt = transposed_map<D>(a.kt, a.B, a.Sk, a.Hkv, "k");
+
+  if (a.dq_mode == DqMode::two_pass) {
+    auto* dq_kernel = &fp8_dq_kernel<D, kPCode>;
+    constexpr int kDqSmem = shared_bytes<DqShared<Cfg>>();
+    check_cuda(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem),
+               "cudaFuncSetAttribute");
+    const dim3 dq_grid((a.Sq + kTile - 1) / kTile, a.Hq, a.B);
+    dq_kernel<<<dq_grid, Cfg::kThreads, kDqSmem, stream>>>(a, tm_q, tm_do, tm_k, tm_v, tm_kt);
+    check_cuda(cudaGetLastError(), "fp8_dq_kernel launch");
+  }
+
+  auto* dkv_kernel = a.dq_mode == DqMode::two_pass ? &fp8_dkv_kernel<D, kPCode, DqMode::two_pass>
+                                                   : &fp8_dkv_kernel<D, kPCode, DqMode::atomic>;
+  constexpr int kDkvSmem = shared_bytes<DkvShared<Cfg>>();
+  check_cuda(cudaFuncSetAttribute(dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDkvSmem),
+             "cudaFuncSetAttribute");
+  const dim3 dkv_grid((a.Sk + kTile - 1) / kTile, a.Hkv, a.B);
+  dkv_kernel<<<dkv_grid, Cfg::kThreads, kDkvSmem, stream>>>(a, tm_q, tm_do, tm_qt, tm_dot, tm_k, tm_v, tm_kt);
+  check_cuda(cudaGetLastError(), "fp8_dkv_kernel launch");
+  if (a.dq_mode == DqMode::atomic)
+    finalize_dq(a.dq_accum, a.out_type, a.dq, a.softmax_scale, a.B, a.Sq, a.Hq, D, stream);
+}
+
+}  // namespace
+
+void backward_fp8(const Fp8BackwardArgs& a, cudaStream_t stream) {
+  if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) throw Error("Hkv", "Hq must be a multiple of Hkv");
+  if (!(a.softmax_scale > 0.0f)) throw Error("softmax_scale", "must be positive");
+  if (a.dq_mode == DqMode::atomic && a.dq_accum == nullptr) throw Error("dq_accum", "DqMode::atomic needs the buffer");
+  const bool direct = a.p_code == PCode::direct_p;
+  switch (a.D) {
+    case 64: return direct ? launch<64, PCode::direct_p>(a, stream) : launch<64, PCode::exp2_cvt>(a, stream);
+    case 128: return direct ? launch<128, PCode::direct_p>(a, stream) : launch<128, PCode::exp2_cvt>(a, stream);
+    default: throw Error("D", "the sm90 backward supports D = 64 and 128, got " + std::to_string(a.D));
+  }
+}
+
+}  // namespace fp4attn::sm90::bwd

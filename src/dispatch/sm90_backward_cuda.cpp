@@ -1,0 +1,249 @@
+// The sm90 backward in a CUDA build: device entry (zero-copy, on the caller's
+// stream, every intermediate in the caller's workspace) and the host-array
+// path of fp4attn::backward on top of it.
+#if defined(FP4ATTN_HAS_CUDA)
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "cuda/common/device_memory.hpp"
+#include "cuda/quantize/quantize_fp8.hpp"
+#include "cuda/sm90/bwd/bwd.hpp"
+#include "dispatch/sm90_executor.hpp"
+#include "fp4attn/attention.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::dispatch {
+namespace {
+
+constexpr std::size_t kAlign = 256;
+constexpr int kNonfiniteFlags = 3;
+
+std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::int64_t token_blocks(std::int64_t S) { return (S + cuda_quantize::kTokenBlock - 1) / cuda_quantize::kTokenBlock; }
+
+// Byte offsets inside the workspace. The two quantizer calls (Q, K, V as the
+// forward; dO, V per token block) share the outputs nobody reads (Vᵀ, the
+// per-channel V scale, the flags) and the quantizer's scratch.
+struct BackwardLayout {
+  std::size_t q, k, d_o, v, vt, qt, d_ot, kt;
+  std::size_t q_scale, k_scale, do_scale, v_scale, v_channel_scale, k_mean, lse_shift, nonfinite, scratch;
+  std::size_t delta, lse_log2, dq_accum, bytes;
+};
+
+BackwardLayout backward_layout(const AttentionShape& s) {
+  const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
+  const std::int64_t pq = sm90::bwd::padded_tokens(s.Sq), pk = sm90::bwd::padded_tokens(s.Sk);
+  BackwardLayout l{};
+  std::size_t at = 0;
+  const auto take = [&at](std::size_t bytes) {
+    const std::size_t offset = at;
+    at += round_up(bytes);
+    return offset;
+  };
+  l.q = take(static_cast<std::size_t>(s.q_elems()));
+  l.k = take(static_cast<std::size_t>(s.kv_elems()));
+  l.d_o = take(static_cast<std::size_t>(s.q_elems()));
+  l.v = take(static_cast<std::size_t>(s.kv_elems()));
+  l.vt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * cuda_quantize::padded_keys(s.Sk)));
+  l.qt = take(static_cast<std::size_t>(s.B * s.Hq * s.D * pq));
+  l.d_ot = take(static_cast<std::size_t>(s.B * s.Hq * s.D * pq));
+  l.kt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * pk));
+  l.q_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
+  l.do_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
+  l.k_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
+  l.v_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
+  l.v_channel_scale = take(floats(s.B * s.Hkv * s.D));
+  l.k_mean = take(floats(s.B * s.Hkv * s.D));
+  l.lse_shift = take(floats(s.lse_elems()));
+  l.nonfinite = take(kNonfiniteFlags * sizeof(int));
+  l.scratch = take(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
+  l.delta = take(floats(s.B * s.Hq * pq));
+  l.lse_log2 = take(floats(s.B * s.Hq * pq));
+  l.dq_accum = take(floats(s.q_elems()));  // non-deterministic mode only
+  l.bytes = at;
+  return l;
+}
+
+cuda_quantize::ElementType element_type(DeviceElement e) {
+  switch (e) {
+    case DeviceElement::f32: return cuda_quantize::ElementType::f32;
+    case DeviceElement::f16: return cuda_quantize::ElementType::f16;
+    case DeviceElement::bf16: return cuda_quantize::ElementType::bf16;
+  }
+  throw Error("dtype", "unknown device element type");
+}
+
+cuda_quantize::StridedInput strided(const DeviceTensorView& x, DeviceElement e, std::int64_t B, std::int64_t S,
+                                    std::int64_t H, std::int64_t D, const char* name) {
+  if (x.data == nullptr) throw Error(name, "is a null device pointer");
+  return {x.data, element_type(e), B, S, H, D, x.stride_b, x.stride_s, x.stride_h};
+}
+
+sm90::bwd::TensorRef input_ref(const DeviceTensorView& x, const char* name) {
+  if (x.data == nullptr) throw Error(name, "is a null device pointer");
+  return {const_cast<void*>(x.data), x.stride_b, x.stride_s, x.stride_h};
+}
+
+sm90::bwd::TensorRef output_ref(void* p, std::int64_t b, std::int64_t s, std::int64_t h, const char* name) {
+  if (p == nullptr) throw Error(name, "is a null device pointer");
+  return {p, b, s, h};
+}
+
+}  // namespace
+
+bool sm90_backward_supports(const AttentionShape& shape, const AttentionOptions& opt) {
+  return sm90_supports(shape, opt) && opt.recipe == Recipe::fp8 && opt.ds_format == GradFormat::e4m3;
+}
+
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape) {
+  check_shape(shape);
+  return backward_layout(shape).bytes;
+}
+
+void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions& opt, bool deterministic,
+                          void* stream_handle) {
+  const AttentionShape& s = args.shape;
+  validate(s, opt);
+  if (!spec_of(opt.recipe).has_backward)
+    throw Error("recipe", std::string(to_string(opt.recipe)) + " is inference only: no backward");
+  if (!sm90_backward_supports(s, opt))
+    throw Error("executor", "the sm90 backward does not implement this call (it runs recipe fp8, target sm90, "
+                            "128-token tiles, D = 64 or 128, E4M3 dS)");
+  if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
+  const BackwardLayout layout = backward_layout(s);
+  if (args.workspace == nullptr || args.workspace_bytes < layout.bytes)
+    throw Error("workspace", "needs " + std::to_string(layout.bytes) + " device bytes, got " +
+                                 std::to_string(args.workspace == nullptr ? 0 : args.workspace_bytes));
+  if (reinterpret_cast<std::uintptr_t>(args.workspace) % kAlign != 0)
+    throw Error("workspace", "must be " + std::to_string(kAlign) + "-byte aligned");
+
+  sm90::bwd::Fp8BackwardArgs a;
+  a.dq = output_ref(args.dq, args.dq_stride_b, args.dq_stride_s, args.dq_stride_h, "dq");
+  a.dk = output_ref(args.dk, args.dk_stride_b, args.dk_stride_s, args.dk_stride_h, "dk");
+  a.dv = output_ref(args.dv, args.dv_stride_b, args.dv_stride_s, args.dv_stride_h, "dv");
+  const sm90::bwd::TensorRef o = input_ref(args.o, "o"), d_o = input_ref(args.d_o, "d_o");
+  for (const auto& [view, name] : {std::pair{&args.q, "q"}, {&args.k, "k"}, {&args.v, "v"}})
+    if (view->data == nullptr) throw Error(name, "is a null device pointer");
+  if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
+
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
+  auto* base = static_cast<unsigned char*>(args.workspace);
+  const auto floats = [base](std::size_t offset) { return reinterpret_cast<float*>(base + offset); };
+
+  // Q, K (and V) exactly as the forward quantized them.
+  cuda_quantize::Fp8Buffers fwd;
+  fwd.q = base + layout.q;
+  fwd.k = base + layout.k;
+  fwd.vt = base + layout.vt;
+  fwd.vt_keys = cuda_quantize::padded_keys(s.Sk);
+  fwd.q_scale = floats(layout.q_scale);
+  fwd.k_scale = floats(layout.k_scale);
+  fwd.v_scale = floats(layout.v_channel_scale);
+  fwd.k_mean = floats(layout.k_mean);
+  fwd.lse_shift = floats(layout.lse_shift);
+  fwd.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);
+  fwd.workspace = base + layout.scratch;
+  const auto in_v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
+  cuda_quantize::quantize_fp8(strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q"),
+                              strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k"), in_v, opt.smooth_k, scale,
+                              fwd, stream);
+  // dO and V meet in dP = dO·Vᵀ, a reduction over D: both per token block
+  // along D, which is how the quantizer treats Q and K without smooth_k.
+  cuda_quantize::Fp8Buffers grad = fwd;
+  grad.q = base + layout.d_o;
+  grad.q_scale = floats(layout.do_scale);
+  grad.k = base + layout.v;
+  grad.k_scale = floats(layout.v_scale);
+  cuda_quantize::quantize_fp8(strided(args.d_o, args.element, s.B, s.Sq, s.Hq, s.D, "d_o"), in_v, in_v, false, scale,
+                              grad, stream);
+
+  const int B = static_cast<int>(s.B), Sq = static_cast<int>(s.Sq), Sk = static_cast<int>(s.Sk);
+  const int Hq = static_cast<int>(s.Hq), Hkv = static_cast<int>(s.Hkv), D = static_cast<int>(s.D);
+  sm90::bwd::transpose_codes(fwd.q, base + layout.qt, B, Sq, Hq, D, stream);
+  sm90::bwd::transpose_codes(grad.q, base + layout.d_ot, B, Sq, Hq, D, stream);
+  sm90::bwd::transpose_codes(fwd.k, base + layout.kt, B, Sk, Hkv, D, stream);
+  sm90::bwd::row_statistics(element_type(args.element), d_o, o, args.lse, opt.smooth_k ? fwd.lse_shift : nullptr,
+                            floats(layout.delta), floats(layout.lse_log2), B, Sq, Hq, D, stream);
+
+  a.q = fwd.q, a.k = fwd.k, a.d_o = grad.q, a.v = grad.k;
+  a.qt = base + layout.qt, a.d_ot = base + layout.d_ot, a.kt = base + layout.kt;
+  a.q_scale = fwd.q_scale, a.k_scale = fwd.k_scale, a.do_scale = grad.q_scale, a.v_scale = grad.k_scale;
+  a.lse_log2 = floats(layout.lse_log2), a.delta = floats(layout.delta);
+  a.out_type = element_type(args.element);
+  a.B = B, a.Hq = Hq, a.Hkv = Hkv, a.Sq = Sq, a.Sk = Sk, a.D = D;
+  a.softmax_scale = scale;
+  a.mask = opt.mask;
+  a.p_code = opt.direct_p ? sm90::bwd::PCode::direct_p : sm90::bwd::PCode::exp2_cvt;
+  if (!deterministic) {
+    // One pass: the dK/dV kernel adds dQ by fp32 atomics (order varies run to run).
+    a.dq_mode = sm90::bwd::DqMode::atomic;
+    a.dq_accum = floats(layout.dq_accum);
+    cuda_common::check_cuda(cudaMemsetAsync(a.dq_accum, 0, static_cast<std::size_t>(s.q_elems()) * sizeof(float), stream),
+                            "cudaMemsetAsync");
+  }
+  sm90::bwd::backward_fp8(a, stream);
+}
+
+BackwardOutput sm90_backward(const AttentionShape& s, std::span<const float> q, std::span<const float> k,
+                             std::span<const float> v, std::span<const float> o, std::span<const float> lse,
+                             std::span<const float> d_o, const AttentionOptions& opt) {
+  const cudaStream_t stream = nullptr;
+  std::vector<cuda_common::DeviceMemory> owned;
+  const auto upload = [&](std::span<const float> x) {
+    owned.push_back(cuda_common::device_alloc(x.size() * sizeof(float)));
+    cuda_common::check_cuda(cudaMemcpyAsync(owned.back().get(), x.data(), x.size() * sizeof(float),
+                                            cudaMemcpyHostToDevice, stream),
+                            "cudaMemcpyAsync");
+    return owned.back().get();
+  };
+  const auto output = [&](std::int64_t n) {
+    owned.push_back(cuda_common::device_alloc(static_cast<std::size_t>(n) * sizeof(float)));
+    return owned.back().get();
+  };
+  const auto view = [](const void* p, std::int64_t S, std::int64_t H, std::int64_t D) {
+    return DeviceTensorView{p, S * H * D, H * D, D};
+  };
+  DeviceBackwardArgs a;
+  a.shape = s;
+  a.element = DeviceElement::f32;
+  a.q = view(upload(q), s.Sq, s.Hq, s.D);
+  a.k = view(upload(k), s.Sk, s.Hkv, s.D);
+  a.v = view(upload(v), s.Sk, s.Hkv, s.D);
+  a.o = view(upload(o), s.Sq, s.Hq, s.D);
+  a.d_o = view(upload(d_o), s.Sq, s.Hq, s.D);
+  a.lse = static_cast<const float*>(upload(lse));
+  a.dq = output(s.q_elems());
+  a.dq_stride_b = s.Sq * s.Hq * s.D, a.dq_stride_s = s.Hq * s.D, a.dq_stride_h = s.D;
+  a.dk = output(s.kv_elems());
+  a.dk_stride_b = s.Sk * s.Hkv * s.D, a.dk_stride_s = s.Hkv * s.D, a.dk_stride_h = s.D;
+  a.dv = output(s.kv_elems());
+  a.dv_stride_b = a.dk_stride_b, a.dv_stride_s = a.dk_stride_s, a.dv_stride_h = a.dk_stride_h;
+  a.workspace_bytes = sm90_device_backward_workspace_bytes(s);
+  owned.push_back(cuda_common::device_alloc(a.workspace_bytes));
+  a.workspace = owned.back().get();
+  sm90_backward_device(a, opt, true, stream);
+
+  BackwardOutput out{std::vector<float>(static_cast<std::size_t>(s.q_elems())),
+                     std::vector<float>(static_cast<std::size_t>(s.kv_elems())),
+                     std::vector<float>(static_cast<std::size_t>(s.kv_elems())), Executor::sm90};
+  const auto download = [&](std::vector<float>& dst, const void* src) {
+    cuda_common::check_cuda(
+        cudaMemcpyAsync(dst.data(), src, dst.size() * sizeof(float), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  };
+  download(out.dq, a.dq);
+  download(out.dk, a.dk);
+  download(out.dv, a.dv);
+  cuda_common::check_cuda(cudaStreamSynchronize(stream), "fp8 backward");
+  return out;
+}
+
+}  // namespace fp4attn::dispatch
+
+#endif  // FP4ATTN_HAS_CUDA

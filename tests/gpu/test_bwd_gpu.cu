@@ -1,0 +1,294 @@
+// GPU suite of the sm90 FP8 backward (recipe fp8): the kernels against the
+// CPU emulator's backward (the oracle: same inputs, same quantizer, same
+// Direct-P codes) and against the fp64 reference on the original inputs, on
+// random shapes with odd lengths, GQA/MQA, both causal alignments with
+// Sq ≠ Sk, fully masked rows, strided tensors, both head dims and Direct-P on
+// and off; then determinism and the public API. Bounds: src/cuda/sm90/bwd/NOTES.md.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "dispatch/sm90_executor.hpp"
+#include "fp4attn/attention.hpp"
+#include "fp4attn/emulator.hpp"
+#include "fp4attn/error.hpp"
+#include "fp4attn/metrics.hpp"
+#include "fp4attn/reference.hpp"
+#include "gpu/gpu_test_util.hpp"
+
+namespace fp4attn {
+namespace {
+
+using gpu_test::DeviceArray;
+
+// GPU vs emulator, per gradient (NOTES.md "Test bounds"): about three times
+// the worst difference measured over three runs of the grid (1.08e-2 rel L2,
+// 1 − cos 5.8e-5, both dQ with exp2 P and no smooth_k).
+constexpr double kMaxRelL2VsEmulator = 3e-2;
+constexpr double kMinCosineVsEmulator = 0.99985;
+// GPU vs fp64 on the original inputs: the GPU's recipe error may exceed the
+// emulator's by this much (relative L2, absolute), per gradient; measured at
+// most 1.3e-3.
+constexpr double kMaxExtraRecipeError = 4e-3;
+constexpr std::int64_t kHeadPad = 1;  // extra head slot in device layouts: strides ≠ contiguous
+
+struct Case {
+  AttentionShape shape;
+  MaskKind mask;
+  bool direct_p;
+  bool smooth_k;
+  dispatch::DeviceElement element = dispatch::DeviceElement::f32;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  const auto& s = c.shape;
+  static constexpr const char* kMaskNames[] = {"full", "causal", "causaltopleft"};
+  static constexpr const char* kElementNames[] = {"f32", "f16", "bf16"};
+  return "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" + std::to_string(s.Hkv) + "_Sq" +
+         std::to_string(s.Sq) + "_Sk" + std::to_string(s.Sk) + "_D" + std::to_string(s.D) + "_" +
+         kMaskNames[static_cast<int>(c.mask)] + (c.direct_p ? "_directp" : "_exp2") + (c.smooth_k ? "_smoothk" : "") +
+         "_" + kElementNames[static_cast<int>(c.element)];
+}
+
+AttentionOptions options_of(const Case& c) {
+  AttentionOptions opt;
+  opt.mask = c.mask;
+  opt.direct_p = c.direct_p;
+  opt.smooth_k = c.smooth_k;
+  return opt;
+}
+
+// A logical (B, S, H, D) tensor on the device as f32 or bf16 in (B, S, H + pad, D).
+struct PaddedTensor {
+  std::int64_t B, S, H, D;
+  dispatch::DeviceElement element;
+  DeviceArray<std::uint8_t> data;
+  PaddedTensor(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, dispatch::DeviceElement e)
+      : B(b), S(s), H(h), D(d), element(e), data(static_cast<std::size_t>(b * s * (h + kHeadPad) * d) * element_bytes(e)) {
+    data.poison();
+  }
+  static std::size_t element_bytes(dispatch::DeviceElement e) { return e == dispatch::DeviceElement::f32 ? 4 : 2; }
+  std::size_t padded_index(std::int64_t i, std::int64_t d) const {
+    return static_cast<std::size_t>(((i / H) * (H + kHeadPad) + i % H) * D + d);
+  }
+  void upload(const std::vector<float>& x) {
+    std::vector<std::uint8_t> h(data.count, 0);
+    for (std::int64_t i = 0; i < B * S * H; ++i)
+      for (std::int64_t d = 0; d < D; ++d) {
+        const std::size_t at = padded_index(i, d) * element_bytes(element);
+        if (element == dispatch::DeviceElement::f32) std::memcpy(&h[at], &x[i * D + d], 4);
+        else {
+          const __nv_bfloat16 b = __float2bfloat16_rn(x[i * D + d]);
+          std::memcpy(&h[at], &b, 2);
+        }
+      }
+    data.upload(h);
+  }
+  std::vector<float> download() const {
+    const auto raw = data.download();
+    std::vector<float> x(static_cast<std::size_t>(B * S * H * D));
+    for (std::int64_t i = 0; i < B * S * H; ++i)
+      for (std::int64_t d = 0; d < D; ++d) {
+        const std::size_t at = padded_index(i, d) * element_bytes(element);
+        if (element == dispatch::DeviceElement::f32) std::memcpy(&x[i * D + d], &raw[at], 4);
+        else {
+          __nv_bfloat16 b;
+          std::memcpy(&b, &raw[at], 2);
+          x[i * D + d] = __bfloat162float(b);
+        }
+      }
+    return x;
+  }
+  dispatch::DeviceTensorView view() const { return {data.ptr, S * (H + kHeadPad) * D, (H + kHeadPad) * D, D}; }
+};
+
+struct Problem {
+  std::vector<float> q, k, v, d_o;
+  emulator::ForwardResult fwd;
+};
+
+Problem make_problem(const Case& c, std::mt19937& rng) {
+  const AttentionShape& s = c.shape;
+  Problem p;
+  p.q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
+  p.k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
+  p.v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+  p.d_o = gpu_test::attention_input(s.q_elems(), s.D, 0.1f, rng);
+  p.fwd = emulator::forward(s, p.q, p.k, p.v, options_of(c));
+  return p;
+}
+
+emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool deterministic = true) {
+  const AttentionShape& s = c.shape;
+  PaddedTensor q(s.B, s.Sq, s.Hq, s.D, c.element), k(s.B, s.Sk, s.Hkv, s.D, c.element),
+      v(s.B, s.Sk, s.Hkv, s.D, c.element), o(s.B, s.Sq, s.Hq, s.D, c.element), d_o(s.B, s.Sq, s.Hq, s.D, c.element);
+  q.upload(p.q), k.upload(p.k), v.upload(p.v), o.upload(p.fwd.o), d_o.upload(p.d_o);
+  DeviceArray<float> lse(s.lse_elems());
+  lse.upload(p.fwd.lse);
+  // Outputs start as NaN (poisoned by the constructor): every element must be written.
+  PaddedTensor dq(s.B, s.Sq, s.Hq, s.D, c.element), dk(s.B, s.Sk, s.Hkv, s.D, c.element),
+      dv(s.B, s.Sk, s.Hkv, s.D, c.element);
+  DeviceArray<std::uint8_t> ws(dispatch::sm90_device_backward_workspace_bytes(s));
+  ws.poison();
+  dispatch::DeviceBackwardArgs a;
+  a.shape = s;
+  a.element = c.element;
+  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.o = o.view(), a.d_o = d_o.view();
+  a.lse = lse.ptr;
+  const auto out = [](PaddedTensor& t, void*& ptr, std::int64_t& sb, std::int64_t& ss, std::int64_t& sh) {
+    const auto view = t.view();
+    ptr = t.data.ptr, sb = view.stride_b, ss = view.stride_s, sh = view.stride_h;
+  };
+  out(dq, a.dq, a.dq_stride_b, a.dq_stride_s, a.dq_stride_h);
+  out(dk, a.dk, a.dk_stride_b, a.dk_stride_s, a.dk_stride_h);
+  out(dv, a.dv, a.dv_stride_b, a.dv_stride_s, a.dv_stride_h);
+  a.workspace = ws.ptr, a.workspace_bytes = ws.bytes();
+  dispatch::sm90_backward_device(a, options_of(c), deterministic, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  return {dq.download(), dk.download(), dv.download()};
+}
+
+std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+class GpuBackwardGrid : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuBackwardGrid, MatchesEmulatorAndReference) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const Case& c = GetParam();
+  const AttentionShape& s = c.shape;
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const Problem p = make_problem(c, rng);
+  const AttentionOptions opt = options_of(c);
+  const emulator::BackwardResult got = run_gpu(c, p);
+  const emulator::BackwardResult want = emulator::backward(s, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  const reference::BackwardResult truth =
+      reference::backward(s, to_double(p.q), to_double(p.k), to_double(p.v), to_double(p.d_o), c.mask, scale);
+  const std::string where = case_name({c, 0}) + " seed=" + std::to_string(seed);
+
+  const std::vector<float>* gpu[] = {&got.dq, &got.dk, &got.dv};
+  const std::vector<float>* emu[] = {&want.dq, &want.dk, &want.dv};
+  const std::vector<double>* ref[] = {&truth.dq, &truth.dk, &truth.dv};
+  static constexpr const char* kNames[] = {"dq", "dk", "dv"};
+  for (int g = 0; g < 3; ++g) {
+    std::size_t unwritten = 0;
+    for (float x : *gpu[g]) unwritten += std::isnan(x);
+    ASSERT_EQ(unwritten, 0u) << kNames[g] << " left as poison " << where;
+    const ErrorMetrics vs_emu = compare(*gpu[g], *emu[g]);
+    const ErrorMetrics gpu_vs_ref = compare(*gpu[g], *ref[g]);
+    const ErrorMetrics emu_vs_ref = compare(*emu[g], *ref[g]);
+    std::printf("BWD-METRIC %s %s vs_emu_rel_l2=%.3e vs_emu_cos=%.8f gpu_vs_ref_rel_l2=%.3e emu_vs_ref_rel_l2=%.3e\n",
+                where.c_str(), kNames[g], vs_emu.rel_l2, vs_emu.cosine, gpu_vs_ref.rel_l2, emu_vs_ref.rel_l2);
+    EXPECT_EQ(vs_emu.nonfinite_mismatch, 0) << kNames[g] << " " << where;
+    EXPECT_LE(vs_emu.rel_l2, kMaxRelL2VsEmulator) << kNames[g] << " rel L2 vs emulator " << where;
+    EXPECT_GE(vs_emu.cosine, kMinCosineVsEmulator) << kNames[g] << " cosine vs emulator " << where;
+    EXPECT_LE(gpu_vs_ref.rel_l2, emu_vs_ref.rel_l2 + kMaxExtraRecipeError) << kNames[g] << " vs fp64 " << where;
+  }
+  // Fully masked rows (bottom-right causal, Sq > Sk): exactly zero gradients.
+  if (c.mask == MaskKind::causal && s.Sq > s.Sk) {
+    for (std::int64_t b = 0; b < s.B; ++b)
+      for (std::int64_t i = 0; i < s.Sq - s.Sk; ++i)
+        for (std::int64_t h = 0; h < s.Hq; ++h)
+          for (std::int64_t d = 0; d < s.D; ++d)
+            ASSERT_EQ(got.dq[((b * s.Sq + i) * s.Hq + h) * s.D + d], 0.0f) << "masked row " << i << " " << where;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuBackwardGrid,
+    ::testing::Values(
+        Case{{1, 2, 2, 128, 128, 128}, MaskKind::none, true, true},
+        Case{{1, 2, 2, 128, 128, 64}, MaskKind::none, false, false},
+        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true},   // GQA, odd lengths, Sq < Sk
+        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, false, true},
+        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, true, true},  // Sq > Sk: rows 0..149 fully masked
+        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false, false},
+        Case{{1, 3, 1, 77, 515, 128}, MaskKind::causal, true, false},  // MQA
+        Case{{2, 2, 2, 513, 1000, 64}, MaskKind::none, true, true},
+        Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true, true},
+        Case{{1, 2, 2, 300, 140, 64}, MaskKind::causal_top_left, false, true},  // top-left, Sq > Sk
+        Case{{1, 4, 4, 512, 512, 128}, MaskKind::causal, true, true},
+        Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, true},
+        Case{{1, 4, 2, 384, 256, 128}, MaskKind::none, true, true, dispatch::DeviceElement::bf16}),
+    case_name);
+
+TEST(GpuBackwardFp8, DeterministicRunsAreBitIdentical) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const Case c{{2, 4, 2, 300, 457, 128}, MaskKind::causal, true, true};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  const Problem p = make_problem(c, rng);
+  const emulator::BackwardResult first = run_gpu(c, p, true), second = run_gpu(c, p, true);
+  EXPECT_EQ(first.dq, second.dq);
+  EXPECT_EQ(first.dk, second.dk);
+  EXPECT_EQ(first.dv, second.dv);
+}
+
+// Non-deterministic mode (dQ by atomics from the dK/dV kernel): the same
+// bounds against the emulator; dK and dV, computed the same way in both
+// modes, are bit-identical to the deterministic run's.
+TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (const Case& c : {Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true},
+                        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false, true},
+                        Case{{1, 4, 2, 385, 257, 128}, MaskKind::none, true, false},
+                        Case{{1, 2, 2, 129, 300, 128}, MaskKind::causal_top_left, true, true,
+                             dispatch::DeviceElement::bf16}}) {
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    const Problem p = make_problem(c, rng);
+    const AttentionOptions opt = options_of(c);
+    const emulator::BackwardResult got = run_gpu(c, p, false), two_pass = run_gpu(c, p, true);
+    const emulator::BackwardResult want = emulator::backward(c.shape, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+    const std::string where = case_name({c, 0}) + " seed=" + std::to_string(seed);
+    std::size_t unwritten = 0;
+    for (float x : got.dq) unwritten += std::isnan(x);
+    ASSERT_EQ(unwritten, 0u) << "dq left as poison " << where;
+    const ErrorMetrics m = compare(got.dq, want.dq);
+    std::printf("BWD-METRIC atomic %s dq vs_emu_rel_l2=%.3e vs_emu_cos=%.8f\n", where.c_str(), m.rel_l2, m.cosine);
+    EXPECT_LE(m.rel_l2, kMaxRelL2VsEmulator) << where;
+    EXPECT_GE(m.cosine, kMinCosineVsEmulator) << where;
+    EXPECT_LE(compare(got.dq, two_pass.dq).rel_l2, 1e-5) << "atomic vs two-pass dQ " << where;
+    EXPECT_EQ(got.dk, two_pass.dk) << where;
+    EXPECT_EQ(got.dv, two_pass.dv) << where;
+  }
+}
+
+TEST(GpuBackwardFp8, PublicApiRunsOnSm90) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const Case c{{1, 4, 2, 190, 260, 64}, MaskKind::causal, true, true};
+  const AttentionShape& s = c.shape;
+  std::mt19937 rng(gpu_test::fresh_seed());
+  const Problem p = make_problem(c, rng);
+  const AttentionOptions opt = options_of(c);
+  const BackwardOutput got = backward(s, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+  EXPECT_EQ(got.executor, Executor::sm90);
+  const emulator::BackwardResult want = emulator::backward(s, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+  EXPECT_LE(compare(got.dq, want.dq).rel_l2, kMaxRelL2VsEmulator);
+  EXPECT_LE(compare(got.dk, want.dk).rel_l2, kMaxRelL2VsEmulator);
+  EXPECT_LE(compare(got.dv, want.dv).rel_l2, kMaxRelL2VsEmulator);
+}
+
+// The bounds can fail: dS rounded to E5M2 instead of E4M3 (one mantissa bit
+// less, a wrong dS quantization) moves dQ and dK by far more than they allow.
+TEST(GpuBackwardFp8, BoundsRejectAWrongDsQuantization) {
+  const Case c{{1, 2, 2, 256, 256, 64}, MaskKind::causal, true, true};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  const Problem p = make_problem(c, rng);
+  AttentionOptions opt = options_of(c);
+  const emulator::BackwardResult right = emulator::backward(c.shape, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+  opt.ds_format = GradFormat::e5m2;
+  const emulator::BackwardResult wrong = emulator::backward(c.shape, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+  const double dq_moved = compare(wrong.dq, right.dq).rel_l2, dk_moved = compare(wrong.dk, right.dk).rel_l2;
+  std::printf("E5M2 instead of E4M3 dS moves dQ by rel L2 %.3e, dK by %.3e\n", dq_moved, dk_moved);
+  EXPECT_GT(dq_moved, kMaxRelL2VsEmulator);
+  EXPECT_GT(dk_moved, kMaxRelL2VsEmulator);
+  // A dS scale off by one binade: every dQ and dK value doubles.
+  std::vector<float> doubled = right.dq;
+  for (float& x : doubled) x *= 2.0f;
+  EXPECT_GT(compare(doubled, right.dq).rel_l2, kMaxRelL2VsEmulator);
+}
+
+}  // namespace
+}  // namespace fp4attn

@@ -1,0 +1,149 @@
+// fp4attn::backward and the device backward's argument checks: every bad
+// argument is named; without a Hopper GPU automatic dispatch runs the
+// emulator and returns exactly its gradients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dispatch/sm90_executor.hpp"
+#include "fp4attn/attention.hpp"
+#include "fp4attn/emulator.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn {
+namespace {
+
+struct Inputs {
+  AttentionShape shape{1, 2, 1, 70, 90, 64};
+  std::vector<float> q, k, v, o, lse, d_o;
+  AttentionOptions opt;
+  Inputs() {
+    std::mt19937 rng(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const auto fill = [&](std::int64_t n) {
+      std::vector<float> x(static_cast<std::size_t>(n));
+      for (float& e : x) e = normal(rng);
+      return x;
+    };
+    q = fill(shape.q_elems()), k = fill(shape.kv_elems()), v = fill(shape.kv_elems()), d_o = fill(shape.q_elems());
+    opt.mask = MaskKind::causal;
+    const emulator::ForwardResult f = emulator::forward(shape, q, k, v, opt);
+    o = f.o, lse = f.lse;
+  }
+  BackwardOutput run(Executor e = Executor::automatic) const { return backward(shape, q, k, v, o, lse, d_o, opt, e); }
+};
+
+// The argument fp4attn::Error names for `fn`, or "" when nothing is thrown.
+template <class F>
+std::string thrown_argument(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.argument();
+  }
+  return "";
+}
+
+TEST(BackwardApi, NamesTensorsWithWrongSizes) {
+  Inputs in;
+  for (const char* name : {"q", "k", "v", "o", "lse", "d_o"}) {
+    Inputs bad = in;
+    std::vector<float>& x = std::string(name) == "q"     ? bad.q
+                            : std::string(name) == "k"   ? bad.k
+                            : std::string(name) == "v"   ? bad.v
+                            : std::string(name) == "o"   ? bad.o
+                            : std::string(name) == "lse" ? bad.lse
+                                                         : bad.d_o;
+    x.pop_back();
+    EXPECT_EQ(thrown_argument([&] { bad.run(); }), name);
+  }
+}
+
+TEST(BackwardApi, NamesNonFiniteInputs) {
+  Inputs in;
+  for (const char* name : {"q", "o", "d_o"}) {
+    Inputs bad = in;
+    std::vector<float>& x = std::string(name) == "q" ? bad.q : std::string(name) == "o" ? bad.o : bad.d_o;
+    x[3] = NAN;
+    EXPECT_EQ(thrown_argument([&] { bad.run(); }), name);
+  }
+  Inputs bad = in;
+  bad.lse[1] = INFINITY;
+  EXPECT_EQ(thrown_argument([&] { bad.run(); }), "lse");
+  bad.lse[1] = NAN;
+  EXPECT_EQ(thrown_argument([&] { bad.run(); }), "lse");
+}
+
+TEST(BackwardApi, RefusesInferenceRecipesAndBadShapes) {
+  Inputs in;
+  in.opt.recipe = Recipe::mxfp4;
+  EXPECT_EQ(thrown_argument([&] { in.run(); }), "recipe");
+  Inputs odd;
+  odd.shape.Hkv = 3;  // Hq = 2 is not a multiple
+  EXPECT_FALSE(thrown_argument([&] { odd.run(); }).empty());
+  Inputs d;
+  d.opt.block_q = 100;
+  EXPECT_EQ(thrown_argument([&] { d.run(); }), "block_q");
+}
+
+TEST(BackwardApi, AutomaticMatchesTheEmulatorWithoutAGpu) {
+  if (sm90_available()) GTEST_SKIP() << "a Hopper GPU runs the sm90 backward (tests/gpu/test_bwd_gpu.cu)";
+  Inputs in;
+  const BackwardOutput got = in.run();
+  EXPECT_EQ(got.executor, Executor::emulator);
+  const emulator::BackwardResult want = emulator::backward(in.shape, in.q, in.k, in.v, in.o, in.lse, in.d_o, in.opt);
+  EXPECT_EQ(got.dq, want.dq);
+  EXPECT_EQ(got.dk, want.dk);
+  EXPECT_EQ(got.dv, want.dv);
+  EXPECT_EQ(thrown_argument([&] { in.run(Executor::sm90); }), "executor");
+}
+
+TEST(BackwardApi, Sm90RefusesWhatItDoesNotImplement) {
+  Inputs in;
+  in.opt.ds_format = GradFormat::e5m2;  // the emulator has it, the kernels do not
+  EXPECT_FALSE(dispatch::sm90_backward_supports(in.shape, in.opt));
+  EXPECT_EQ(thrown_argument([&] { in.run(Executor::sm90); }), "executor");
+  Inputs d96;
+  d96.opt.recipe = Recipe::mxfp4_train;
+  EXPECT_FALSE(dispatch::sm90_backward_supports(d96.shape, d96.opt));
+}
+
+TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
+  if (!cuda_built()) GTEST_SKIP() << "CPU-only build: the device entry only reports that";
+  const AttentionShape s{1, 2, 1, 70, 90, 64};
+  AttentionOptions opt;
+  // Fake, never dereferenced: every check runs before anything is enqueued.
+  void* fake = reinterpret_cast<void*>(std::uintptr_t{1} << 20);
+  dispatch::DeviceBackwardArgs a;
+  a.shape = s;
+  a.q = a.k = a.v = a.o = a.d_o = {fake, 0, 0, 0};
+  a.lse = static_cast<const float*>(fake);
+  a.dq = a.dk = a.dv = fake;
+  a.workspace = fake;
+  a.workspace_bytes = dispatch::sm90_device_backward_workspace_bytes(s);
+  EXPECT_GT(a.workspace_bytes, 0u);
+  const auto check = [&](dispatch::DeviceBackwardArgs bad) {
+    return thrown_argument([&] { dispatch::sm90_backward_device(bad, opt, true, nullptr); });
+  };
+  auto bad = a;
+  bad.lse = nullptr;
+  EXPECT_EQ(check(bad), "lse");
+  bad = a;
+  bad.dk = nullptr;
+  EXPECT_EQ(check(bad), "dk");
+  bad = a;
+  bad.d_o.data = nullptr;
+  EXPECT_EQ(check(bad), "d_o");
+  bad = a;
+  bad.workspace_bytes -= 1;
+  EXPECT_EQ(check(bad), "workspace");
+  bad = a;
+  bad.shape.D = 96;  // the emulator takes it, the kernels do not
+  EXPECT_EQ(check(bad), "executor");
+}
+
+}  // namespace
+}  // namespace fp4attn
