@@ -1,0 +1,234 @@
+// GPU quantizer for the FP4 recipes, host side: argument checks, the
+// workspace, and the launch sequence of quantize_fp4_kernel.cuh per operand:
+//   q, v, k without smooth_k  MXFP4: one quantize launch
+//                             NVFP4: tensor amax, then quantize (backwards)
+//   k with smooth_k           chunk sums (+ max / min for NVFP4), the mean
+//                             (+ the amax of k − mean), then quantize
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <bit>
+#include <limits>
+#include <string>
+
+#include "cuda/quantize/quantize_fp4.hpp"
+#include "cuda/quantize/quantize_fp4_kernel.cuh"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::cuda_quantize {
+namespace {
+
+constexpr int kNonfiniteFlags = 3;
+constexpr std::size_t kDefaultSmemLimit = 48 * 1024;
+constexpr int kAmaxCtasPerSm = 8;
+constexpr std::size_t kCodeStoreAlign = 4;         // one 32-bit word per store
+constexpr std::size_t kTransposedStoreAlign = 16;  // Vᵀ: 16 bytes per store
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+const char* name_of(Fp4Operand op) { return op == Fp4Operand::q ? "q" : op == Fp4Operand::k ? "k" : "v"; }
+
+std::int64_t mean_chunks(std::int64_t S) { return ceil_div(S, kSequenceMeanChunk); }
+
+// Byte offsets inside the workspace; the amax word is reset by each call that uses it.
+struct WorkspaceLayout {
+  std::size_t amax, k_partial, k_max, k_min, bytes;
+};
+
+WorkspaceLayout workspace_layout(std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+  const std::size_t partials = static_cast<std::size_t>(B * mean_chunks(S) * H * D);
+  WorkspaceLayout l{};
+  l.amax = 0;
+  l.k_partial = alignof(double);
+  l.k_max = l.k_partial + sizeof(double) * partials;
+  l.k_min = l.k_max + sizeof(float) * partials;
+  l.bytes = l.k_min + sizeof(float) * partials;
+  return l;
+}
+
+bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+template <class T>
+InputView<T> view_of(const StridedInput& x) {
+  constexpr std::int64_t per_vector = kVectorBytes / sizeof(T);
+  const bool vector = aligned(x.data, kVectorBytes) && x.stride_b % per_vector == 0 &&
+                      x.stride_s % per_vector == 0 && x.stride_h % per_vector == 0;
+  return {static_cast<const T*>(x.data), x.stride_b, x.stride_s, x.stride_h, vector};
+}
+
+// The caller's workspace, or a stream-ordered allocation freed after the launches.
+class CallWorkspace {
+ public:
+  CallWorkspace(void* given, std::size_t bytes, cudaStream_t stream) : ptr_(given), stream_(stream) {
+    if (ptr_ == nullptr) {
+      check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (quantizer workspace)");
+      owned_ = true;
+    }
+  }
+  CallWorkspace(const CallWorkspace&) = delete;
+  CallWorkspace& operator=(const CallWorkspace&) = delete;
+  ~CallWorkspace() {
+    if (owned_) cudaFreeAsync(ptr_, stream_);
+  }
+  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
+
+ private:
+  void* ptr_;
+  cudaStream_t stream_;
+  bool owned_ = false;
+};
+
+int sm_count() {
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return sms;
+}
+
+template <class T>
+void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const Fp4Buffers& out, cudaStream_t stream) {
+  const Fp4Output& dst = op == Fp4Operand::q ? out.q : op == Fp4Operand::k ? out.k : out.v;
+  const bool nvfp4 = opt.format == TensorFormat::nvfp4;
+  const bool smooth = op == Fp4Operand::k && opt.smooth_k;
+  const int B = static_cast<int>(x.B), S = static_cast<int>(x.S), H = static_cast<int>(x.H), D = static_cast<int>(x.D);
+
+  const WorkspaceLayout layout = workspace_layout(x.B, x.S, x.H, x.D);
+  CallWorkspace ws(out.workspace, layout.bytes, stream);
+  fp4::Workspace w{reinterpret_cast<unsigned*>(ws.bytes() + layout.amax),
+                   reinterpret_cast<double*>(ws.bytes() + layout.k_partial),
+                   reinterpret_cast<float*>(ws.bytes() + layout.k_max),
+                   reinterpret_cast<float*>(ws.bytes() + layout.k_min)};
+
+  fp4::Job<T> job{};
+  job.in = view_of<T>(x);
+  job.S = S, job.H = H, job.D = D;
+  job.seg_shift = std::countr_zero(static_cast<unsigned>(D / kSegment));
+  job.padded_tokens = static_cast<int>(fp4_padded_tokens(x.S));
+  job.nvfp4 = nvfp4;
+  job.round_up = opt.mx_scale_rule == MxScaleRule::round_up;
+  job.v_transposed = opt.v_transposed;
+  job.codes = dst.codes, job.scales = dst.scales, job.tensor_scale = dst.tensor_scale;
+  job.mean = smooth ? out.k_mean : nullptr;
+  job.amax = w.amax;
+  job.nonfinite = out.nonfinite + static_cast<int>(op);
+
+  if (nvfp4) check_cuda(cudaMemsetAsync(w.amax, 0, sizeof(unsigned), stream), "cudaMemsetAsync");
+  if (smooth) {
+    const int chunks = static_cast<int>(mean_chunks(x.S));
+    const int channels = H * D;
+    const dim3 grid(static_cast<unsigned>(ceil_div(channels, fp4::kThreads * fp4::kMeanChannelsPerThread)),
+                    static_cast<unsigned>(chunks),
+                    static_cast<unsigned>(B));
+    fp4::fp4_mean_partial_kernel<T><<<grid, fp4::kThreads, 0, stream>>>(job, w, chunks, nvfp4);
+    check_cuda(cudaGetLastError(), "quantize_fp4 (mean) launch");
+    const auto finalize_ctas = static_cast<unsigned>(ceil_div(x.B * channels, fp4::kThreads));
+    fp4::fp4_mean_finalize_kernel<<<finalize_ctas, fp4::kThreads, 0, stream>>>(w, B, channels, chunks, S, out.k_mean,
+                                                                               nvfp4);
+    check_cuda(cudaGetLastError(), "quantize_fp4 (mean) launch");
+  } else if (nvfp4) {
+    // About kAmaxCtasPerSm CTAs per SM over all batch entries, each with a few tokens at least.
+    const std::int64_t per_batch = std::max<std::int64_t>(1, sm_count() * kAmaxCtasPerSm / x.B);
+    const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(per_batch, ceil_div(x.S, fp4::kAmaxItems))),
+                    static_cast<unsigned>(x.B));
+    fp4::fp4_amax_kernel<T><<<grid, fp4::kThreads, 0, stream>>>(job, w.amax);
+    check_cuda(cudaGetLastError(), "quantize_fp4 (amax) launch");
+  }
+  // After a full pass over the tensor, its tail is what L2 still holds.
+  job.reverse = nvfp4 || smooth;
+
+  const std::int64_t slices = x.B * x.H;
+  if (op == Fp4Operand::v) {
+    const int tile_tokens = fp4::kColumnTileElems / D;
+    job.tiles_per_slice = static_cast<int>(ceil_div(job.padded_tokens, tile_tokens));
+    const std::size_t smem = sizeof(T) * fp4::kColumnTileElems + (opt.v_transposed ? 0 : fp4::kColumnTileElems);
+    if (smem > kDefaultSmemLimit)
+      check_cuda(cudaFuncSetAttribute(fp4::fp4_columns_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)),
+                 "cudaFuncSetAttribute");
+    const std::int64_t ctas = slices * job.tiles_per_slice;
+    if (ctas > std::numeric_limits<int>::max()) throw Error("v", "too large for one launch");
+    fp4::fp4_columns_kernel<T><<<static_cast<unsigned>(ctas), fp4::kThreads, smem, stream>>>(job);
+  } else {
+    job.tiles_per_slice = static_cast<int>(ceil_div(x.S * (x.D / kSegment), fp4::kRowTileSegments));
+    const std::int64_t ctas = slices * job.tiles_per_slice;
+    if (ctas > std::numeric_limits<int>::max()) throw Error(name_of(op), "too large for one launch");
+    fp4::fp4_rows_kernel<T><<<static_cast<unsigned>(ctas), fp4::kThreads, 0, stream>>>(job);
+  }
+  check_cuda(cudaGetLastError(), "quantize_fp4 launch");
+}
+
+void check_arguments(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const Fp4Buffers& out) {
+  const char* name = name_of(op);
+  if (x.B <= 0 || x.S <= 0 || x.H <= 0 || x.D <= 0)
+    throw Error(name, "sizes must be positive, got (B, S, H, D) = (" + std::to_string(x.B) + ", " +
+                          std::to_string(x.S) + ", " + std::to_string(x.H) + ", " + std::to_string(x.D) + ")");
+  if (x.data == nullptr) throw Error(name, "is a null pointer");
+  if (opt.format != TensorFormat::mxfp4 && opt.format != TensorFormat::nvfp4)
+    throw Error("format", "the FP4 quantizer writes mxfp4 or nvfp4, got " + std::string(to_string(opt.format)));
+  if (x.D < kFp4MinHeadDim || x.D > kFp4MaxHeadDim || !std::has_single_bit(static_cast<std::uint64_t>(x.D)))
+    throw Error("D", "must be a power of two in [" + std::to_string(kFp4MinHeadDim) + ", " +
+                         std::to_string(kFp4MaxHeadDim) + "], got " + std::to_string(x.D));
+  if (op != Fp4Operand::v && x.D % fp4_block(opt.format) != 0)
+    throw Error("D", "head dim " + std::to_string(x.D) + " is not a multiple of the " +
+                         std::string(to_string(opt.format)) + " block of " + std::to_string(fp4_block(opt.format)));
+  if (fp4_padded_tokens(x.S) > std::numeric_limits<int>::max() - fp4::kColumnTileElems ||
+      x.B * x.H > std::numeric_limits<int>::max() || x.B > std::numeric_limits<std::uint16_t>::max() ||
+      mean_chunks(x.S) > std::numeric_limits<std::uint16_t>::max())
+    throw Error(name, "is too large for the quantizer's 32-bit token and slice indices");
+  const Fp4Output& dst = op == Fp4Operand::q ? out.q : op == Fp4Operand::k ? out.k : out.v;
+  if (dst.codes == nullptr || dst.scales == nullptr) throw Error("out", std::string(name) + " needs codes and scales");
+  const std::size_t align = op == Fp4Operand::v && opt.v_transposed ? kTransposedStoreAlign : kCodeStoreAlign;
+  if (!aligned(dst.codes, align))
+    throw Error("out", std::string(name) + " codes must be " + std::to_string(align) + "-byte aligned");
+  if (opt.format == TensorFormat::nvfp4 && dst.tensor_scale == nullptr)
+    throw Error("out", std::string(name) + " needs a tensor_scale for nvfp4");
+  if (op == Fp4Operand::k && opt.smooth_k && out.k_mean == nullptr) throw Error("smooth_k", "needs a k_mean buffer");
+  if (out.nonfinite == nullptr) throw Error("out", "needs the nonfinite flags");
+}
+
+}  // namespace
+
+std::int64_t fp4_padded_tokens(std::int64_t S) { return ceil_div(S, kFp4TokenPad) * kFp4TokenPad; }
+
+int fp4_block(TensorFormat format) { return format == TensorFormat::nvfp4 ? kNvfp4Block : kMxfp4Block; }
+
+Fp4Sizes fp4_sizes(Fp4Operand op, TensorFormat format, std::int64_t B, std::int64_t S, std::int64_t H,
+                   std::int64_t D) {
+  const std::int64_t block = fp4_block(format);
+  if (op != Fp4Operand::v) return {B * H * S * D / 2, B * H * S * (D / block)};
+  const std::int64_t padded = fp4_padded_tokens(S);
+  return {B * H * padded * D / 2, B * H * (padded / block) * D};
+}
+
+std::size_t fp4_workspace_bytes(std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+  return workspace_layout(B, S, H, D).bytes;
+}
+
+void quantize_fp4(const StridedInput& x, Fp4Operand op, const Fp4Options& options, const Fp4Buffers& out,
+                  cudaStream_t stream) {
+  check_arguments(x, op, options, out);
+  switch (x.type) {
+    case ElementType::f32: return launch<float>(x, op, options, out, stream);
+    case ElementType::f16: return launch<__half>(x, op, options, out, stream);
+    case ElementType::bf16: return launch<__nv_bfloat16>(x, op, options, out, stream);
+  }
+  throw Error("dtype", "unknown element type");
+}
+
+void check_finite(const Fp4Buffers& out, cudaStream_t stream) {
+  int flags[kNonfiniteFlags] = {0, 0, 0};
+  check_cuda(cudaMemcpyAsync(flags, out.nonfinite, sizeof(flags), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  if (flags[0] || flags[1] || flags[2]) {
+    check_cuda(cudaMemsetAsync(out.nonfinite, 0, sizeof(flags), stream), "cudaMemsetAsync");
+    const char* name = flags[0] ? "q" : flags[1] ? "k" : "v";
+    throw Error(name, "non-finite value in the input of the GPU quantizer");
+  }
+}
+
+}  // namespace fp4attn::cuda_quantize

@@ -1,0 +1,473 @@
+// Kernels of the FP4 quantizer (quantize_fp4.hpp). Each arithmetic step is
+// the CPU quantizer's (src/formats/quantize.cpp) in IEEE fp32 / fp64, so
+// codes, scales, S_enc and the smooth_k mean agree bit for bit:
+//   amax       max |x| per block, taken on the float bits (order-free; Inf and
+//              NaN come out as the largest magnitudes and are reported)
+//   MX scale   fp4attn::mx_scale_code on the bits of amax
+//   MX code    E2M1 of x · 2^-k (exact product); for bf16 / fp16 input
+//              without smooth_k two at a time in the input's own packed
+//              arithmetic (e2m1_pairs.cuh), else one at a time in fp32
+//   NV S_enc   min(2688 / amax_tensor, FLT_MAX), 1 when the amax is 0
+//   NV scale   UE4M3 of (amax · S_enc) / 6; code E2M1 of (x · S_enc) / scale
+//   mean       sequence_mean's order: a double sum per 128-token chunk, the
+//              chunk sums added in ascending order, / S in double, to float
+// The per-element and per-block rules are in fp4_codes.cuh.
+//
+// Kernels, each a plain grid of 256-thread CTAs (q, k and v CTAs ordered
+// heads fastest, see tile_of):
+//   fp4_rows_kernel     q, k: a CTA quantizes 1024 segments (8 elements of
+//                       one row) of one (b, h) slice; the lanes of one scale
+//                       block are neighbours and share the block's amax by
+//                       shuffles
+//   fp4_columns_kernel  v: a CTA stages a (16384 / D tokens) × D tile in
+//                       shared memory; thread (d, strip) then walks 64 tokens
+//                       of channel d, two 32-token runs, each one MX block or
+//                       two NV blocks, and writes 16 bytes of a Vᵀ row
+//   fp4_amax_kernel     NVFP4: the tensor's amax (atomicMax on float bits)
+//   fp4_mean_*          smooth_k: chunk sums (and, for NVFP4, each chunk's
+//                       per-channel max and min), then the mean per channel
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "cuda/quantize/e2m1_pairs.cuh"
+#include "cuda/quantize/fp4_codes.cuh"
+#include "cuda/quantize/quantize_fp4.hpp"
+#include "cuda/quantize/segment.cuh"
+#include "fp4attn/formats.hpp"
+#include "fp4attn/quantize.hpp"
+
+namespace fp4attn::cuda_quantize::fp4 {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarpSize = 32;
+inline constexpr int kWarps = kThreads / kWarpSize;
+inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
+inline constexpr std::uint32_t kInfBits = 0x7F800000u;  // |x| bits at or above this: Inf or NaN
+inline constexpr int kRowItems = 4;                      // segments a thread of fp4_rows_kernel owns
+inline constexpr int kRowTileSegments = kRowItems * kThreads;
+inline constexpr int kColumnTileElems = 16384;           // elements of one fp4_columns_kernel tile
+inline constexpr int kStripTokens = 64;                  // tokens of one channel a thread walks
+inline constexpr int kRunTokens = 32;                    // one MX block, two NV blocks, 16 bytes of codes
+inline constexpr int kColumnItems = kColumnTileElems / kSegment / kThreads;
+inline constexpr int kAmaxItems = 4;
+// CTAs per SM the register budget must allow: enough loads in flight per SM
+// (64 KiB of 16-byte loads for the rows kernel at 16-bit inputs, 96 KiB of
+// staged tiles for the columns kernel).
+// fp32 data takes twice the registers of 16-bit data: one CTA fewer.
+template <class T>
+inline constexpr int kRowCtasPerSm = sizeof(T) == 2 ? 4 : 3;
+inline constexpr int kColumnCtasPerSm = 3;
+inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chain
+inline constexpr int kMeanChannelsPerThread = 2;
+
+static_assert(kColumnTileElems / kStripTokens == kThreads, "one strip per thread");
+static_assert(kStripTokens % kRunTokens == 0 && kRunTokens == kMxfp4Block && kRunTokens == 2 * kNvfp4Block);
+static_assert(kRunTokens == kFp4TokenPad, "V's padding keeps every run inside a row");
+
+// Device-side scratch (layout in quantize_fp4.cu).
+struct Workspace {
+  unsigned* amax;      // NVFP4: tensor amax as float bits
+  double* k_partial;   // smooth_k: (B, chunks, H·D) double chunk sums
+  float* k_max;        // smooth_k with NVFP4: (B, chunks, H·D) chunk max and min of k
+  float* k_min;
+};
+
+template <class T>
+struct Job {
+  InputView<T> in;
+  int S, H, D;
+  int seg_shift;        // log2(D / 8)
+  int tiles_per_slice;  // CTAs per (b, h) slice
+  int padded_tokens;    // S_pad (v)
+  bool nvfp4, round_up, v_transposed, reverse;
+  std::uint8_t* codes;
+  std::uint8_t* scales;
+  float* tensor_scale;   // NVFP4: written by CTA 0
+  const float* mean;     // (B, H, D) or null
+  const unsigned* amax;  // NVFP4 tensor amax bits
+  int* nonfinite;
+};
+
+// ---- reductions ---------------------------------------------------------------
+
+// Max of v over the CTA into *target (atomicMax on float bits); `scratch` holds kWarps words.
+__device__ __forceinline__ void cta_max_to(std::uint32_t v, unsigned* scratch, unsigned* target) {
+  v = __reduce_max_sync(kFullWarp, v);
+  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::uint32_t m = scratch[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) m = max(m, scratch[w]);
+    atomicMax(target, m);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ float tensor_scale_of(const Job<T>& job, unsigned cta) {
+  if (!job.nvfp4) return 1.0f;
+  const float s_enc = nv_tensor_scale(__ldcg(job.amax));
+  if (cta == 0 && threadIdx.x == 0) *job.tensor_scale = s_enc;
+  return s_enc;
+}
+
+// ---- q, k: blocks along D -------------------------------------------------------
+
+// CTA → (b, h, token tile), heads fastest: the CTAs running at one time
+// cover every head of the same tokens, so together they read whole
+// (b, s) rows of the (B, S, H, D) input rather than one head's 2·D bytes out
+// of every H·D·2 (a DRAM page per few hundred bytes).
+template <class T>
+__device__ __forceinline__ void tile_of(const Job<T>& job, unsigned cta, int& b, int& h, int& tile) {
+  h = static_cast<int>(cta % job.H);
+  const unsigned rest = cta / job.H;
+  tile = static_cast<int>(rest % job.tiles_per_slice);
+  b = static_cast<int>(rest / job.tiles_per_slice);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, kRowCtasPerSm<T>) fp4_rows_kernel(const __grid_constant__ Job<T> job) {
+  const unsigned cta = job.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  int b, h, tile;
+  tile_of(job, cta, b, h, tile);
+  const int slice = b * job.H + h;
+  const int g = static_cast<int>(threadIdx.x) & ((1 << job.seg_shift) - 1);  // same segment column for every item
+  const int first_d = kSegment * g;
+
+  // Item r is the segment at tile · kRowTileSegments + r · kThreads + threadIdx.x.
+  const int first_token = (tile * kRowTileSegments + static_cast<int>(threadIdx.x)) >> job.seg_shift;
+  const int token_step = kThreads >> job.seg_shift;
+  Segment<T> x[kRowItems];
+#pragma unroll
+  for (int r = 0; r < kRowItems; ++r) {
+    const int token = first_token + r * token_step;
+    if (token < job.S) load_segment<L2Reuse::last>(job.in.segment(b, token, h, first_d), job.in.vector_loads, x[r]);
+    else zero_segment(x[r]);
+  }
+  float mean[kSegment] = {};
+  if (job.mean != nullptr)
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) mean[e] = __ldg(job.mean + static_cast<std::int64_t>(slice) * job.D + first_d + e);
+  const float s_enc = tensor_scale_of(job, cta);
+
+  const int block = job.nvfp4 ? kNvfp4Block : kMxfp4Block;
+  const int segs_per_block = block / kSegment;
+  const int blocks_per_row = job.D / block;
+  // MXFP4 of unsmoothed 16-bit data: two elements per instruction (e2m1_pairs.cuh).
+  const bool pairs = sizeof(T) == 2 && !job.nvfp4 && job.mean == nullptr;
+  bool bad = false;
+#pragma unroll
+  for (int r = 0; r < kRowItems; ++r) {
+    float v[kSegment];
+    std::uint32_t mag = 0;
+    if constexpr (sizeof(T) == 2)
+      if (pairs) mag = pairs_amax_bits<T>(x[r].w);
+    if (!pairs) {
+#pragma unroll
+      for (int e = 0; e < kSegment; ++e) {
+        v[e] = element(x[r], e);
+        if (job.mean != nullptr) v[e] = __fsub_rn(v[e], mean[e]);
+        mag = max(mag, magnitude_bits(v[e]));
+      }
+    }
+    // The block's segments sit in neighbouring lanes.
+    for (int off = 1; off < segs_per_block; off *= 2) mag = max(mag, __shfl_xor_sync(kFullWarp, mag, off));
+    bad |= mag >= kInfBits;
+    std::uint32_t scale_code, word = 0;
+    if (job.nvfp4) {
+      scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
+      nv_codes<kSegment>(v, 0, s_enc, make_nv_divisor(scale_code), &word);
+    } else {
+      scale_code = mx_scale_code(mag, job.round_up);
+      bool done = false;
+      if constexpr (sizeof(T) == 2) {
+        if (pairs && mx_pairs_apply<T>(scale_code)) {
+          std::uint32_t p[kSegment / 2];
+          segment_pairs(x[r].w, p);
+          word = mx_codes_x8<T>(p, mx_pair_scale<T>(scale_code));
+          done = true;
+        } else if (pairs) {
+#pragma unroll
+          for (int e = 0; e < kSegment; ++e) v[e] = element(x[r], e);
+        }
+      }
+      if (!done) {
+        const float inv = exp2i(kE8M0Bias - static_cast<int>(scale_code));  // 2^-k: the product is exact
+#pragma unroll
+        for (int e = 0; e < kSegment; ++e) word |= e2m1_code(__fmul_rn(v[e], inv)) << (4 * e);
+      }
+    }
+    const int token = first_token + r * token_step;
+    if (token < job.S) {
+      const std::int64_t row = static_cast<std::int64_t>(slice) * job.S + token;
+      __stcs(reinterpret_cast<unsigned*>(job.codes + row * (job.D / 2) + first_d / 2), word);
+      if (g % segs_per_block == 0)
+        job.scales[row * blocks_per_row + g / segs_per_block] = static_cast<std::uint8_t>(scale_code);
+    }
+  }
+  if (bad) *job.nonfinite = 1;
+}
+
+// ---- v: blocks along the sequence ------------------------------------------------
+
+// Codes of 32 consecutive tokens of one channel (one MX block, two NV
+// blocks) into four words, token t at nibble t of the run; the scale codes of
+// the run's blocks go to scales[0], scales[pitch].
+template <bool kNv>
+__device__ __forceinline__ void encode_run(const float (&v)[kRunTokens], bool round_up, float s_enc,
+                                           std::uint32_t (&words)[kRunTokens / kSegment], std::uint8_t* scales,
+                                           int pitch) {
+  constexpr int kBlock = kNv ? kNvfp4Block : kMxfp4Block;
+#pragma unroll
+  for (int k = 0; k < kRunTokens / kBlock; ++k) {
+    std::uint32_t mag = 0;
+#pragma unroll
+    for (int t = k * kBlock; t < (k + 1) * kBlock; ++t) mag = max(mag, magnitude_bits(v[t]));
+    std::uint32_t scale_code;
+    if constexpr (kNv) {
+      scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
+      nv_codes<kBlock>(v, k * kBlock, s_enc, make_nv_divisor(scale_code), words);
+    } else {
+      scale_code = mx_scale_code(mag, round_up);
+      const float inv = exp2i(kE8M0Bias - static_cast<int>(scale_code));  // 2^-k: the product is exact
+#pragma unroll
+      for (int t = k * kBlock; t < (k + 1) * kBlock; ++t)
+        words[t / kSegment] |= e2m1_code(__fmul_rn(v[t], inv)) << (4 * (t % kSegment));
+    }
+    scales[k * pitch] = static_cast<std::uint8_t>(scale_code);
+  }
+}
+
+// encode_run for MXFP4 of 16-bit data, two tokens per instruction, reading
+// the run's 32 tokens of one channel from the staged tile (`column` points
+// at the first, `pitch` elements apart). Returns false, writing nothing,
+// when the block's scale is outside what the packed path covers.
+template <class T>
+__device__ __forceinline__ bool encode_run_pairs(const T* column, int pitch, bool round_up,
+                                                 std::uint32_t (&words)[kRunTokens / kSegment], std::uint8_t* scale) {
+  static_assert(kRunTokens == kMxfp4Block, "one MX block per run");
+  const auto* raw = reinterpret_cast<const unsigned short*>(column);
+  std::uint32_t p[kRunTokens / 2];  // p[4g + j] = tokens (8g + j, 8g + j + 4), as mx_codes_x8 takes them
+#pragma unroll
+  for (int g = 0; g < kRunTokens / kSegment; ++g)
+#pragma unroll
+    for (int j = 0; j < kSegment / 2; ++j)
+      p[4 * g + j] = raw[(kSegment * g + j) * pitch] | static_cast<std::uint32_t>(raw[(kSegment * g + j + 4) * pitch]) << 16;
+  const std::uint32_t scale_code = mx_scale_code(pairs_amax_bits<T>(p), round_up);
+  if (!mx_pairs_apply<T>(scale_code)) return false;
+  const typename Pairs<T>::H2 factor = mx_pair_scale<T>(scale_code);
+#pragma unroll
+  for (int g = 0; g < kRunTokens / kSegment; ++g) words[g] = mx_codes_x8<T>(p + 4 * g, factor);
+  *scale = static_cast<std::uint8_t>(scale_code);
+  return true;
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel(const __grid_constant__ Job<T> job) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* tile = reinterpret_cast<T*>(smem);
+  const unsigned cta = job.reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  int b, h, tile_index;
+  tile_of(job, cta, b, h, tile_index);
+  const int slice = b * job.H + h;
+  const int tile_tokens = kColumnTileElems / job.D;
+  const int t0 = tile_index * tile_tokens;
+
+  // Stage the tile, tokens past S as zeros (code 0, no effect on any amax).
+  {
+    Segment<T> x[kColumnItems];
+    const int g = static_cast<int>(threadIdx.x) & ((1 << job.seg_shift) - 1);
+    bool bad = false;
+#pragma unroll
+    for (int r = 0; r < kColumnItems; ++r) {
+      const int s = t0 + ((r * kThreads + static_cast<int>(threadIdx.x)) >> job.seg_shift);
+      if (s < job.S) load_segment<L2Reuse::last>(job.in.segment(b, s, h, kSegment * g), job.in.vector_loads, x[r]);
+      else zero_segment(x[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < kColumnItems; ++r) {
+#pragma unroll
+      for (int e = 0; e < kSegment; ++e) bad |= magnitude_bits(element(x[r], e)) >= kInfBits;
+      const int tok = (r * kThreads + static_cast<int>(threadIdx.x)) >> job.seg_shift;
+      store_segment(tile + tok * job.D + kSegment * g, x[r]);
+    }
+    if (bad) *job.nonfinite = 1;
+  }
+  const float s_enc = tensor_scale_of(job, cta);
+  __syncthreads();
+
+  const int d = static_cast<int>(threadIdx.x) & (job.D - 1);
+  const int strip = static_cast<int>(threadIdx.x) / job.D;
+  const int block = job.nvfp4 ? kNvfp4Block : kMxfp4Block;
+  const int scale_rows = job.padded_tokens / block;
+  std::uint8_t* staged = smem + sizeof(T) * kColumnTileElems;  // untransposed: one code per byte, (token, d)
+#pragma unroll 1
+  for (int run = 0; run < kStripTokens / kRunTokens; ++run) {
+    const int first = strip * kStripTokens + run * kRunTokens;  // in the tile
+    if (t0 + first >= job.padded_tokens) break;
+    std::uint32_t words[kRunTokens / kSegment] = {};
+    std::uint8_t* scales = job.scales + (static_cast<std::int64_t>(slice) * scale_rows + (t0 + first) / block) * job.D + d;
+    bool done = false;
+    if constexpr (sizeof(T) == 2)
+      if (!job.nvfp4) done = encode_run_pairs<T>(tile + first * job.D + d, job.D, job.round_up, words, scales);
+    if (!done) {
+      float v[kRunTokens];
+#pragma unroll
+      for (int t = 0; t < kRunTokens; ++t) v[t] = to_float(tile[(first + t) * job.D + d]);
+      if (job.nvfp4) encode_run<true>(v, job.round_up, s_enc, words, scales, job.D);
+      else encode_run<false>(v, job.round_up, s_enc, words, scales, job.D);
+    }
+    if (job.v_transposed) {
+      const std::int64_t row = static_cast<std::int64_t>(slice) * job.D + d;
+      __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (t0 + first) / 2),
+             make_uint4(words[0], words[1], words[2], words[3]));
+    } else {
+#pragma unroll
+      for (int t = 0; t < kRunTokens; ++t)
+        staged[(first + t) * job.D + d] = static_cast<std::uint8_t>((words[t / kSegment] >> (4 * (t % kSegment))) & 0xFu);
+    }
+  }
+  if (job.v_transposed) return;
+  // Untransposed: pack channel pairs of each token, 8 codes per store.
+  __syncthreads();
+  for (int w = static_cast<int>(threadIdx.x); w < kColumnTileElems / kSegment; w += kThreads) {
+    const int tok = w >> job.seg_shift, g = w & ((1 << job.seg_shift) - 1);
+    if (t0 + tok >= job.padded_tokens) break;
+    const uint2 c = *reinterpret_cast<const uint2*>(staged + tok * job.D + kSegment * g);
+    std::uint32_t word = 0;
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) word |= ((e < 4 ? c.x >> (8 * e) : c.y >> (8 * (e - 4))) & 0xFu) << (4 * e);
+    const std::int64_t row = static_cast<std::int64_t>(slice) * job.padded_tokens + t0 + tok;
+    __stcs(reinterpret_cast<unsigned*>(job.codes + row * (job.D / 2) + kSegment / 2 * g), word);
+  }
+}
+
+// ---- NVFP4 tensor amax -------------------------------------------------------------
+
+// Grid (CTAs, B). CTA x walks tokens x, x + gridDim.x, …, kAmaxItems at a
+// time; its threads cover the H·D elements of a token in segments. The
+// walk ends on the tensor's tail, which the quantize pass, running
+// backwards, reads first.
+template <class T>
+__global__ void __launch_bounds__(kThreads) fp4_amax_kernel(const __grid_constant__ Job<T> job, unsigned* amax) {
+  __shared__ unsigned scratch[kWarps];
+  const int b = static_cast<int>(blockIdx.y);
+  const int row_segments = job.H << job.seg_shift;
+  const int mask = (1 << job.seg_shift) - 1;
+  const int step = static_cast<int>(gridDim.x);
+  std::uint32_t m = 0;
+  for (int s0 = static_cast<int>(blockIdx.x); s0 < job.S; s0 += kAmaxItems * step)
+    for (int j = static_cast<int>(threadIdx.x); j < row_segments; j += kThreads) {
+      const int h = j >> job.seg_shift, first_d = kSegment * (j & mask);
+      Segment<T> x[kAmaxItems];
+#pragma unroll
+      for (int r = 0; r < kAmaxItems; ++r) {
+        const int s = s0 + r * step;
+        if (s < job.S) load_segment<L2Reuse::keep>(job.in.segment(b, s, h, first_d), job.in.vector_loads, x[r]);
+        else zero_segment(x[r]);
+      }
+#pragma unroll
+      for (int r = 0; r < kAmaxItems; ++r)
+#pragma unroll
+        for (int e = 0; e < kSegment; ++e) m = max(m, magnitude_bits(element(x[r], e)));
+    }
+  if (m >= kInfBits) *job.nonfinite = 1;
+  cta_max_to(m, scratch, amax);
+}
+
+// ---- smooth_k ------------------------------------------------------------------------
+
+// Two neighbouring channels of one token, widened to float: one 32-bit
+// (16-bit types) or 64-bit (fp32) load when the layout allows it.
+template <class T>
+__device__ __forceinline__ float2 load_pair(const T* p, bool vector) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    if (vector) return __ldg(reinterpret_cast<const float2*>(p));
+    return make_float2(__ldg(p), __ldg(p + 1));
+  } else {
+    const auto* half_words = reinterpret_cast<const unsigned short*>(p);
+    Segment<T> pair;
+    pair.w[0] = vector ? __ldg(reinterpret_cast<const unsigned*>(p))
+                       : __ldg(half_words) | (static_cast<std::uint32_t>(__ldg(half_words + 1)) << 16);
+    return make_float2(element(pair, 0), element(pair, 1));
+  }
+}
+
+// Running statistics of one channel over one chunk.
+struct ChannelSum {
+  double sum = 0.0;
+  float hi = -FLT_MAX, lo = FLT_MAX;
+  std::uint32_t mag = 0;
+  __device__ __forceinline__ void add(float x) {
+    sum += static_cast<double>(x);
+    hi = fmaxf(hi, x), lo = fminf(lo, x);
+    mag = max(mag, magnitude_bits(x));
+  }
+};
+
+// One 128-token chunk of one batch entry, 2 · 256 channels (h·D + d) per
+// CTA, two neighbouring channels per thread: the chunk's double sum per
+// channel in ascending s; with want_range also the chunk's max and min (the
+// NVFP4 amax of k − mean follows from them: fl(k − m) is monotone in k, so
+// its largest magnitude is at k's max or min).
+template <class T>
+__global__ void __launch_bounds__(kThreads) fp4_mean_partial_kernel(const __grid_constant__ Job<T> job, Workspace ws,
+                                                                     int chunks, bool want_range) {
+  const int channels = job.H * job.D;
+  const int c = kMeanChannelsPerThread * (static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x));
+  const int chunk = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  if (c >= channels) return;
+  const int h = c >> (job.seg_shift + 3), d = c & (job.D - 1);  // D is even: both channels share h
+  const int s0 = chunk * kSequenceMeanChunk;
+  const int tokens = min(kSequenceMeanChunk, job.S - s0);
+  const T* p = job.in.segment(b, s0, h, d);
+  ChannelSum even, odd;
+  int t = 0;
+  // The adds form one dependent chain per channel: read a batch ahead so
+  // that only the DADD latency sits on it.
+  for (; t + kMeanSumBatch <= tokens; t += kMeanSumBatch) {
+    float2 x[kMeanSumBatch];
+#pragma unroll
+    for (int u = 0; u < kMeanSumBatch; ++u)
+      x[u] = load_pair(p + static_cast<std::int64_t>(t + u) * job.in.stride_s, job.in.vector_loads);
+#pragma unroll
+    for (int u = 0; u < kMeanSumBatch; ++u) even.add(x[u].x), odd.add(x[u].y);
+  }
+  for (; t < tokens; ++t) {
+    const float2 x = load_pair(p + static_cast<std::int64_t>(t) * job.in.stride_s, job.in.vector_loads);
+    even.add(x.x), odd.add(x.y);
+  }
+  if (max(even.mag, odd.mag) >= kInfBits) *job.nonfinite = 1;
+  const std::int64_t at = (static_cast<std::int64_t>(b) * chunks + chunk) * channels + c;
+  ws.k_partial[at] = even.sum, ws.k_partial[at + 1] = odd.sum;
+  if (want_range) ws.k_max[at] = even.hi, ws.k_min[at] = even.lo, ws.k_max[at + 1] = odd.hi, ws.k_min[at + 1] = odd.lo;
+}
+
+// Per (b, channel): the chunk sums in ascending order, / S, to float; with
+// want_amax the channel's largest |fl(k − mean)| into the tensor amax.
+__global__ void __launch_bounds__(kThreads) fp4_mean_finalize_kernel(Workspace ws, int B, int channels, int chunks, int S,
+                                                                     float* mean, bool want_amax) {
+  __shared__ unsigned scratch[kWarps];
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  std::uint32_t mag = 0;
+  if (i < static_cast<std::int64_t>(B) * channels) {
+    const std::int64_t b = i / channels, c = i % channels;
+    double total = 0.0;
+    float hi = -FLT_MAX, lo = FLT_MAX;
+    for (int k = 0; k < chunks; ++k) {
+      const std::int64_t at = (b * chunks + k) * channels + c;
+      total += ws.k_partial[at];
+      if (want_amax) hi = fmaxf(hi, ws.k_max[at]), lo = fminf(lo, ws.k_min[at]);
+    }
+    const float m = __double2float_rn(__ddiv_rn(total, static_cast<double>(S)));
+    mean[i] = m;
+    if (want_amax) mag = max(magnitude_bits(__fsub_rn(hi, m)), magnitude_bits(__fsub_rn(lo, m)));
+  }
+  if (want_amax) cta_max_to(mag, scratch, ws.amax);
+}
+
+}  // namespace fp4attn::cuda_quantize::fp4
