@@ -1,42 +1,79 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: GPU tests, compute-sanitizer on small cases,
-# then the forward benchmark. Logs and results go to $OUT; a short table last.
-#   usage: scripts/device_check.sh [build-dir]   (default build-gpu)
-#   env:   STAGES="tests sanitize bench" picks stages; BENCH_ARGS adds bench options
+# One call on the GPU machine: GPU tests, compute-sanitizer on small cases, the
+# Python suite on the GPU, then the benchmarks. Logs and results go to $OUT; a
+# short table last.
+#   usage: scripts/device_check.sh [build-dir]   (default build)
+#   env:   STAGES picks stages (default "tests sanitize python bench");
+#          bench-bwd and bench-quant-fp4 are further stages;
+#          BENCH_ARGS adds options to bench/bench_fwd.py
 set -uo pipefail
-BUILD=${1:-build-gpu}
+BUILD=${1:-build}
 OUT=${OUT:-/tmp/fp4attn-device}
-STAGES=${STAGES:-tests sanitize bench}
+STAGES=${STAGES:-tests sanitize python bench}
 mkdir -p "$OUT"
 status=0
 summary=()
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 
-if [[ " $STAGES " == *" tests "* ]]; then
-  FP4ATTN_REQUIRE_GPU=1 timeout 300 "$BUILD/tests/fp4attn_gpu_tests" 2>&1 | tee "$OUT/gpu-tests.log" >/dev/null
+if has_stage tests; then
+  FP4ATTN_REQUIRE_GPU=1 timeout 400 "$BUILD/tests/fp4attn_gpu_tests" 2>&1 | tee "$OUT/gpu-tests.log" >/dev/null
   rc=${PIPESTATUS[0]}
-  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|rel L2|LSE|differ" "$OUT/gpu-tests.log" | head -40
+  grep -E "^\[  (FAILED|SKIPPED) |Failure|rel L2|LSE|differ" "$OUT/gpu-tests.log" | head -40
   summary+=("gpu tests: rc=$rc ($(grep -c '^\[       OK' "$OUT/gpu-tests.log") ok, $(grep -c '^\[  FAILED  \] [A-Z]' "$OUT/gpu-tests.log") failed)")
   [[ $rc -eq 0 ]] || status=1
 fi
 
-if [[ " $STAGES " == *" sanitize "* ]]; then
-  small='Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk:Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq2_Hkv1_Sq300_Sk150_D128_causal_exp2:GpuQuantizeFp8.MatchesCpuQuantizerBitForBit'
+if has_stage sanitize; then
+  # One small case of each kernel: forward (causal GQA, exp2 path), backward
+  # (noncausal and causal GQA), the zero-copy forward and both quantizers.
+  small='Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk'
+  small+=':Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq2_Hkv1_Sq300_Sk150_D128_causal_exp2'
+  small+=':*GpuBackwardGrid.MatchesEmulatorAndReference/B1_Hq2_Hkv2_Sq128_Sk128_D128_full_directp_smoothk_f32'
+  small+=':*GpuBackwardGrid.MatchesEmulatorAndReference/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk_f32'
+  small+=':GpuForwardDevice.*:GpuQuantizeFp8.MatchesCpuQuantizerBitForBit:GpuQuantizeFp4.QAndKMatchCpuBitForBit'
   for tool in memcheck racecheck; do
-    FP4ATTN_REQUIRE_GPU=1 timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 7 \
+    FP4ATTN_REQUIRE_GPU=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 7 \
       "$BUILD/tests/fp4attn_gpu_tests" --gtest_filter="$small" >"$OUT/sanitize-$tool.log" 2>&1
     rc=$?
     tail -3 "$OUT/sanitize-$tool.log"
-    summary+=("compute-sanitizer $tool: rc=$rc ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1))")
+    summary+=("compute-sanitizer $tool: rc=$rc ($(grep -c '^\[       OK' "$OUT/sanitize-$tool.log") tests; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | tail -1))")
     [[ $rc -eq 0 ]] || status=1
   done
 fi
 
-if [[ " $STAGES " == *" bench "* ]]; then
+if has_stage python; then
+  # The device has no network: build against the packages already installed.
+  timeout 400 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/fp4attn-site \
+    -C build-dir=/tmp/fp4attn-pybuild -C cmake.define.CMAKE_BUILD_PARALLEL_LEVEL=16 . >"$OUT/pip.log" 2>&1
+  rc=$?
+  if [[ $rc -eq 0 ]]; then
+    (cd /tmp && PYTHONPATH=/tmp/fp4attn-site timeout 400 python3 -m pytest -q -p no:cacheprovider \
+      "$OLDPWD/python/tests") >"$OUT/pytest.log" 2>&1
+    rc=$?
+    tail -3 "$OUT/pytest.log"
+  fi
+  summary+=("python tests: rc=$rc ($(tail -1 "$OUT/pytest.log" 2>/dev/null))")
+  [[ $rc -eq 0 ]] || status=1
+fi
+
+if has_stage bench; then
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_fwd.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
     ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-stdout.log" | grep -v "^$" | tail -25
-  summary+=("bench: rc=${PIPESTATUS[0]}")
+  summary+=("bench fwd: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-bwd; then
+  PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_bwd.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
+    2>&1 | tee "$OUT/bench-bwd-stdout.log" | grep -v "^$" | tail -20
+  summary+=("bench bwd: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-quant-fp4; then
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_quantize_fp4.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
+    2>&1 | tee "$OUT/bench-quant-fp4-stdout.log" | grep -v "^$" | tail -15
+  summary+=("bench quantize fp4: rc=${PIPESTATUS[0]}")
 fi
 
 echo "==== summary"

@@ -22,7 +22,7 @@ namespace fp4attn::dispatch {
 namespace {
 
 constexpr std::size_t kAlign = 256;  // every workspace region; cudaMalloc's own alignment
-constexpr int kNonfiniteFlags = 3;   // q, k, v (written by the quantizer, not read here)
+constexpr int kNonfiniteFlags = 3;   // q, k, v: cleared here, raised by the quantizer, read by the kernel
 
 std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -114,6 +114,9 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   bufs.lse_shift = floats(layout.lse_shift);
   bufs.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);
   bufs.workspace = base + layout.scratch;
+  // The workspace arrives with any content: the flags start clear on every call.
+  if (cudaMemsetAsync(bufs.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream) != cudaSuccess)
+    throw Error("cuda", std::string("cudaMemsetAsync: ") + cudaGetErrorString(cudaGetLastError()));
   cuda_quantize::quantize_fp8(strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q"),
                               strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k"),
                               strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v"), opt.smooth_k, scale, bufs,
@@ -125,6 +128,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   a.o = args.o;
   a.o_stride_b = args.o_stride_b, a.o_stride_s = args.o_stride_s, a.o_stride_h = args.o_stride_h;
   a.lse = args.lse;
+  a.nonfinite = bufs.nonfinite;
   sm90::fwd::forward_fp8(a, stream);
 }
 

@@ -39,6 +39,11 @@ struct Fp8ForwardArgs {
   void* o = nullptr;                 // bf16 (B, Sq, Hq, D), element strides on B, S, H
   std::int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;
   float* lse = nullptr;  // (B, Hq, Sq), natural log
+  // The quantizer's three non-finite flags (q, k, v), or null. When any is
+  // set, every O and LSE element this call writes is NaN: callers that cannot
+  // synchronise to raise an error (the zero-copy device path) still never
+  // return finite numbers computed from non-finite input.
+  const int* nonfinite = nullptr;
   int B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0;
   float softmax_scale = 0.0f;  // already resolved (> 0)
   MaskKind mask = MaskKind::none;

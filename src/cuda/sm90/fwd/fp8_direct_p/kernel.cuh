@@ -411,9 +411,12 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
 #pragma unroll
   for (int j = 0; j < HeadDim / 8; ++j) vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + frag.col);
   auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
+  // Non-finite input (flagged by the quantizer, which ran earlier on the
+  // stream) turns every output into NaN rather than numbers made from it.
+  const bool poisoned = args.nonfinite != nullptr && (args.nonfinite[0] | args.nonfinite[1] | args.nonfinite[2]) != 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float row_sum = softmax.l[r];
+    const float row_sum = poisoned ? __int_as_float(0x7FC00000) : softmax.l[r];
     if (row_abs[r] >= args.Sq) continue;
     const bool empty = row_sum == 0.0f;  // fully masked row: O = 0, LSE = −inf
     const float inv_sum = empty ? 0.0f : 1.0f / row_sum;
