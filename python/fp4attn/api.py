@@ -23,9 +23,10 @@ def _is_torch(x) -> bool:
     return _torch_ops is not None and _torch_ops.is_tensor(x)
 
 
-def _forward(q, k, v, s: _host.Settings):
+def _forward(q, k, v, s: _host.Settings, lse_returned: bool):
+    # lse_returned: whether the caller gets the LSE (and so may put it in a loss).
     if _is_torch(q):
-        return _torch_ops.attention(q, k, v, s)
+        return _torch_ops.attention(q, k, v, s, lse_returned)
     names = s.names.split(",")
     q, k, v = (_host.to_host(x, name) for x, name in zip((q, k, v), names))
     _host.check(q, k, v, s)
@@ -56,7 +57,9 @@ def attention(
     emulator only, so it never runs on the GPU).
     Returns O in the input layout, and with return_lse also the natural-log
     LSE of shape (B, Hq, Sq). NumPy inputs give float32 NumPy outputs holding
-    bf16 values; torch inputs give tensors of the input's dtype and device.
+    bf16 values; torch inputs give tensors of the input's dtype and device,
+    differentiable for the recipes with a backward (fp8, mxfp4_train), through
+    O and through the returned LSE (fp4attn.torch_ops says how).
     """
     s = _host.make_settings(
         layout=layout,
@@ -70,8 +73,9 @@ def attention(
         names=("q", "k", "v"),
         target=target,
     )
-    o, lse = _forward(q, k, v, s)
-    return (o, lse) if _validate.check_flag(return_lse, "return_lse") else o
+    return_lse = _validate.check_flag(return_lse, "return_lse")
+    o, lse = _forward(q, k, v, s, return_lse)
+    return (o, lse) if return_lse else o
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False, *, recipe="fp8"):
@@ -91,8 +95,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs
         gqa=True,
         names=("q", "k", "v"),
     )
-    o, lse = _forward(q, k, v, s)
-    return (o, lse, None) if _validate.check_flag(return_attn_probs, "return_attn_probs") else o
+    return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
+    o, lse = _forward(q, k, v, s, return_attn_probs)
+    return (o, lse, None) if return_attn_probs else o
 
 
 def sdpa(query, key, value, is_causal=False, scale=None, enable_gqa=False, *, recipe="fp8"):
@@ -112,7 +117,7 @@ def sdpa(query, key, value, is_causal=False, scale=None, enable_gqa=False, *, re
         gqa=_validate.check_flag(enable_gqa, "enable_gqa"),
         names=("query", "key", "value"),
     )
-    o, _lse = _forward(query, key, value, s)
+    o, _lse = _forward(query, key, value, s, False)
     return o
 
 

@@ -12,8 +12,8 @@ Execution:
   quantized operands live in a workspace tensor from torch's caching
   allocator. Everything is enqueued on the current CUDA stream of the
   tensors' device with no host synchronisation, so the op can be captured in
-  a CUDA graph. Non-finite input is not reported on this path (that would
-  need a synchronisation); the output is then unspecified.
+  a CUDA graph. Non-finite input cannot raise an error on this path (that
+  would need a synchronisation): it makes every element of O and the LSE NaN.
 * Every other call goes through the host entry point: CPU tensors run on the
   emulator (or on the sm90 kernels when this build has them and a Hopper GPU
   is present); other CUDA tensors (FP4 recipes, target sm100, other head
@@ -27,20 +27,52 @@ the device path) and the LSE as float32 (B, Hq, Sq). For the same inputs the
 two paths give the same numbers: both quantize with the same GPU quantizer
 and run the same kernel.
 
-Backward raises NotImplementedError until the FP8 backward is wired in.
+Autograd (recipes with a backward: fp8, mxfp4_train; DESIGN §5). The forward
+saves q, k, v, O and the LSE; the gradients come from a second custom op,
+`fp4attn::attention_backward`, which has a fake implementation too, so
+torch.compile(fullgraph=True) traces forward and backward. It runs:
+* on the device, zero copy, on the current stream and with no host
+  synchronisation, where this build has the sm90 backward kernel
+  (`_ext.backward_device`) and `_ext.device_backward_supported` accepts the
+  call; deterministic unless DETERMINISTIC_BACKWARD is set to False;
+* otherwise on the host through `_ext.backward` (the emulator's FP8 backward,
+  or the sm90 kernels where the host entry point has them), copying CUDA
+  tensors to the host and back.
+The inference-only recipes (mxfp4, nvfp4) raise NotImplementedError naming
+the recipe.
+
+Gradient through the returned LSE: supported. A loss that uses the LSE adds
+dLSE_i·P_ij to dS_ij (in FlashAttention terms Delta becomes
+rowsum(dO ⊙ O) − dLSE). The backward bindings compute Delta from dO and O
+themselves, so the term comes from a second backward call whose inputs make
+dP = 0 and Delta = −dLSE (V = 0; O and dO one-hot in channel 0): its dQ and
+dK are the term's, with dS = P ⊙ dLSE quantized as any dS is (dQ plus
+scale·dLSE·k̄ under smooth_k, see _smooth_k_lse_dq). That
+costs a second backward, so it runs only when the caller can hold the LSE
+(attention(return_lse=True), flash_attn_func(return_attn_probs=True)); calls
+that never hand the LSE out (sdpa, and the others without those flags) know
+its gradient is zero. The host path also skips it when dLSE is all zeros.
 """
 
 # No `from __future__ import annotations` here: custom_op reads the
 # signature's annotations to build the op schema.
 import functools
+from typing import Optional
 
+import numpy as np
 import torch
 
 from . import _ext, _host, _validate
 
 _OP = "fp4attn::attention"
-# The op's arguments are q, k, v, then the fields of _host.Settings in order.
-_RECIPE_ARG = 3 + _host.Settings._fields.index("recipe")
+_BACKWARD_OP = "fp4attn::attention_backward"
+# The op's arguments are q, k, v, the fields of _host.Settings in order, then lse_returned.
+_SETTINGS_ARGS = slice(3, 3 + len(_host.Settings._fields))
+_LSE_RETURNED_ARG = _SETTINGS_ARGS.stop
+
+# The device backward reduces dQ in a fixed order, so that two runs give the
+# same bits; False lets it use the faster order-free accumulation.
+DETERMINISTIC_BACKWARD = True
 
 
 def is_tensor(x) -> bool:
@@ -129,7 +161,9 @@ def _attention_op(
     gqa: bool,
     arg_names: str,
     target: str,
+    lse_returned: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    # lse_returned only tells the backward whether the LSE can carry a gradient.
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     dims = _host.check(q, k, v, s)
     opt = _host.options(s)
@@ -141,31 +175,214 @@ def _attention_op(
 
 
 @_attention_op.register_fake
-def _attention_fake(q, k, v, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target):
+def _attention_fake(
+    q, k, v, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, lse_returned=True
+):
     # Runs at trace time on fake tensors: the same checks, so compiled code raises the same errors.
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     dims = _host.check(q, k, v, s)
     return q.new_empty(q.shape), q.new_empty((dims.B, dims.Hq, dims.Sq), dtype=torch.float32)
 
 
-def _backward_message(recipe: str) -> str:
-    if _ext.recipe_has_backward(_ext.Recipe.__members__[recipe]):
-        return f"backward of recipe {recipe} is not available yet"
-    trainable = [r for r in _validate.RECIPES if _ext.recipe_has_backward(_ext.Recipe.__members__[r])]
+def _has_backward(recipe: str) -> bool:
+    return _ext.recipe_has_backward(_ext.Recipe.__members__[recipe])
+
+
+def _inference_only_message(recipe: str) -> str:
+    trainable = [r for r in _validate.RECIPES if _has_backward(r)]
     return f"recipe {recipe} is inference-only and has no backward; train with one of {', '.join(trainable)}"
 
 
+def _require_backward(recipe: str) -> None:
+    if not _has_backward(recipe):
+        raise NotImplementedError(_inference_only_message(recipe))
+
+
+# ---- backward on the device -----------------------------------------------------
+
+
+def _uses_device_backward(q: torch.Tensor, dims: _validate.Dims, opt) -> bool:
+    if q.device.type != "cuda" or not _ext.cuda_built() or not hasattr(_ext, "backward_device"):
+        return False
+    return _ext.device_backward_supported(_device_shape(dims), opt) and _is_sm90(q.device.index)
+
+
+def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.Settings, opt, deterministic: bool):
+    """dQ, dK, dV in q's dtype, enqueued on the current stream; every tensor already of one element type."""
+    shape = _device_shape(dims)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    workspace = torch.empty(_ext.device_backward_workspace_bytes(shape), dtype=torch.uint8, device=q.device)
+    _ext.backward_device(
+        shape,
+        _DEVICE_ELEMENTS[q.dtype],
+        q.data_ptr(),
+        _bshd_strides(q, s.layout),
+        k.data_ptr(),
+        _bshd_strides(k, s.layout),
+        v.data_ptr(),
+        _bshd_strides(v, s.layout),
+        o.data_ptr(),
+        _bshd_strides(o, s.layout),
+        d_o.data_ptr(),
+        _bshd_strides(d_o, s.layout),
+        lse.data_ptr(),
+        dq.data_ptr(),
+        _bshd_strides(dq, s.layout),
+        dk.data_ptr(),
+        _bshd_strides(dk, s.layout),
+        dv.data_ptr(),
+        _bshd_strides(dv, s.layout),
+        workspace.data_ptr(),
+        workspace.numel(),
+        opt,
+        deterministic,
+        torch.cuda.current_stream(q.device).cuda_stream,
+    )
+    return dq, dk, dv
+
+
+def _lse_term_inputs(d_lse: torch.Tensor, like_o: torch.Tensor, layout: str):
+    """O and dO, in O's layout, with rowsum(dO ⊙ O) = −dLSE: one-hot in channel 0."""
+    o = torch.zeros_like(like_o)
+    d_o = torch.zeros_like(like_o)
+    channel0 = (..., 0)
+    o[channel0] = 1.0
+    # d_lse is (B, Hq, Sq); channel 0 of a (B, S, H, D) tensor is (B, S, H).
+    d_o[channel0] = -(d_lse.transpose(1, 2) if layout == "bshd" else d_lse).to(like_o.dtype)
+    return o, d_o
+
+
+def _smooth_k_lse_dq(d_lse: torch.Tensor, k: torch.Tensor, dims: _validate.Dims, s: _host.Settings) -> torch.Tensor:
+    """The part of the LSE term's dQ that the backward, working on the smoothed K, leaves out.
+
+    With smooth_k the scores are recomputed from K − k̄, so the backward returns
+    scale·dS·(K − k̄); for the O term that is scale·dS·K, since rows of dS sum
+    to zero, but the LSE term's rows sum to dLSE_i: dQ_i lacks scale·dLSE_i·k̄.
+    (dK needs nothing: there the mean's own gradient cancels the LSE shift's.)
+    """
+    seq = 1 if s.layout == "bshd" else 2
+    k_mean = k.to(torch.float32).mean(dim=seq)  # (B, Hkv, D)
+    k_mean = k_mean.repeat_interleave(dims.Hq // dims.Hkv, dim=1)  # query head h reads key head h // group
+    scale = s.scale if s.scale > 0 else dims.D**-0.5
+    pattern = "bhi,bhd->bihd" if s.layout == "bshd" else "bhi,bhd->bhid"
+    return torch.einsum(pattern, d_lse.to(torch.float32), k_mean) * scale
+
+
+def _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt, deterministic: bool):
+    dtype = q.dtype
+    element = torch.float32 if dtype == torch.float64 else dtype  # the kernels read fp32, fp16 and bf16
+    q, k, v, o, d_o = (x.to(element) for x in (q, k, v, o, d_o))
+    if d_o.stride(-1) != 1 or 0 in d_o.stride():  # e.g. the expanded gradient of a sum
+        d_o = d_o.contiguous()
+    with torch.cuda.device(q.device):
+        dq, dk, dv = _backward_device_call(d_o, q, k, v, o, lse.contiguous(), dims, s, opt, deterministic)
+        if d_lse is not None:
+            o_term, d_o_term = _lse_term_inputs(d_lse, o, s.layout)
+            dq_term, dk_term, _ = _backward_device_call(
+                d_o_term, q, k, torch.zeros_like(v), o_term, lse.contiguous(), dims, s, opt, deterministic
+            )
+            dq_term = dq_term.float()
+            if s.smooth_k:
+                dq_term = dq_term + _smooth_k_lse_dq(d_lse, k, dims, s)
+            # Summed in fp32, rounded once to the gradients' type.
+            dq, dk = (dq.float() + dq_term).to(element), (dk.float() + dk_term.float()).to(element)
+    return tuple(x.to(dtype) for x in (dq, dk, dv))
+
+
+# ---- backward on the host -------------------------------------------------------
+
+
+def _host_grads(q, k, v, o, lse, d_o, s: _host.Settings, opt):
+    """One call of _ext.backward on fp32 host copies; gradients as float32 arrays in the caller's layout."""
+    bshd = [_host._to_bshd_f32(host_array(x), s.layout) for x in (q, k, v, o, d_o)]
+    lse_h = np.ascontiguousarray(host_array(lse))
+    dq, dk, dv, _executor = _ext.backward(bshd[0], bshd[1], bshd[2], bshd[3], lse_h, bshd[4], opt)
+    if s.layout == "bhsd":
+        dq, dk, dv = (x.transpose(0, 2, 1, 3) for x in (dq, dk, dv))
+    # Contiguous in the caller's layout, as the fake implementation promises.
+    return tuple(np.ascontiguousarray(x) for x in (dq, dk, dv))
+
+
+def _backward_host(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt):
+    if not hasattr(_ext, "backward"):
+        raise NotImplementedError(f"backward of recipe {s.recipe} is not available: this build of fp4attn has no _ext.backward")
+    dq, dk, dv = _host_grads(q, k, v, o, lse, d_o, s, opt)
+    if d_lse is not None and bool(d_lse.any()):  # this path synchronises anyway
+        o_term, d_o_term = _lse_term_inputs(d_lse.to(torch.float32), o.to(torch.float32), s.layout)
+        dq_term, dk_term, _ = _host_grads(q, k, torch.zeros_like(v), o_term, lse, d_o_term, s, opt)
+        if s.smooth_k:
+            dq_term = dq_term + host_array(_smooth_k_lse_dq(d_lse, k, dims, s))
+        dq, dk = dq + dq_term, dk + dk_term
+    return tuple(torch.from_numpy(x).to(device=q.device, dtype=q.dtype) for x in (dq, dk, dv))
+
+
+# ---- the backward op and the autograd registration ------------------------------
+
+
+@torch.library.custom_op(_BACKWARD_OP, mutates_args=())
+def _attention_backward_op(
+    d_o: torch.Tensor,
+    d_lse: Optional[torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    qkv_layout: str,
+    mask_kind: str,
+    softmax_scale: float,
+    recipe: str,
+    smooth_k: bool,
+    direct_p: bool,
+    gqa: bool,
+    arg_names: str,
+    target: str,
+    deterministic: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of the attention op, given dO, dLSE (None: zero) and what the forward saved."""
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
+    _require_backward(recipe)
+    dims = _host.check(q, k, v, s)
+    opt = _host.options(s)
+    if _uses_device_backward(q, dims, opt):
+        return _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s, opt, deterministic)
+    return _backward_host(d_o, d_lse, q, k, v, o, lse, dims, s, opt)
+
+
+@_attention_backward_op.register_fake
+def _attention_backward_fake(d_o, d_lse, q, k, v, o, lse, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k,
+                             direct_p, gqa, arg_names, target, deterministic=True):
+    _require_backward(recipe)
+    return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype)
+
+
 def _setup_context(ctx, inputs, output):
-    ctx.recipe = inputs[_RECIPE_ARG]
+    q, k, v = inputs[:3]
+    o, lse = output
+    ctx.settings = tuple(inputs[_SETTINGS_ARGS])
+    ctx.lse_returned = inputs[_LSE_RETURNED_ARG] if len(inputs) > _LSE_RETURNED_ARG else True
+    ctx.save_for_backward(q, k, v, o, lse)
 
 
 def _backward(ctx, grad_o, grad_lse):
-    raise NotImplementedError(_backward_message(ctx.recipe))
+    s = _host.Settings(*ctx.settings)
+    _require_backward(s.recipe)  # before anything runs, also when torch.compile traces it
+    q, k, v, o, lse = ctx.saved_tensors
+    # The LSE can only carry a gradient when the caller was handed it.
+    d_lse = grad_lse if ctx.lse_returned else None
+    dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, DETERMINISTIC_BACKWARD)
+    return (dq, dk, dv) + (None,) * (len(ctx.settings) + 1)
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings):
-    """(O, LSE) through the custom op; O has q's shape, dtype and device."""
-    return _attention_op(q, k, v, *s)
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings, lse_returned: bool = True):
+    """(O, LSE) through the custom op; O has q's shape, dtype and device.
+
+    lse_returned=False promises that the caller drops the LSE, so the backward
+    skips the LSE's gradient term (see the module docstring).
+    """
+    return _attention_op(q, k, v, *s, lse_returned)

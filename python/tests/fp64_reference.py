@@ -53,3 +53,35 @@ def rel_l2(a, ref) -> float:
     a = np.asarray(a, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
+
+
+def attention_backward_bshd(q, k, v, d_o, mask="none", scale=None, d_lse=None):
+    """dQ, dK, dV (fp64, shapes of q, k, v) of attention_bshd for the upstream gradients dO and dLSE.
+
+    dS = P ⊙ (dP − Delta) with Delta = rowsum(dO ⊙ O) − dLSE, since ∂LSE/∂S = P.
+    Key heads shared by a GQA group get the sum of their query heads' gradients.
+    """
+    q, k, v, d_o = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_o))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    group = hq // hkv
+    kr = np.repeat(k, group, axis=2)
+    vr = np.repeat(v, group, axis=2)
+    s = np.einsum("bihd,bjhd->bhij", q, kr) * scale
+    s = np.where(visible(mask, sq, sk), s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
+    l = p.sum(axis=-1, keepdims=True)
+    p = p / np.where(l > 0, l, 1.0)  # masked rows: P = 0
+    o = np.einsum("bhij,bjhd->bihd", p, vr)
+    dp = np.einsum("bihd,bjhd->bhij", d_o, vr)
+    delta = np.einsum("bihd,bihd->bhi", d_o, o)[..., None]
+    if d_lse is not None:
+        delta = delta - np.asarray(d_lse, dtype=np.float64)[..., None]
+    ds = p * (dp - delta)
+    dq = np.einsum("bhij,bjhd->bihd", ds, kr) * scale
+    dk = np.einsum("bhij,bihd->bjhd", ds, q) * scale
+    dv = np.einsum("bhij,bihd->bjhd", p, d_o)
+    fold = lambda x: x.reshape(b, sk, hkv, group, d).sum(axis=3)  # noqa: E731
+    return dq, fold(dk), fold(dv)

@@ -1,6 +1,6 @@
 """The torch layer: drop-in agreement with torch's SDPA, the custom op's
 registration (fake kernel, torch.compile without graph breaks), and the
-backward error. Runs only where torch is installed; the CUDA cases only on a GPU."""
+backward's errors (gradients are test_autograd.py's). Runs only where torch is installed; the CUDA cases only on a GPU."""
 
 import numpy as np
 import pytest
@@ -89,12 +89,19 @@ def test_compile_fullgraph(device):
     torch.testing.assert_close(compiled(q, k, v), block(q, k, v), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("recipe,message", [("fp8", "backward of recipe fp8 is not available yet"), ("mxfp4", "inference-only")])
-def test_backward_raises_clearly(recipe, message):
+@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4"])
+def test_backward_of_inference_recipe_raises_clearly(recipe):
     q, k, v = (x.requires_grad_() for x in make_bhsd(6, 1, 2, 2, 32, 32, 64, "cpu"))
     out = fp4attn.sdpa(q, k, v, recipe=recipe)
-    with pytest.raises(NotImplementedError, match=message):
+    with pytest.raises(NotImplementedError, match=f"recipe {recipe} is inference-only"):
         out.sum().backward()
+
+
+@pytest.mark.skipif(hasattr(fp4attn._ext, "backward"), reason="this build has the backward")
+def test_backward_missing_from_build_raises_clearly():
+    q, k, v = (x.requires_grad_() for x in make_bhsd(6, 1, 2, 2, 32, 32, 64, "cpu"))
+    with pytest.raises(NotImplementedError, match="backward of recipe fp8 is not available"):
+        fp4attn.sdpa(q, k, v).sum().backward()
 
 
 def test_bad_tensors_name_the_argument():

@@ -1,0 +1,287 @@
+"""Autograd through the torch layer: gradients of attention, flash_attn_func
+and sdpa against the fp64 reference, the LSE's gradient, dtypes, layouts,
+torch.compile of forward + backward, and on a Hopper GPU the zero-copy device
+backward (no synchronisation, deterministic, CUDA graphs).
+
+Bounds: the emulator's calibrated backward recipe bounds (tests/
+test_emulator_backward.cpp, kBackwardBounds, smooth_k and Direct-P on, E4M3
+dS; docs/accuracy.md): twice the worst 1 − cos and rel L2 over dQ, dK, dV seen
+against the fp64 reference on the unquantized inputs. FP8 gradients make
+gradcheck meaningless, so none is used.
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fp4attn  # noqa: E402  (after the skip: without torch this module is not collected)
+from conftest import make_qkv  # noqa: E402
+from fp64_reference import attention_backward_bshd, cosine, rel_l2  # noqa: E402
+
+
+class GradBounds:
+    def __init__(self, rel_l2, one_minus_cos):
+        self.rel_l2 = rel_l2
+        self.one_minus_cos = one_minus_cos
+
+
+GRAD_BOUNDS = {"fp8": GradBounds(2.36e-01, 1.39e-02), "mxfp4_train": GradBounds(9.20e-01, 1.94e-01)}
+TRAINABLE = tuple(GRAD_BOUNDS)
+
+needs_backward = pytest.mark.skipif(not hasattr(fp4attn._ext, "backward"), reason="this build has no _ext.backward")
+needs_device_backward = pytest.mark.skipif(
+    not (
+        torch.cuda.is_available()
+        and fp4attn.backend_info()["sm90_available"]
+        and hasattr(fp4attn._ext, "backward_device")
+    ),
+    reason="needs the sm90 backward kernel and a compute-capability 9.0 GPU",
+)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+# (B, Sq, Sk, Hq, Hkv, D): GQA with Sq != Sk, MQA with Sk over the 128-key tile, equal odd lengths.
+SHAPES = [(1, 48, 80, 4, 2, 64), (1, 64, 200, 2, 1, 128), (2, 33, 33, 2, 2, 64)]
+
+
+def problem(rng, shape, device, dtype=torch.float32):
+    """q, k, v (B, S, H, D) tensors that require grad, and a random dO, all of `dtype` on `device`."""
+    B, Sq, Sk, Hq, Hkv, D = shape
+    q, k, v = make_qkv(rng, B, Sq, Sk, Hq, Hkv, D)
+    d_o = rng.standard_normal(q.shape).astype(np.float32)
+    tensors = [torch.from_numpy(x).to(device=device, dtype=dtype) for x in (q, k, v, d_o)]
+    for x in tensors[:3]:
+        x.requires_grad_()
+    return tensors
+
+
+def reference(q, k, v, d_o, causal, d_lse=None):
+    """fp64 gradients of the values the tensors hold (bf16 inputs are compared with what they round to)."""
+    arrays = [x.detach().double().cpu().numpy() for x in (q, k, v, d_o)]
+    mask = "bottom_right" if causal else "none"
+    return attention_backward_bshd(*arrays, mask=mask, d_lse=None if d_lse is None else d_lse.double().cpu().numpy())
+
+
+def grads(q, k, v):
+    return tuple(x.grad.double().cpu().numpy() for x in (q, k, v))
+
+
+def within(got, expected, bounds: GradBounds) -> bool:
+    return 1 - cosine(got, expected) < bounds.one_minus_cos and rel_l2(got, expected) < bounds.rel_l2
+
+
+def assert_close_to_reference(got, expected, bounds: GradBounds):
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected):
+        assert np.isfinite(g).all(), name
+        assert 1 - cosine(g, e) < bounds.one_minus_cos, (name, 1 - cosine(g, e))
+        assert rel_l2(g, e) < bounds.rel_l2, (name, rel_l2(g, e))
+
+
+@needs_backward
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", TRAINABLE)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gradients_match_fp64_reference(rng, device, recipe, causal, shape):
+    q, k, v, d_o = problem(rng, shape, device)
+    out = fp4attn.flash_attn_func(q, k, v, causal=causal, recipe=recipe)
+    out.backward(d_o)
+    assert all(x.grad.dtype == x.dtype and x.grad.shape == x.shape for x in (q, k, v))
+    assert_close_to_reference(grads(q, k, v), reference(q, k, v, d_o, causal), GRAD_BOUNDS[recipe])
+
+
+@needs_backward
+def test_bounds_reject_wrong_gradients(rng):
+    # The metrics separate right from wrong: swapped dK and dV, dQ of the
+    # wrong head, or gradients of the wrong mask all fail the bounds.
+    shape = SHAPES[0]
+    q, k, v, d_o = problem(rng, shape, "cpu")
+    fp4attn.flash_attn_func(q, k, v, causal=True).backward(d_o)
+    dq, dk, dv = grads(q, k, v)
+    ref_dq, ref_dk, ref_dv = reference(q, k, v, d_o, causal=True)
+    bounds = GRAD_BOUNDS["fp8"]
+    assert within(dk, ref_dk, bounds) and within(dv, ref_dv, bounds) and within(dq, ref_dq, bounds)
+    assert not within(dv, ref_dk, bounds) and not within(dk, ref_dv, bounds)
+    assert not within(dq[:, :, ::-1], ref_dq, bounds)  # heads reversed
+    assert not within(dq, reference(q, k, v, d_o, causal=False)[0], bounds)
+
+
+@needs_backward
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_gradients_keep_the_input_dtype(rng, device, dtype):
+    q, k, v, d_o = problem(rng, SHAPES[0], device, dtype)
+    fp4attn.flash_attn_func(q, k, v, causal=True).backward(d_o)
+    assert all(x.grad.dtype == dtype and x.grad.device == q.device for x in (q, k, v))
+    assert_close_to_reference(grads(q, k, v), reference(q, k, v, d_o, causal=True), GRAD_BOUNDS["fp8"])
+
+
+@needs_backward
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_three_entry_points_give_the_same_gradients(rng, device):
+    # attention (bshd), flash_attn_func (bshd) and sdpa (bhsd views): one core, one answer.
+    q, k, v, d_o = problem(rng, SHAPES[0], device)
+
+    def run(fn):
+        for x in (q, k, v):
+            x.grad = None
+        fn().backward(d_o)
+        return grads(q, k, v)
+
+    first = run(lambda: fp4attn.attention(q, k, v, causal=True))
+    second = run(lambda: fp4attn.flash_attn_func(q, k, v, causal=True))
+    # sdpa's causal mask is top-left aligned: the same as bottom-right only for Sq == Sk.
+    square = problem(rng, (1, 64, 64, 4, 2, 64), device)
+    q2, k2, v2, d_o2 = square
+    fp4attn.sdpa(*(x.transpose(1, 2) for x in (q2, k2, v2)), is_causal=True, enable_gqa=True).backward(
+        d_o2.transpose(1, 2)
+    )
+    from_sdpa = grads(q2, k2, v2)
+    for x in (q2, k2, v2):
+        x.grad = None
+    fp4attn.flash_attn_func(q2, k2, v2, causal=True).backward(d_o2)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(from_sdpa, grads(q2, k2, v2)):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_backward
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", TRAINABLE)
+def test_gradient_through_the_lse(rng, device, recipe):
+    q, k, v, d_o = problem(rng, SHAPES[0], device)
+    d_lse = torch.from_numpy(rng.standard_normal((1, 4, 48)).astype(np.float32)).to(device)
+    out, lse = fp4attn.attention(q, k, v, causal=True, recipe=recipe, return_lse=True)
+    ((out * d_o).sum() + (lse * d_lse).sum()).backward()
+    expected = reference(q, k, v, d_o, causal=True, d_lse=d_lse)
+    assert_close_to_reference(grads(q, k, v), expected, GRAD_BOUNDS[recipe])
+    # Without the LSE term dQ would be off by more than fp8's bound (the
+    # FP4 Q/K recipe's bound is too wide to tell): the test can fail.
+    without = reference(q, k, v, d_o, causal=True)
+    assert not within(expected[0], without[0], GRAD_BOUNDS["fp8"])
+
+
+@needs_backward
+def test_lse_alone_in_the_loss(rng):
+    # dO = 0: only the LSE's term is left (the O term of the gradient vanishes).
+    q, k, v, _ = problem(rng, SHAPES[1], "cpu")
+    _, lse = fp4attn.attention(q, k, v, return_lse=True)
+    lse.sum().backward()
+    d_o = torch.zeros(q.shape)
+    expected = reference(q, k, v, d_o, causal=False, d_lse=torch.ones(lse.shape))
+    assert_close_to_reference(grads(q, k, v)[:2], expected[:2], GRAD_BOUNDS["fp8"])
+    assert not v.grad.any()
+
+
+@needs_backward
+@pytest.mark.parametrize("recipe", TRAINABLE)
+def test_backward_op_registration(rng, recipe):
+    q, k, v, d_o = problem(rng, SHAPES[0], "cpu")
+    o, lse = fp4attn.attention(q, k, v, causal=True, recipe=recipe, return_lse=True)
+    args = (d_o, torch.randn(lse.shape), q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(),
+            "bshd", "causal", 0.0, recipe, True, True, True, "q,k,v", "sm90", True)
+    torch.library.opcheck(torch.ops.fp4attn.attention_backward.default, args)
+
+
+@needs_backward
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_forward_and_backward(rng, device):
+    q, k, v, d_o = problem(rng, (1, 128, 128, 2, 2, 64), device, torch.bfloat16)
+
+    def block(q, k, v):
+        return fp4attn.sdpa(q, k, v, is_causal=True) * 2.0
+
+    # fullgraph: the forward is one graph; AOTAutograd traces the backward
+    # from it, through the backward op's fake implementation.
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    qh, kh, vh, d_oh = (x.transpose(1, 2) for x in (q, k, v, d_o))
+    compiled(qh, kh, vh).backward(d_oh)
+    got = tuple(x.grad.clone() for x in (q, k, v))
+    for x in (q, k, v):
+        x.grad = None
+    block(qh, kh, vh).backward(d_oh)
+    for g, x in zip(got, (q, k, v)):
+        torch.testing.assert_close(g, x.grad, rtol=0, atol=0)
+
+
+# ---- the device backward: CUDA tensors on the sm90 kernel --------------------------
+
+
+# The sm90 backward against the emulator, as the GPU suite bounds it (tests/gpu/test_bwd_gpu.cu).
+MAX_REL_L2_VS_EMULATOR = 3e-2
+MIN_COSINE_VS_EMULATOR = 0.99985
+
+
+@needs_device_backward
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("causal", [False, True])
+def test_device_backward_matches_the_emulator(rng, dtype, causal):
+    # Strided views (bshd views of bhsd buffers), GQA, Sq != Sk, lengths off the tile.
+    B, Sq, Sk, Hq, Hkv, D = 2, 200, 333, 4, 2, 64
+    q, k, v, d_o = (x.detach().transpose(1, 2).contiguous().transpose(1, 2)
+                    for x in problem(rng, (B, Sq, Sk, Hq, Hkv, D), "cuda", dtype))
+    for x in (q, k, v):
+        x.requires_grad_()
+    out, lse = fp4attn.attention(q, k, v, causal=causal, return_lse=True)
+    out.backward(d_o)
+    s = fp4attn._host.make_settings(layout="bshd", mask="causal" if causal else "none", scale=None,
+                                    scale_name="scale", recipe="fp8", smooth_k=True, direct_p=True, gqa=True,
+                                    names=("q", "k", "v"))
+    host = [np.ascontiguousarray(x.detach().float().cpu().numpy()) for x in (q, k, v, out, lse, d_o)]
+    expected = fp4attn._ext.backward(*host, fp4attn._host.options(s), fp4attn._ext.Executor.emulator)[:3]
+    for name, got, e in zip(("dq", "dk", "dv"), grads(q, k, v), expected):
+        assert rel_l2(got, e) <= MAX_REL_L2_VS_EMULATOR, (name, rel_l2(got, e))
+        assert cosine(got, e) >= MIN_COSINE_VS_EMULATOR, (name, cosine(got, e))
+
+
+@needs_device_backward
+def test_device_backward_is_deterministic_and_does_not_synchronize(rng):
+    q, k, v, d_o = problem(rng, (2, 200, 300, 4, 2, 128), "cuda", torch.bfloat16)
+    fp4attn.flash_attn_func(q, k, v, causal=True).backward(d_o)  # first call: module loading
+    first = grads(q, k, v)
+    for x in (q, k, v):
+        x.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fp4attn.flash_attn_func(q, k, v, causal=True).backward(d_o)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(first, grads(q, k, v)):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_device_backward
+def test_cuda_graph_capture_of_forward_and_backward(rng):
+    q, k, v, d_o = problem(rng, (1, 256, 256, 4, 2, 64), "cuda", torch.bfloat16)
+
+    def step():
+        for x in (q, k, v):
+            x.grad = None
+        fp4attn.flash_attn_func(q, k, v, causal=True).backward(d_o)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch's graph docs ask
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    for x in (q, k, v):
+        x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fp4attn.flash_attn_func(q, k, v, causal=True).backward(d_o)
+    captured = (q.grad, k.grad, v.grad)
+    # New inputs in the captured buffers: the replay computes on them.
+    new = problem(rng, (1, 256, 256, 4, 2, 64), "cuda", torch.bfloat16)
+    with torch.no_grad():
+        for dst, src in zip((q, k, v, d_o), new):
+            dst.copy_(src)
+    graph.replay()
+    replayed = tuple(x.detach().clone() for x in captured)
+    for x in (q, k, v):
+        x.grad = None
+    fp4attn.flash_attn_func(q, k, v, causal=True).backward(d_o)
+    for got, x in zip(replayed, (q, k, v)):
+        torch.testing.assert_close(got, x.grad, rtol=0, atol=0)
