@@ -99,7 +99,8 @@ dispatch::DeviceTensorView device_view(std::uintptr_t data, const Strides& strid
 bool device_forward_supported(const ShapeTuple& shape_tuple, const AttentionOptions& opt) {
   const AttentionShape shape = shape_of(shape_tuple);
   validate(shape, opt);
-  return cuda_built() && sm90_available() && sm90_supports(shape, opt);
+  // The zero-copy path runs recipe fp8 only; the MX recipes take the host entry point.
+  return cuda_built() && sm90_available() && sm90_supports(shape, opt) && opt.recipe == Recipe::fp8;
 }
 
 void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, std::uintptr_t q,

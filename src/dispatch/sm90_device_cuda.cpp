@@ -85,8 +85,11 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   const AttentionShape& s = args.shape;
   validate(s, opt);
   if (!sm90_supports(s, opt))
-    throw Error("executor", "the sm90 executor does not implement this call (it runs recipe fp8, target sm90, "
-                            "128-token tiles, D = 64 or 128)");
+    throw Error("executor", "the sm90 executor does not implement this call (it runs recipes fp8, mxfp4 and "
+                            "mxfp4_train, target sm90, 128-token tiles, D = 64 or 128)");
+  if (opt.recipe != Recipe::fp8)
+    throw Error("recipe", "the zero-copy device path runs recipe fp8; " + std::string(to_string(opt.recipe)) +
+                              " runs on the sm90 executor through the host entry point");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   if (args.o == nullptr) throw Error("o", "is a null device pointer");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");

@@ -1,15 +1,18 @@
 // The sm90 executor in a CUDA build: device check through the CUDA runtime,
-// and the forward as upload → GPU quantizer → FP8 Direct-P kernel → download.
+// and the forward as upload → GPU quantizer → FP8 Direct-P kernel → download
+// (recipes mxfp4 and mxfp4_train: MXFP4 quantizer, fold into E4M3, same kernel).
 #if defined(FP4ATTN_HAS_CUDA)
 
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/sm90/fwd/fp8_operands.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
+#include "cuda/sm90/fwd/mx_operands.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/error.hpp"
 
@@ -69,9 +72,10 @@ bool sm90_device_present() {
 
 ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                            std::span<const float> v, const AttentionOptions& opt) {
-  if (opt.recipe != Recipe::fp8)
-    throw Error("recipe", "the sm90 executor implements recipe fp8; " + std::string(to_string(opt.recipe)) +
-                              " runs on the emulator");
+  const bool mx = opt.recipe == Recipe::mxfp4 || opt.recipe == Recipe::mxfp4_train;
+  if (opt.recipe != Recipe::fp8 && !mx)
+    throw Error("recipe", "the sm90 executor implements recipes fp8, mxfp4 and mxfp4_train; " +
+                              std::string(to_string(opt.recipe)) + " runs on the emulator");
   if (opt.block_q != cuda_quantize::kTokenBlock || opt.block_k != cuda_quantize::kTokenBlock)
     throw Error("block_q", "the sm90 kernel's tiles (and FP8 scale blocks) are 128 tokens");
   const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(shape.D));
@@ -81,18 +85,29 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
   upload(dq, q, stream);
   upload(dk, k, stream);
   upload(dv, v, stream);
-  const sm90::fwd::Fp8Operands operands(shape);
-  const cuda_quantize::Fp8Buffers& bufs = operands.buffers();
-  cuda_quantize::quantize_fp8(contiguous(dq.get(), shape.B, shape.Sq, shape.Hq, shape.D),
-                              contiguous(dk.get(), shape.B, shape.Sk, shape.Hkv, shape.D),
-                              contiguous(dv.get(), shape.B, shape.Sk, shape.Hkv, shape.D), opt.smooth_k, scale, bufs,
-                              stream);
-  cuda_quantize::check_finite(bufs, stream);
+  const auto q_in = contiguous(dq.get(), shape.B, shape.Sq, shape.Hq, shape.D);
+  const auto k_in = contiguous(dk.get(), shape.B, shape.Sk, shape.Hkv, shape.D);
+  const auto v_in = contiguous(dv.get(), shape.B, shape.Sk, shape.Hkv, shape.D);
+  // Exactly one of the two operand sets is built; it must outlive the kernel.
+  std::unique_ptr<sm90::fwd::Fp8Operands> fp8_operands;
+  std::unique_ptr<sm90::fwd::MxOperands> mx_operands;
+  sm90::fwd::Fp8ForwardArgs a;
+  if (mx) {
+    mx_operands = std::make_unique<sm90::fwd::MxOperands>(shape, opt.recipe, opt.mx_scale_rule);
+    mx_operands->prepare(q_in, k_in, v_in, opt.smooth_k, scale, stream);
+    mx_operands->check_finite(stream);
+    a = mx_operands->forward_args(opt.mask, opt.direct_p, scale, opt.smooth_k);
+  } else {
+    fp8_operands = std::make_unique<sm90::fwd::Fp8Operands>(shape);
+    const cuda_quantize::Fp8Buffers& bufs = fp8_operands->buffers();
+    cuda_quantize::quantize_fp8(q_in, k_in, v_in, opt.smooth_k, scale, bufs, stream);
+    cuda_quantize::check_finite(bufs, stream);
+    a = fp8_operands->forward_args(opt.mask, opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt,
+                                   scale, opt.smooth_k);
+  }
 
   DeviceBuffer<std::uint16_t> o(shape.q_elems());
   DeviceBuffer<float> lse(shape.lse_elems());
-  sm90::fwd::Fp8ForwardArgs a = operands.forward_args(
-      opt.mask, opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt, scale, opt.smooth_k);
   a.o = o.get();
   a.o_stride_b = a.q_stride_b, a.o_stride_s = a.q_stride_s, a.o_stride_h = a.q_stride_h;
   a.lse = lse.get();
@@ -103,7 +118,7 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
   out.lse.resize(shape.lse_elems());
   check(cudaMemcpyAsync(o_bits.data(), o.get(), o.bytes(), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   check(cudaMemcpyAsync(out.lse.data(), lse.get(), lse.bytes(), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), "fp8 forward");
+  check(cudaStreamSynchronize(stream), "sm90 forward");
   out.o.resize(o_bits.size());
   for (std::size_t i = 0; i < o_bits.size(); ++i) out.o[i] = bf16_bits_to_float(o_bits[i]);
   out.executor = Executor::sm90;

@@ -19,7 +19,8 @@ constexpr int kMaxTile = 256;
 
 // What the sm90 executor implements so far (its kernels grow recipe by
 // recipe); automatic dispatch sends everything else to the emulator.
-constexpr Recipe kSm90Recipes[] = {Recipe::fp8};
+// mxfp4 and mxfp4_train: MXFP4 folded into E4M3 before the same kernel (DESIGN §3.4).
+constexpr Recipe kSm90Recipes[] = {Recipe::fp8, Recipe::mxfp4, Recipe::mxfp4_train};
 // The kernel's query/key tile, which is also its FP8 scale block.
 constexpr int kSm90Tile = 128;
 

@@ -8,6 +8,7 @@
 
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
+#include "fp4attn/error.hpp"
 #include "fp4attn/metrics.hpp"
 #include "gpu/gpu_test_util.hpp"
 
@@ -139,6 +140,20 @@ TEST(GpuForwardDevice, NonFiniteInputMakesEveryOutputNan) {
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(count_nan(call.output()), 0u);
   EXPECT_EQ(count_nan(call.lse.download()), 0u);
+}
+
+TEST(GpuForwardDevice, RefusesTheMxRecipesByName) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 2, 2, 128, 128, 64};
+  DeviceCall call(s);
+  AttentionOptions opt;
+  opt.recipe = Recipe::mxfp4;  // the sm90 executor runs it, but through the host entry point only
+  try {
+    call.run(opt);
+    FAIL() << "the zero-copy path accepted recipe mxfp4";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "recipe");
+  }
 }
 
 }  // namespace

@@ -14,6 +14,13 @@ namespace fp4attn::sm90::fwd {
 enum class PCode : std::uint8_t {
   direct_p,  // bits built from a polynomial of the score: no MUFU, no F2FP (the method)
   exp2_cvt,  // ex2.approx then cvt.rn.satfinite.e4m3x2 (the comparison baseline)
+  // Recipe mxfp4's FP4 P on sm90 (DESIGN §3.4): per row and 32-key block the
+  // Direct-P block exponent E and E2M1 codes, folded into E4M3 with the
+  // tile's largest E; PV and the row sum carry the factor 2^(R − 6).
+  mxfp4_direct_p,
+  // The same FP4 P by the baseline rule: ex2.approx, then the MX quantizer's
+  // block scale (Fp8ForwardArgs::mx_scale_rule) and E2M1 rounding.
+  mxfp4_exp2,
 };
 
 // Keys of one Vᵀ row are padded to this multiple (the kernel's key tile), so
@@ -32,7 +39,7 @@ struct Fp8ForwardArgs {
   std::int64_t k_stride_b = 0, k_stride_s = 0, k_stride_h = 0;
   const std::uint8_t* vt = nullptr;
   std::int64_t vt_keys = 0;
-  const float* q_scale = nullptr;    // (B, Hq, ceil(Sq / 128))
+  const float* q_scale = nullptr;    // (B, Hq, ceil(Sq / q_scale_rows))
   const float* k_scale = nullptr;    // (B, Hkv, ceil(Sk / 128))
   const float* v_scale = nullptr;    // (B, Hkv, D)
   const float* lse_shift = nullptr;  // (B, Hq, Sq) added to finite LSE (smooth_k), or null
@@ -44,10 +51,14 @@ struct Fp8ForwardArgs {
   // synchronise to raise an error (the zero-copy device path) still never
   // return finite numbers computed from non-finite input.
   const int* nonfinite = nullptr;
+  // Query rows that share one q_scale: 128 (the fp8 recipe's token block) or
+  // 1 (MXFP4 Q folded into E4M3 per row, cuda/quantize/fold_mx.hpp).
+  int q_scale_rows = 128;
   int B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0;
   float softmax_scale = 0.0f;  // already resolved (> 0)
   MaskKind mask = MaskKind::none;
   PCode p_code = PCode::direct_p;
+  MxScaleRule mx_scale_rule = MxScaleRule::round_up;  // PCode::mxfp4_exp2's block scale
 };
 
 // Launches the kernel for args.D (64 or 128) on `stream`. Throws fp4attn::Error

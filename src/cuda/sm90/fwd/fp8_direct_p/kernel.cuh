@@ -37,6 +37,7 @@
 
 #include <cuda/ptx>
 
+#include "cuda/quantize/fp4_codes.cuh"
 #include "cuda/sm90/fwd/fp8_direct_p/config.h"
 #include "fp4attn/direct_p.hpp"
 
@@ -45,6 +46,7 @@ namespace fp4attn::sm90::fwd {
 inline constexpr float kLn2 = 0.693147180559945309f;
 inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
 inline constexpr int kThreadsPerRow = 4;  // lanes of a quad share an accumulator row
+inline constexpr int kSm90FoldHeadroom = 6;  // the largest MX exponent R maps to 2^6 (DESIGN §3.4)
 
 FP4ATTN_DEVICE_INLINE float neg_inf() { return __int_as_float(0xFF800000); }
 
@@ -129,7 +131,7 @@ FP4ATTN_DEVICE_INLINE std::uint32_t p_code_word(float s0, float s1, float s2, fl
 // the quantizer stores Vᵀ with its keys in the same order σ inside every group
 // of 32, so P·V sums over matching keys and P never leaves its thread.
 template <PCode kPCode, int N>
-FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], float c, const float (&m)[2],
+FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], const float (&c)[2], const float (&m)[2],
                                           std::uint32_t (&p)[N / 16][4]) {
   // N accumulator registers hold 2N keys of two rows: 2N / 32 = N / 16 k32 steps.
 #pragma unroll
@@ -140,8 +142,136 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], float c, const fl
       for (int r = 0; r < 2; ++r) {
         const int j = 4 * t + 2 * h;  // first of the two 8-column chunks
         p[t][2 * h + r] = p_code_word<kPCode>(s[4 * j + 2 * r], s[4 * j + 2 * r + 1], s[4 * j + 4 + 2 * r],
-                                              s[4 * j + 5 + 2 * r], c, m[r]);
+                                              s[4 * j + 5 + 2 * r], c[r], m[r]);
       }
+}
+
+// E4M3 value of one MXFP4 P element of a row, for PCode::mxfp4_direct_p:
+// the E2M1 value of 2^(u − E) by direct_p::mxfp4_code's thresholds, times the
+// block's fold factor 2^(E − R + 6); rounded to E4M3 by the caller, this is
+// the emulator's fold_mx_to_e4m3 of the same code. The E2M1 value is summed
+// from its gaps (0.5, 0.5, 0.5, 0.5, 1, 1, 2) already multiplied by the fold
+// factor (`gap`), one compare and one FFMA per threshold. The products are
+// exact whenever the E4M3 result is not zero, and the result is ≤ 6·2^6, so
+// the conversion never saturates; blocks far below R round to subnormals or 0.
+struct FoldedGaps {
+  float half, one, two;  // 0.5, 1 and 2 times the block's fold factor
+};
+
+FP4ATTN_DEVICE_INLINE float folded_p_value(float u, float block_exp, const FoldedGaps& gap) {
+  using direct_p::kE2M1Log2Bounds;
+  constexpr float kBounds[7] = {kE2M1Log2Bounds[0], kE2M1Log2Bounds[1], kE2M1Log2Bounds[2], kE2M1Log2Bounds[3],
+                                kE2M1Log2Bounds[4], kE2M1Log2Bounds[5], kE2M1Log2Bounds[6]};
+  const float v = u - block_exp;  // exact wherever a threshold is near (see mxfp4_code)
+  auto step = [&](int i) { return v >= kBounds[i] ? 1.0f : 0.0f; };
+  float q = step(0) * gap.half;
+  q = fmaf(step(1), gap.half, q);
+  q = fmaf(step(2), gap.half, q);
+  q = fmaf(step(3), gap.half, q);
+  q = fmaf(step(4), gap.one, q);
+  q = fmaf(step(5), gap.one, q);
+  return fmaf(step(6), gap.two, q);
+}
+
+FP4ATTN_DEVICE_INLINE std::uint32_t e4m3_pair(float lo, float hi) {
+  std::uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));  // first source → high byte
+  return pair;
+}
+
+// pack_p_operand for FP4 P (PCode::mxfp4_direct_p). k32 step t covers keys
+// 32t .. 32t + 31: one MX block, of which this thread holds 8 per row and its
+// quad the other 24. Per row: the block maxima of u (u is monotone in s, so
+// the max of s gives it), E per block, R = max E over the tile, then the
+// folded codes; row_factor = 2^(R − 6) multiplies PV and the row sum.
+template <int N>
+FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&c)[2], const float (&m)[2],
+                                             std::uint32_t (&p)[N / 16][4], float (&row_factor)[2]) {
+  constexpr int kSteps = N / 16;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int block_exp[kSteps];
+    int tile_exp = direct_p::kNoBlockExponent;
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+      float mx = neg_inf();
+#pragma unroll
+      for (int j = 4 * t; j < 4 * t + 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullWarp, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullWarp, mx, 2));
+      block_exp[t] = direct_p::mx_block_exponent(direct_p::log2_score(mx, c[r], m[r]));
+      tile_exp = max(tile_exp, block_exp[t]);
+    }
+    row_factor[r] = exp2i(tile_exp - kSm90FoldHeadroom);
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+      const float e = static_cast<float>(block_exp[t]);
+      const float fold = exp2i(block_exp[t] - tile_exp + kSm90FoldHeadroom);
+      const FoldedGaps gap{0.5f * fold, fold, 2.0f * fold};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = 4 * t + 2 * h;
+        auto value = [&](int i) { return folded_p_value(direct_p::log2_score(s[i], c[r], m[r]), e, gap); };
+        p[t][2 * h + r] = e4m3_pair(value(4 * j + 2 * r), value(4 * j + 2 * r + 1)) |
+                          (e4m3_pair(value(4 * j + 4 + 2 * r), value(4 * j + 5 + 2 * r)) << 16);
+      }
+    }
+  }
+}
+
+// pack_p_operand_mx for PCode::mxfp4_exp2, the emulator's non-Direct-P MX
+// rule: P = 2^u by ex2.approx (the CPU uses exp2f, so codes near a rounding
+// boundary may differ), then per 32-key block the MX quantizer's scale of the
+// block maximum and the E2M1 code of P / 2^E. The P values overwrite the dead
+// scores. An all-zero block has no exponent (direct_p::kNoBlockExponent).
+template <int N>
+FP4ATTN_DEVICE_INLINE void pack_p_operand_mx_exp2(float (&s)[N], const float (&c)[2], const float (&m)[2],
+                                                  bool round_up, std::uint32_t (&p)[N / 16][4],
+                                                  float (&row_factor)[2]) {
+  constexpr int kSteps = N / 16;
+  constexpr std::uint32_t kTwiceE2M1 = 0xC8643210u;  // 2 × the E2M1 value of code i, in nibble i
+  constexpr float kIntMagic = 8388608.0f;            // 2^23: small integers to float in one FADD
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int block_exp[kSteps];
+    float inv[kSteps];
+    int tile_exp = direct_p::kNoBlockExponent;
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+      float mx = 0.0f;
+#pragma unroll
+      for (int j = 4 * t; j < 4 * t + 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * j + 2 * r + e];
+          asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(x) : "f"(direct_p::log2_score(x, c[r], m[r])));
+          mx = fmaxf(mx, x);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(kFullWarp, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullWarp, mx, 2));
+      const int scale_exp =
+          static_cast<int>(cuda_quantize::fp4::mx_scale_code(__float_as_uint(mx), round_up)) - kE8M0Bias;
+      block_exp[t] = mx > 0.0f ? scale_exp : direct_p::kNoBlockExponent;
+      inv[t] = exp2i(-scale_exp);
+      tile_exp = max(tile_exp, block_exp[t]);
+    }
+    row_factor[r] = exp2i(tile_exp - kSm90FoldHeadroom);
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+      const float half_fold = 0.5f * exp2i(block_exp[t] - tile_exp + kSm90FoldHeadroom);
+      auto value = [&](int i) {
+        const std::uint32_t code = cuda_quantize::fp4::e2m1_code(__fmul_rn(s[i], inv[t]));
+        const float twice = __uint_as_float(__float_as_uint(kIntMagic) | ((kTwiceE2M1 >> (4 * code)) & 0xFu)) - kIntMagic;
+        return twice * half_fold;
+      };
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = 4 * t + 2 * h;
+        p[t][2 * h + r] = e4m3_pair(value(4 * j + 2 * r), value(4 * j + 2 * r + 1)) |
+                          (e4m3_pair(value(4 * j + 4 + 2 * r), value(4 * j + 5 + 2 * r)) << 16);
+      }
+    }
+  }
 }
 
 // S = Q·Kᵀ for one consumer's 64 rows and one K tile, into a fresh fp32 tile.
@@ -198,18 +328,21 @@ FP4ATTN_DEVICE_INLINE void wait_pv(float (&pv)[Cfg::kPvRegs], std::uint32_t (&p)
 // on the adding FFMA. Element 2r of the first ones column (column N of PV)
 // holds row r's sum over the whole tile in every lane of the quad, so l is
 // the full row sum in each of them.
-template <int N, int NPv>
+// With FP4 P (kRowFactor) each PV term is first multiplied by the tile's
+// row factor 2^(R − 6), exactly, as the emulator does.
+template <bool kRowFactor, int N, int NPv>
 FP4ATTN_DEVICE_INLINE void accumulate_o(float (&o)[N], float (&l)[2], const float (&alpha)[2],
-                                        const float (&pv)[NPv]) {
+                                        const float (&row_factor)[2], const float (&pv)[NPv]) {
   static_assert(NPv == N + 4, "PV holds O's columns, then one 8-column group of row sums");
+  auto term = [&](int i, int r) { return kRowFactor ? pv[i] * row_factor[r] : pv[i]; };
 #pragma unroll
   for (int j = 0; j < N / 4; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) o[4 * j + 2 * r + e] = fmaf(o[4 * j + 2 * r + e], alpha[r], pv[4 * j + 2 * r + e]);
+      for (int e = 0; e < 2; ++e) o[4 * j + 2 * r + e] = fmaf(o[4 * j + 2 * r + e], alpha[r], term(4 * j + 2 * r + e, r));
 #pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], pv[N + 2 * r]);
+  for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], term(N + 2 * r, r));
 }
 
 // Online softmax of one consumer's two rows per thread, in the log2 domain.
@@ -221,19 +354,24 @@ struct OnlineSoftmax {
   // 2^(m_old − m_new), the rescale of O and l that goes with this tile's PV. A row
   // with nothing visible yet keeps m = −inf and subtracts 0 in its place, so
   // that no −inf − (−inf) appears.
+  // c is per row (Q's factor may differ per row); row_factor is set for FP4 P only.
+  // P may overwrite s (mxfp4_exp2): the scores are dead once P is packed.
   template <PCode kPCode, int N>
-  __device__ void step(const float (&s)[N], float c, std::uint32_t (&p)[N / 16][4], float (&alpha)[2]) {
+  __device__ void step(float (&s)[N], const float (&c)[2], bool mx_round_up, std::uint32_t (&p)[N / 16][4],
+                       float (&alpha)[2], float (&row_factor)[2]) {
     float mx[2];
     row_max(s, mx);
     float m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m[r], mx[r] * c);
+      const float m_new = fmaxf(m[r], mx[r] * c[r]);
       m_use[r] = m_new == neg_inf() ? 0.0f : m_new;
       alpha[r] = exp2f(m[r] - m_use[r]);
       m[r] = m_new;
     }
-    pack_p_operand<kPCode>(s, c, m_use, p);
+    if constexpr (kPCode == PCode::mxfp4_direct_p) pack_p_operand_mx(s, c, m_use, p, row_factor);
+    else if constexpr (kPCode == PCode::mxfp4_exp2) pack_p_operand_mx_exp2(s, c, m_use, mx_round_up, p, row_factor);
+    else pack_p_operand<kPCode>(s, c, m_use, p);
   }
 };
 
@@ -260,6 +398,10 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
   using Cfg = Fp8Config<HeadDim>;
+  constexpr bool kFp4P = kPCode == PCode::mxfp4_direct_p || kPCode == PCode::mxfp4_exp2;
+  // log2 of the factor P's codes carry: 2^8 for E4M3 P, none for FP4 P (its
+  // scale rides on row_factor).
+  constexpr float kPOffset = kFp4P ? 0.0f : direct_p::kFp8Offset;
   extern __shared__ std::uint8_t smem_raw[];
   auto& smem = *reinterpret_cast<SharedStorage<Cfg>*>(
       (reinterpret_cast<std::uintptr_t>(smem_raw) + Cfg::kSwizzleAlign - 1) & ~std::uintptr_t{Cfg::kSwizzleAlign - 1});
@@ -326,10 +468,14 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   const int first_row = q0 + consumer * Cfg::kRowsPerConsumer;
   const int row_abs[2] = {first_row + frag.row[0], first_row + frag.row[1]};
   const std::uint64_t desc_q = make_kmajor_desc<Cfg::kQkSwizzle>(smem.q + consumer * Cfg::kQConsumerBytes);
-  const int q_blocks = (args.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ;
-  const float q_scale = args.q_scale[(static_cast<std::int64_t>(batch) * args.Hq + head) * q_blocks + q_block];
+  const int q_groups = (args.Sq + args.q_scale_rows - 1) / args.q_scale_rows;
+  const float* q_scale_head = args.q_scale + (static_cast<std::int64_t>(batch) * args.Hq + head) * q_groups;
+  float q_scale[2];  // rows past Sq read the last row's scale and are never stored
+#pragma unroll
+  for (int r = 0; r < 2; ++r) q_scale[r] = q_scale_head[min(row_abs[r], args.Sq - 1) / args.q_scale_rows];
   const float* k_scale = args.k_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * num_k_tiles;
   const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
+  const bool mx_round_up = args.mx_scale_rule == MxScaleRule::round_up;
 
   // Only partial tiles and tiles that cross this consumer's causal diagonal
   // need the mask; the others are visible in full.
@@ -351,11 +497,24 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     float pv[Cfg::kPvRegs];
     std::uint32_t p[Cfg::kPvSteps][4];  // P of the tile whose PV is issued next
     float alpha[2];                     // the rescale of O that goes with that PV
+    float row_factor[2] = {1.0f, 1.0f};  // FP4 P: 2^(R − 6) of that PV's tile
+    float c[2];                         // this tile's S → log2-domain multiplier, per row
+    // A product that underflows to 0 (folded MX factors of an all-zero Q row
+    // and K tile, each 2^-133) would make masked scores −inf·0 = NaN; the
+    // smallest subnormal keeps them −inf and rounds every visible s·c as 0
+    // would, up to terms far below what P and the LSE resolve.
+    auto set_c = [&](int n) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float product = q_scale[r] * k_scale[n] * scale_log2;
+        c[r] = product == 0.0f ? __int_as_float(1) : product;
+      }
+    };
     turn.open_first();
     wait_barrier(&smem.q_full, 0);
 
     // Turn 0: S of tile 0 alone, then its softmax.
-    float c = q_scale * k_scale[0] * scale_log2;
+    set_c(0);
     wait_barrier(&smem.kv_full[0], 0);
     turn.wait();
     wgmma_fence();
@@ -365,7 +524,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     wgmma_wait<0>();
     fence_registers(s);
     mask_tile(s, 0);
-    softmax.step<kPCode>(s, c, p, alpha);
+    softmax.step<kPCode>(s, c, mx_round_up, p, alpha, row_factor);
 
     // Turn n: PV of tile n − 1, then S of tile n. O takes in PV while S is
     // still computed; the softmax of tile n runs while the other consumer's
@@ -375,7 +534,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     // wgmmas when registers of an in-flight product would be needed.
     for (int n = 1; n < k_tiles; ++n) {
       const int stage = n % Cfg::kStages, prev = (n - 1) % Cfg::kStages;
-      c = q_scale * k_scale[n] * scale_log2;
+      set_c(n);
       wait_barrier(&smem.kv_full[stage], (n / Cfg::kStages) & 1);
       turn.wait();
       fence_p(p);
@@ -386,12 +545,12 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
       wgmma_commit();
       turn.pass(false);
       wait_pv<1, Cfg>(pv, p);  // PV is complete; S may still be running
-      accumulate_o(o, softmax.l, alpha, pv);
+      accumulate_o<kFp4P>(o, softmax.l, alpha, row_factor, pv);
       cuda::ptx::mbarrier_arrive(&smem.kv_empty[prev]);
       wgmma_wait<0>();
       fence_registers(s);
       mask_tile(s, n);
-      softmax.step<kPCode>(s, c, p, alpha);
+      softmax.step<kPCode>(s, c, mx_round_up, p, alpha, row_factor);
     }
 
     // Last turn: PV of the last tile.
@@ -402,7 +561,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     wgmma_commit();
     turn.pass(true);
     wait_pv<0, Cfg>(pv, p);
-    accumulate_o(o, softmax.l, alpha, pv);
+    accumulate_o<kFp4P>(o, softmax.l, alpha, row_factor, pv);
   }
 
   // ---- epilogue: O = O·v_scale / l in bf16; LSE in natural log
@@ -423,15 +582,17 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
 #pragma unroll
     for (int j = 0; j < HeadDim / 8; ++j) {
-      const float o0 = o[4 * j + 2 * r] * vs[j].x * inv_sum;
-      const float o1 = o[4 * j + 2 * r + 1] * vs[j].y * inv_sum;
+      // 1/l first, then V's channel factor: the emulator's order, so O
+      // rounds the same also when v_scale is not a power of two.
+      const float o0 = o[4 * j + 2 * r] * inv_sum * vs[j].x;
+      const float o1 = o[4 * j + 2 * r + 1] * inv_sum * vs[j].y;
       *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = __floats2bfloat162_rn(o0, o1);
     }
     if (frag.col == 0) {
       const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
       const float shift = args.lse_shift != nullptr ? args.lse_shift[lse_index] : 0.0f;
       args.lse[lse_index] =
-          empty ? neg_inf() : (softmax.m[r] + log2f(row_sum) - direct_p::kFp8Offset) * kLn2 + shift;
+          empty ? neg_inf() : (softmax.m[r] + log2f(row_sum) - kPOffset) * kLn2 + shift;
     }
   }
 }

@@ -47,12 +47,20 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if (a.o_stride_s % 2 != 0 || a.o_stride_h % 2 != 0 || a.o_stride_b % 2 != 0)
     throw Error("o", "element strides must be even (the kernel stores bf16 pairs)");
   if (!(a.softmax_scale > 0.0f)) throw Error("softmax_scale", "must be positive");
-  const bool direct = a.p_code == PCode::direct_p;
-  switch (a.D) {
-    case 64: return direct ? launch<64, PCode::direct_p>(a, stream) : launch<64, PCode::exp2_cvt>(a, stream);
-    case 128: return direct ? launch<128, PCode::direct_p>(a, stream) : launch<128, PCode::exp2_cvt>(a, stream);
-    default: throw Error("D", "the sm90 fp8 kernel supports D = 64 and 128, got " + std::to_string(a.D));
+  if (a.q_scale_rows != 1 && a.q_scale_rows != kVtKeyAlign)
+    throw Error("q_scale_rows", "must be 1 (MX Q folded per row) or 128 (the fp8 recipe's token block)");
+  if (a.D != 64 && a.D != 128)
+    throw Error("D", "the sm90 fp8 kernel supports D = 64 and 128, got " + std::to_string(a.D));
+  const bool d128 = a.D == 128;
+  switch (a.p_code) {
+    case PCode::direct_p: return d128 ? launch<128, PCode::direct_p>(a, stream) : launch<64, PCode::direct_p>(a, stream);
+    case PCode::exp2_cvt: return d128 ? launch<128, PCode::exp2_cvt>(a, stream) : launch<64, PCode::exp2_cvt>(a, stream);
+    case PCode::mxfp4_direct_p:
+      return d128 ? launch<128, PCode::mxfp4_direct_p>(a, stream) : launch<64, PCode::mxfp4_direct_p>(a, stream);
+    case PCode::mxfp4_exp2:
+      return d128 ? launch<128, PCode::mxfp4_exp2>(a, stream) : launch<64, PCode::mxfp4_exp2>(a, stream);
   }
+  throw Error("p_code", "unknown P code");
 }
 
 }  // namespace fp4attn::sm90::fwd
