@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 
+#include "cuda/quantize/host_launch.hpp"
 #include "cuda/quantize/quantize_fp4.hpp"
 #include "cuda/quantize/quantize_fp4_kernel.cuh"
 #include "fp4attn/error.hpp"
@@ -51,44 +52,7 @@ WorkspaceLayout workspace_layout(std::int64_t B, std::int64_t S, std::int64_t H,
   return l;
 }
 
-bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
-template <class T>
-InputView<T> view_of(const StridedInput& x) {
-  constexpr std::int64_t per_vector = kVectorBytes / sizeof(T);
-  const bool vector = aligned(x.data, kVectorBytes) && x.stride_b % per_vector == 0 &&
-                      x.stride_s % per_vector == 0 && x.stride_h % per_vector == 0;
-  return {static_cast<const T*>(x.data), x.stride_b, x.stride_s, x.stride_h, vector};
-}
-
-// The caller's workspace, or a stream-ordered allocation freed after the launches.
-class CallWorkspace {
- public:
-  CallWorkspace(void* given, std::size_t bytes, cudaStream_t stream) : ptr_(given), stream_(stream) {
-    if (ptr_ == nullptr) {
-      check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (quantizer workspace)");
-      owned_ = true;
-    }
-  }
-  CallWorkspace(const CallWorkspace&) = delete;
-  CallWorkspace& operator=(const CallWorkspace&) = delete;
-  ~CallWorkspace() {
-    if (owned_) cudaFreeAsync(ptr_, stream_);
-  }
-  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
-
- private:
-  void* ptr_;
-  cudaStream_t stream_;
-  bool owned_ = false;
-};
-
-int sm_count() {
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return sms;
-}
 
 template <class T>
 void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const Fp4Buffers& out, cudaStream_t stream) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "cuda/quantize/host_launch.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/quantize/quantize_fp8_kernel.cuh"
 #include "fp4attn/error.hpp"
@@ -47,38 +48,6 @@ WorkspaceLayout workspace_layout(std::int64_t slices, std::int64_t chunks_per_sl
   return l;
 }
 
-bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
-
-template <class T>
-InputView<T> view_of(const StridedInput& x) {
-  constexpr std::int64_t per_vector = kVectorBytes / sizeof(T);
-  const bool vector = aligned(x.data, kVectorBytes) && x.stride_b % per_vector == 0 &&
-                      x.stride_s % per_vector == 0 && x.stride_h % per_vector == 0;
-  return {static_cast<const T*>(x.data), x.stride_b, x.stride_s, x.stride_h, vector};
-}
-
-// Workspace for one call: the caller's, or a stream-ordered allocation freed
-// after the kernel on the same stream.
-class CallWorkspace {
- public:
-  CallWorkspace(void* given, std::size_t bytes, cudaStream_t stream) : ptr_(given), stream_(stream) {
-    if (ptr_ == nullptr) {
-      check_cuda(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (quantizer workspace)");
-      owned_ = true;
-    }
-  }
-  CallWorkspace(const CallWorkspace&) = delete;
-  CallWorkspace& operator=(const CallWorkspace&) = delete;
-  ~CallWorkspace() {
-    if (owned_) cudaFreeAsync(ptr_, stream_);
-  }
-  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
-
- private:
-  void* ptr_;
-  cudaStream_t stream_;
-  bool owned_ = false;
-};
 
 template <class T>
 void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k, float softmax_scale,
@@ -104,9 +73,7 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
             reinterpret_cast<unsigned*>(ws.bytes() + layout.v_amax),
             reinterpret_cast<double*>(ws.bytes() + layout.k_partial)};
 
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  const int sms = sm_count();
   job.order.kv_chunks = slices * job.k_blocks;
   job.order.q_chunks = q.B * q.H * job.q_blocks;
   job.order.smooth_k = smooth_k;
