@@ -13,6 +13,7 @@
 #include "cuda/common/device_memory.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/sm90/bwd/bwd.hpp"
+#include "dispatch/device_workspace.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/error.hpp"
@@ -20,10 +21,7 @@
 namespace fp4attn::dispatch {
 namespace {
 
-constexpr std::size_t kAlign = 256;
 constexpr int kNonfiniteFlags = 3;
-
-std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 std::int64_t token_blocks(std::int64_t S) { return (S + cuda_quantize::kTokenBlock - 1) / cuda_quantize::kTokenBlock; }
 
@@ -40,12 +38,8 @@ BackwardLayout backward_layout(const AttentionShape& s) {
   const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
   const std::int64_t pq = sm90::bwd::padded_tokens(s.Sq), pk = sm90::bwd::padded_tokens(s.Sk);
   BackwardLayout l{};
-  std::size_t at = 0;
-  const auto take = [&at](std::size_t bytes) {
-    const std::size_t offset = at;
-    at += round_up(bytes);
-    return offset;
-  };
+  WorkspaceRegions regions;
+  const auto take = [&regions](std::size_t bytes) { return regions.take(bytes); };
   l.q = take(static_cast<std::size_t>(s.q_elems()));
   l.k = take(static_cast<std::size_t>(s.kv_elems()));
   l.d_o = take(static_cast<std::size_t>(s.q_elems()));
@@ -66,23 +60,8 @@ BackwardLayout backward_layout(const AttentionShape& s) {
   l.delta = take(floats(s.B * s.Hq * pq));
   l.lse_log2 = take(floats(s.B * s.Hq * pq));
   l.dq_accum = take(floats(s.q_elems()));  // non-deterministic mode only
-  l.bytes = at;
+  l.bytes = regions.bytes();
   return l;
-}
-
-cuda_quantize::ElementType element_type(DeviceElement e) {
-  switch (e) {
-    case DeviceElement::f32: return cuda_quantize::ElementType::f32;
-    case DeviceElement::f16: return cuda_quantize::ElementType::f16;
-    case DeviceElement::bf16: return cuda_quantize::ElementType::bf16;
-  }
-  throw Error("dtype", "unknown device element type");
-}
-
-cuda_quantize::StridedInput strided(const DeviceTensorView& x, DeviceElement e, std::int64_t B, std::int64_t S,
-                                    std::int64_t H, std::int64_t D, const char* name) {
-  if (x.data == nullptr) throw Error(name, "is a null device pointer");
-  return {x.data, element_type(e), B, S, H, D, x.stride_b, x.stride_s, x.stride_h};
 }
 
 sm90::bwd::TensorRef input_ref(const DeviceTensorView& x, const char* name) {
@@ -117,11 +96,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
                             "128-token tiles, D = 64 or 128, E4M3 dS)");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
   const BackwardLayout layout = backward_layout(s);
-  if (args.workspace == nullptr || args.workspace_bytes < layout.bytes)
-    throw Error("workspace", "needs " + std::to_string(layout.bytes) + " device bytes, got " +
-                                 std::to_string(args.workspace == nullptr ? 0 : args.workspace_bytes));
-  if (reinterpret_cast<std::uintptr_t>(args.workspace) % kAlign != 0)
-    throw Error("workspace", "must be " + std::to_string(kAlign) + "-byte aligned");
+  check_workspace(args.workspace, args.workspace_bytes, layout.bytes);
 
   sm90::bwd::Fp8BackwardArgs a;
   a.dq = output_ref(args.dq, args.dq_stride_b, args.dq_stride_s, args.dq_stride_h, "dq");

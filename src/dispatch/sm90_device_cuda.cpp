@@ -14,6 +14,7 @@
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/sm90/fwd/fp8_operands.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
+#include "dispatch/device_workspace.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/error.hpp"
@@ -21,10 +22,7 @@
 namespace fp4attn::dispatch {
 namespace {
 
-constexpr std::size_t kAlign = 256;  // every workspace region; cudaMalloc's own alignment
 constexpr int kNonfiniteFlags = 3;   // q, k, v: cleared here, raised by the quantizer, read by the kernel
-
-std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 std::int64_t token_blocks(std::int64_t S) {
   return (S + cuda_quantize::kTokenBlock - 1) / cuda_quantize::kTokenBlock;
@@ -39,12 +37,8 @@ struct WorkspaceLayout {
 WorkspaceLayout workspace_layout(const AttentionShape& s) {
   const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
   WorkspaceLayout l{};
-  std::size_t at = 0;
-  const auto take = [&at](std::size_t bytes) {
-    const std::size_t offset = at;
-    at += round_up(bytes);
-    return offset;
-  };
+  WorkspaceRegions regions;
+  const auto take = [&regions](std::size_t bytes) { return regions.take(bytes); };
   l.q = take(static_cast<std::size_t>(s.q_elems()));
   l.k = take(static_cast<std::size_t>(s.kv_elems()));
   l.vt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * cuda_quantize::padded_keys(s.Sk)));
@@ -55,23 +49,8 @@ WorkspaceLayout workspace_layout(const AttentionShape& s) {
   l.lse_shift = take(floats(s.lse_elems()));
   l.nonfinite = take(kNonfiniteFlags * sizeof(int));
   l.scratch = take(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
-  l.bytes = at;
+  l.bytes = regions.bytes();
   return l;
-}
-
-cuda_quantize::ElementType element_type(DeviceElement e) {
-  switch (e) {
-    case DeviceElement::f32: return cuda_quantize::ElementType::f32;
-    case DeviceElement::f16: return cuda_quantize::ElementType::f16;
-    case DeviceElement::bf16: return cuda_quantize::ElementType::bf16;
-  }
-  throw Error("dtype", "unknown device element type");
-}
-
-cuda_quantize::StridedInput strided(const DeviceTensorView& x, DeviceElement e, std::int64_t B, std::int64_t S,
-                                    std::int64_t H, std::int64_t D, const char* name) {
-  if (x.data == nullptr) throw Error(name, "is a null device pointer");
-  return {x.data, element_type(e), B, S, H, D, x.stride_b, x.stride_s, x.stride_h};
 }
 
 }  // namespace
@@ -94,11 +73,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   if (args.o == nullptr) throw Error("o", "is a null device pointer");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
   const WorkspaceLayout layout = workspace_layout(s);
-  if (args.workspace == nullptr || args.workspace_bytes < layout.bytes)
-    throw Error("workspace", "needs " + std::to_string(layout.bytes) + " device bytes, got " +
-                                 std::to_string(args.workspace == nullptr ? 0 : args.workspace_bytes));
-  if (reinterpret_cast<std::uintptr_t>(args.workspace) % kAlign != 0)
-    throw Error("workspace", "must be " + std::to_string(kAlign) + "-byte aligned");
+  check_workspace(args.workspace, args.workspace_bytes, layout.bytes);
 
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
