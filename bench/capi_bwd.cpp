@@ -50,7 +50,7 @@ long long fp4attn_bwd_forward_workspace_bytes(const long long* shape) {
 
 long long fp4attn_bwd_workspace_bytes(const long long* shape) {
   try {
-    return static_cast<long long>(fp4attn::dispatch::sm90_device_backward_workspace_bytes(shape_of(shape)));
+    return static_cast<long long>(fp4attn::dispatch::sm90_device_backward_workspace_bytes(shape_of(shape), false));
   } catch (const std::exception& e) {
     fail(e);
     return -1;

@@ -123,8 +123,11 @@ TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
   a.lse = static_cast<const float*>(fake);
   a.dq = a.dk = a.dv = fake;
   a.workspace = fake;
-  a.workspace_bytes = dispatch::sm90_device_backward_workspace_bytes(s);
+  a.workspace_bytes = dispatch::sm90_device_backward_workspace_bytes(s, true);
   EXPECT_GT(a.workspace_bytes, 0u);
+  // The non-deterministic mode adds dQ into an fp32 buffer the deterministic one never needs.
+  EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, false),
+            a.workspace_bytes + static_cast<std::size_t>(s.q_elems()) * sizeof(float));
   const auto check = [&](dispatch::DeviceBackwardArgs bad) {
     return thrown_argument([&] { dispatch::sm90_backward_device(bad, opt, true, nullptr); });
   };
@@ -140,6 +143,7 @@ TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
   bad = a;
   bad.workspace_bytes -= 1;
   EXPECT_EQ(check(bad), "workspace");
+  EXPECT_EQ(thrown_argument([&] { dispatch::sm90_backward_device(a, opt, false, nullptr); }), "workspace");
   bad = a;
   bad.shape.D = 96;  // the emulator takes it, the kernels do not
   EXPECT_EQ(check(bad), "executor");

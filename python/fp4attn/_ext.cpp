@@ -316,10 +316,11 @@ NB_MODULE(_ext, m) {
   m.def("device_backward_supported", &py::device_backward_supported, nb::arg("shape"), nb::arg("options"),
         "Validates a (B, Sq, Sk, Hq, Hkv, D) backward call; True when backward_device can run it.");
   m.def("device_backward_workspace_bytes",
-        [](const py::ShapeTuple& shape) {
-          return fp4attn::dispatch::sm90_device_backward_workspace_bytes(py::shape_of(shape));
+        [](const py::ShapeTuple& shape, bool deterministic) {
+          return fp4attn::dispatch::sm90_device_backward_workspace_bytes(py::shape_of(shape), deterministic);
         },
-        nb::arg("shape"), "Device bytes of backward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call.");
+        nb::arg("shape"), nb::arg("deterministic") = true,
+        "Device bytes of backward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call in that mode.");
   m.def("backward_device", &py::backward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
         nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
         nb::arg("o_strides"), nb::arg("d_o"), nb::arg("d_o_strides"), nb::arg("lse"), nb::arg("dq"),

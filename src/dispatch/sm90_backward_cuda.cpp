@@ -59,7 +59,7 @@ BackwardLayout backward_layout(const AttentionShape& s) {
   l.scratch = take(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
   l.delta = take(floats(s.B * s.Hq * pq));
   l.lse_log2 = take(floats(s.B * s.Hq * pq));
-  l.dq_accum = take(floats(s.q_elems()));  // non-deterministic mode only
+  l.dq_accum = take(floats(s.q_elems()));  // non-deterministic mode only: last, so the other mode can omit it
   l.bytes = regions.bytes();
   return l;
 }
@@ -80,9 +80,10 @@ bool sm90_backward_supports(const AttentionShape& shape, const AttentionOptions&
   return sm90_supports(shape, opt) && opt.recipe == Recipe::fp8 && opt.ds_format == GradFormat::e4m3;
 }
 
-std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape) {
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic) {
   check_shape(shape);
-  return backward_layout(shape).bytes;
+  const BackwardLayout layout = backward_layout(shape);
+  return deterministic ? layout.dq_accum : layout.bytes;
 }
 
 void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions& opt, bool deterministic,
@@ -96,7 +97,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
                             "128-token tiles, D = 64 or 128, E4M3 dS)");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
   const BackwardLayout layout = backward_layout(s);
-  check_workspace(args.workspace, args.workspace_bytes, layout.bytes);
+  check_workspace(args.workspace, args.workspace_bytes, deterministic ? layout.dq_accum : layout.bytes);
 
   sm90::bwd::Fp8BackwardArgs a;
   a.dq = output_ref(args.dq, args.dq_stride_b, args.dq_stride_s, args.dq_stride_h, "dq");
@@ -200,7 +201,7 @@ BackwardOutput sm90_backward(const AttentionShape& s, std::span<const float> q, 
   a.dk_stride_b = s.Sk * s.Hkv * s.D, a.dk_stride_s = s.Hkv * s.D, a.dk_stride_h = s.D;
   a.dv = output(s.kv_elems());
   a.dv_stride_b = a.dk_stride_b, a.dv_stride_s = a.dk_stride_s, a.dv_stride_h = a.dk_stride_h;
-  a.workspace_bytes = sm90_device_backward_workspace_bytes(s);
+  a.workspace_bytes = sm90_device_backward_workspace_bytes(s, true);
   owned.push_back(cuda_common::device_alloc(a.workspace_bytes));
   a.workspace = owned.back().get();
   sm90_backward_device(a, opt, true, stream);

@@ -79,7 +79,7 @@ struct DeviceBackwardArgs {
   std::int64_t dk_stride_b = 0, dk_stride_s = 0, dk_stride_h = 0;
   void* dv = nullptr;  // (B, Sk, Hkv, D)
   std::int64_t dv_stride_b = 0, dv_stride_s = 0, dv_stride_h = 0;
-  // Scratch of at least sm90_device_backward_workspace_bytes(shape) device
+  // Scratch of at least sm90_device_backward_workspace_bytes(shape, deterministic) device
   // bytes, any content, 256-byte aligned; used by one call at a time.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
@@ -87,8 +87,9 @@ struct DeviceBackwardArgs {
 
 // Device bytes of DeviceBackwardArgs::workspace for `shape`: the quantized
 // operands (Q, K as the forward; dO, V per token block), their transposed
-// copies, scales, row statistics and an fp32 dQ buffer (non-deterministic mode).
-std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape);
+// copies, scales, row statistics and, for `deterministic = false` only, the
+// fp32 dQ buffer the atomics add into (4·Sq·Hq·D bytes per batch entry).
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic);
 
 // Recipe-fp8 backward on device pointers, enqueued on `stream`: the GPU
 // quantizer (Q, K, smooth_k as the forward; dO and V per 128-token block),

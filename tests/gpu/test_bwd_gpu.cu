@@ -129,7 +129,7 @@ emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool determini
   // Outputs start as NaN (poisoned by the constructor): every element must be written.
   PaddedTensor dq(s.B, s.Sq, s.Hq, s.D, c.element), dk(s.B, s.Sk, s.Hkv, s.D, c.element),
       dv(s.B, s.Sk, s.Hkv, s.D, c.element);
-  DeviceArray<std::uint8_t> ws(dispatch::sm90_device_backward_workspace_bytes(s));
+  DeviceArray<std::uint8_t> ws(dispatch::sm90_device_backward_workspace_bytes(s, deterministic));
   ws.poison();
   dispatch::DeviceBackwardArgs a;
   a.shape = s;
