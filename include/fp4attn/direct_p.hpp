@@ -203,12 +203,9 @@ FP4ATTN_HD inline float fp8_decoded_sum_x4(std::uint32_t codes) {
 #endif
 }
 
-// Round-to-nearest baseline (Direct-P off): exact-ish exp2 then the ordinary
-// E4M3 quantizer. Host uses exp2f; device kernels use ex2.approx, so this path
-// is compared within tolerance, not bitwise.
-FP4ATTN_HD inline std::uint8_t fp8_code_exp2(float u) {
-  return encode_rne_sat(ElemFormat::e4m3, exp2f(u + kFp8Offset));
-}
+// The round-to-nearest baseline (Direct-P off) depends on the exp2 unit, so
+// it is target-aware and lives in the emulator: emulator::fp8_code_exp2
+// (src/emulator/ex2_sm90.hpp), which models the H200's ex2.approx.
 
 // ---- FP4 P -----------------------------------------------------------------
 // log2 of the E2M1 rounding boundaries 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5:

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "emulator/checks.hpp"
+#include "emulator/ex2_sm90.hpp"
 #include "emulator/numerics.hpp"
 #include "emulator/operands.hpp"
 #include "emulator/parallel.hpp"
@@ -108,7 +109,7 @@ void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64
     const float dof = pb.d_o.factor_of(b, hq, i);
     for (std::int64_t j = 0; j < seen; ++j) {
       const float u = direct_p::log2_score(t.s[j], c, pb.lse_log2[row]);
-      p[j] = decode(ElemFormat::e4m3, pb.opt.direct_p ? direct_p::fp8_code(u) : direct_p::fp8_code_exp2(u));
+      p[j] = decode(ElemFormat::e4m3, pb.opt.direct_p ? direct_p::fp8_code(u) : fp8_code_exp2(pb.opt.target, u));
       // dP = dO·Vᵀ: exact E4M3 products summed in fp32, then both scales.
       const float* vv = pb.v.row(b, hkv, j0 + j);
       float acc = 0.0f;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "emulator/ex2_sm90.hpp"
 #include "emulator/operands.hpp"
 #include "fp4attn/direct_p.hpp"
 #include "fp4attn/formats.hpp"
@@ -23,10 +24,12 @@ float max_of(std::span<const float> x) {
   return m;
 }
 
-float fp8_row(bool direct, std::span<const float> u, std::span<float> value) {
+// Direct-P off: ex2_for_target gives the target's exp2 (sm90: the hardware's
+// ex2.approx wherever it decides a code), so the codes match the kernel's.
+float fp8_row(const PConfig& cfg, std::span<const float> u, std::span<float> value) {
   float sum = 0.0f;
   for (std::size_t j = 0; j < u.size(); ++j) {
-    const std::uint8_t code = direct ? direct_p::fp8_code(u[j]) : direct_p::fp8_code_exp2(u[j]);
+    const std::uint8_t code = cfg.direct_p ? direct_p::fp8_code(u[j]) : fp8_code_exp2(cfg.target, u[j]);
     value[j] = decode(ElemFormat::e4m3, code);
     sum += value[j];
   }
@@ -42,7 +45,7 @@ int mx_block(const PConfig& cfg, std::span<const float> u, float* q) {
   }
   float amax = 0.0f;
   for (std::size_t j = 0; j < u.size(); ++j) {
-    q[j] = exp2f(u[j]);
+    q[j] = ex2_for_target(cfg.target, u[j]);
     amax = std::max(amax, q[j]);
   }
   const std::uint8_t scale = mx_scale_code(amax, cfg.mx_scale_rule);
@@ -139,7 +142,7 @@ int p_block(TensorFormat p) {
 PRowResult make_p_row(const PConfig& cfg, std::span<const float> u, std::span<float> value,
                       std::span<float> block_factor) {
   switch (cfg.format) {
-    case TensorFormat::fp8_e4m3: return {1.0f, fp8_row(cfg.direct_p, u, value)};
+    case TensorFormat::fp8_e4m3: return {1.0f, fp8_row(cfg, u, value)};
     case TensorFormat::mxfp4: return mx_row(cfg, u, value, block_factor);
     case TensorFormat::nvfp4: return {1.0f, nvfp4_row(cfg, u, value)};
   }

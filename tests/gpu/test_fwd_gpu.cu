@@ -4,6 +4,7 @@
 // lengths, GQA, bottom-right causal with Sq ≠ Sk, fully masked rows, strided
 // tensors, both head dims and Direct-P on and off; finally the public API.
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "cuda/quantize/quantize_fp8.hpp"
@@ -150,17 +151,29 @@ void check_against_emulator(const Case& c, const GpuResult& got, const emulator:
   EXPECT_EQ(m.nonfinite_mismatch, 0) << where;
   EXPECT_LE(m.rel_l2, kMaxRelL2) << "O rel L2 " << where;
   double max_lse = 0.0;
-  std::size_t inf_mismatch = 0;
+  std::size_t inf_mismatch = 0, lse_differ = 0, o_differ = 0;
   for (std::size_t i = 0; i < got.lse.size(); ++i) {
     if (std::isinf(want.lse[i]) || std::isinf(got.lse[i])) {
       inf_mismatch += got.lse[i] != want.lse[i];
       continue;
     }
+    lse_differ += got.lse[i] != want.lse[i];
     max_lse = std::max(max_lse, std::fabs(static_cast<double>(got.lse[i]) - want.lse[i]));
   }
+  for (std::size_t i = 0; i < got.o.size(); ++i) o_differ += got.o[i] != want.o[i];
   EXPECT_EQ(inf_mismatch, 0u) << "fully masked rows differ " << where;
   EXPECT_LE(max_lse, kMaxLseDiff) << "LSE " << where;
-  (void)c;
+  // P is the emulator's on both paths (Direct-P by shared code; exp2 by the
+  // emulator's model of ex2.approx wherever it decides a code,
+  // emulator/ex2_sm90.hpp), so O is the emulator's bf16 but for the rare
+  // element where alpha = exp2f(m_old − m_new), device (ex2.approx) against
+  // host exp2f, tips a bf16 rounding (seen with exp2: at most 2 in 32 768 over
+  // 312 runs of the exp2 cases).
+  constexpr std::size_t kMaxOffPerElements = 10000;  // at most 1 differing O element in 10^4
+  EXPECT_LE(o_differ * kMaxOffPerElements, got.o.size()) << "O elements not bit-exact " << where;
+  std::printf("[ fp8 stats ] %s %s: O rel L2 %.3g, O differing %zu of %zu, LSE differing %zu of %zu, max |dLSE| %.3g\n",
+              c.direct_p ? "directp" : "exp2", where.c_str(), m.rel_l2, o_differ, got.o.size(), lse_differ,
+              got.lse.size(), max_lse);
 }
 
 TEST(GpuForwardFp8, KnownAnswerZeroScoresUnitValues) {
