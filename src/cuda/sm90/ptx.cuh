@@ -38,6 +38,14 @@ FP4ATTN_DEVICE_INLINE std::uint64_t make_kmajor_desc(const void* smem_tile) {
 // to the full address, so this holds inside a swizzle atom.
 inline constexpr std::uint64_t kDescK32Step = 32 / 16;
 
+// desc + units (16-byte units of the start address). Shared addresses stay
+// below 2^18 B, so the 14-bit address field never carries out of the low
+// word: a 32-bit add gives the same descriptor as the 64-bit one without
+// the carry into the high word (an IADD3 + IMAD.X pair per step in SASS).
+FP4ATTN_DEVICE_INLINE std::uint64_t desc_advance(std::uint64_t desc, std::uint32_t units) {
+  return (desc & 0xFFFFFFFF00000000ull) | static_cast<std::uint32_t>(static_cast<std::uint32_t>(desc) + units);
+}
+
 FP4ATTN_DEVICE_INLINE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 FP4ATTN_DEVICE_INLINE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>

@@ -64,6 +64,12 @@ struct Fp8Config {
   static constexpr int kORegs = kRowsPerConsumer * HeadDim / kWarpgroupThreads;
   static constexpr int kPvRegs = kRowsPerConsumer * kPvN / kWarpgroupThreads;  // O's columns, then the row sums
 
+  // 8-column groups of O updated after S = Q·Kᵀ is complete rather than
+  // while it runs: they interleave with the row max (see the consumer loop).
+  // 6 of 16 at D = 128 measured +2 % over none (v8b, docs/perf-log.md);
+  // S completes ≈ 80 cycles after the other 10 groups.
+  static constexpr int kOGroupsAfterS = HeadDim / 8 * 3 / 8;
+
   // setmaxnreg split: the producer only issues TMA; a consumer holds, at its
   // peak, O, the PV tile in flight, S and P: at D = 128 that is 64 + 68 + 64
   // + 16 registers before addresses and softmax state (see NOTES.md for why

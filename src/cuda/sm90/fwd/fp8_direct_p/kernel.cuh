@@ -13,10 +13,12 @@
 //                            A operand from registers; the 8 columns of ones
 //                            give Σ Pₙ₋₁ per row (the tensor core sums P)
 //       Sₙ = Q·Kₙᵀ           wgmma m64n128k32, both operands in SMEM, fp32
-//       pass the turn; once PVₙ₋₁ is done, while Sₙ is still computed:
-//         O = O·2^(mₙ₋₂ − mₙ₋₁) + PVₙ₋₁, l = l·2^(mₙ₋₂ − mₙ₋₁) + ΣPₙ₋₁ in
-//         fp32 (one FFMA each); arrive kv_empty
+//       pass the turn; once PVₙ₋₁ is done: arrive kv_empty, and while Sₙ is
+//         still computed O = O·2^(mₙ₋₂ − mₙ₋₁) + PVₙ₋₁ in fp32 (one FFMA
+//         per element) for most of O's columns
 //       once Sₙ is done:
+//         the rest of O and l = l·2^(mₙ₋₂ − mₙ₋₁) + ΣPₙ₋₁ (kOGroupsAfterS;
+//         their FFMAs interleave with the row max below)
 //         Sₙ = −inf outside the mask (partial tiles, causal diagonal)
 //         m' = max(m, rowmax(Sₙ)·c)  c = q_scale·k_scale·softmax_scale·log2 e
 //         Pₙ = E4M3 code of 2^(Sₙ·c − m' + 8), by Direct-P in registers
@@ -83,14 +85,24 @@ FP4ATTN_DEVICE_INLINE void mask_scores(float (&s)[N], const Fragment& f, int fir
   }
 }
 
+// Row maxima as a tree: depth 5 per row instead of a chain of 17 dependent
+// FMNMX. Nothing of this warpgroup is in flight while it runs, so the chain's
+// latency was on the consumer's critical path (ncu, NOTES.md). The max is
+// exact in any order; NaN never reaches it (non-finite input poisons O).
 template <int N>
 FP4ATTN_DEVICE_INLINE void row_max(const float (&s)[N], float (&mx)[2]) {
+  static_assert(N % 8 == 0 && ((N / 8) & (N / 8 - 1)) == 0, "the tree halves a power of two");
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float m = neg_inf();
+    float v[N / 8];  // element 2r, 2r + 1 of two 8-column chunks each
 #pragma unroll
-    for (int j = 0; j < N / 4; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-    m = fmaxf(m, __shfl_xor_sync(kFullWarp, m, 1));
+    for (int j = 0; j < N / 8; ++j)
+      v[j] = fmaxf(fmaxf(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]), fmaxf(s[8 * j + 4 + 2 * r], s[8 * j + 5 + 2 * r]));
+#pragma unroll
+    for (int w = N / 16; w >= 1; w /= 2)
+#pragma unroll
+      for (int j = 0; j < w; ++j) v[j] = fmaxf(v[j], v[j + w]);
+    const float m = fmaxf(v[0], __shfl_xor_sync(kFullWarp, v[0], 1));
     mx[r] = fmaxf(m, __shfl_xor_sync(kFullWarp, m, 2));
   }
 }
@@ -220,10 +232,11 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&
 }
 
 // pack_p_operand_mx for PCode::mxfp4_exp2, the emulator's non-Direct-P MX
-// rule: P = 2^u by ex2.approx (the CPU uses exp2f, so codes near a rounding
-// boundary may differ), then per 32-key block the MX quantizer's scale of the
-// block maximum and the E2M1 code of P / 2^E. The P values overwrite the dead
-// scores. An all-zero block has no exponent (direct_p::kNoBlockExponent).
+// rule: P = 2^u by ex2.approx (the emulator's sm90 target models its result
+// near every rounding boundary, src/emulator/ex2_sm90.hpp), then per 32-key
+// block the MX quantizer's scale of the block maximum and the E2M1 code of
+// P / 2^E. The P values overwrite the dead scores. An all-zero block has no
+// exponent (direct_p::kNoBlockExponent).
 template <int N>
 FP4ATTN_DEVICE_INLINE void pack_p_operand_mx_exp2(float (&s)[N], const float (&c)[2], const float (&m)[2],
                                                   bool round_up, std::uint32_t (&p)[N / 16][4],
@@ -280,7 +293,8 @@ FP4ATTN_DEVICE_INLINE void issue_qk(float (&s)[Cfg::kSRegs], std::uint64_t desc_
   const std::uint64_t desc_k = make_kmajor_desc<Cfg::kQkSwizzle>(k_tile);
   wgmma_m64n128k32_ss_init(s, desc_q, desc_k);
 #pragma unroll
-  for (int t = 1; t < Cfg::kQkSteps; ++t) wgmma_m64n128k32_ss(s, desc_q + t * kDescK32Step, desc_k + t * kDescK32Step);
+  for (int t = 1; t < Cfg::kQkSteps; ++t)
+    wgmma_m64n128k32_ss(s, desc_advance(desc_q, t * kDescK32Step), desc_advance(desc_k, t * kDescK32Step));
 }
 
 // PV = P·[V | 1] for one tile: B has the D rows of Vᵀ and, right after them
@@ -296,11 +310,11 @@ FP4ATTN_DEVICE_INLINE void issue_pv(float (&pv)[Cfg::kPvRegs], const std::uint32
   if constexpr (Cfg::kHeadDim == 128) {
     wgmma_m64n136k32_rs_init(pv, p[0], desc_v);
 #pragma unroll
-    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n136k32_rs(pv, p[t], desc_v + t * kDescK32Step);
+    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n136k32_rs(pv, p[t], desc_advance(desc_v, t * kDescK32Step));
   } else {
     wgmma_m64n72k32_rs_init(pv, p[0], desc_v);
 #pragma unroll
-    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n72k32_rs(pv, p[t], desc_v + t * kDescK32Step);
+    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n72k32_rs(pv, p[t], desc_advance(desc_v, t * kDescK32Step));
   }
 }
 
@@ -330,19 +344,33 @@ FP4ATTN_DEVICE_INLINE void wait_pv(float (&pv)[Cfg::kPvRegs], std::uint32_t (&p)
 // the full row sum in each of them.
 // With FP4 P (kRowFactor) each PV term is first multiplied by the tile's
 // row factor 2^(R − 6), exactly, as the emulator does.
-template <bool kRowFactor, int N, int NPv>
+// Only the 8-column groups j0 .. j1 − 1 of O, and l if kRowSums.
+template <bool kRowFactor, int j0, int j1, bool kRowSums, int N, int NPv>
 FP4ATTN_DEVICE_INLINE void accumulate_o(float (&o)[N], float (&l)[2], const float (&alpha)[2],
                                         const float (&row_factor)[2], const float (&pv)[NPv]) {
   static_assert(NPv == N + 4, "PV holds O's columns, then one 8-column group of row sums");
+  static_assert(0 <= j0 && j0 <= j1 && j1 <= N / 4, "column groups of O");
   auto term = [&](int i, int r) { return kRowFactor ? pv[i] * row_factor[r] : pv[i]; };
 #pragma unroll
-  for (int j = 0; j < N / 4; ++j)
+  for (int j = j0; j < j1; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
       for (int e = 0; e < 2; ++e) o[4 * j + 2 * r + e] = fmaf(o[4 * j + 2 * r + e], alpha[r], term(4 * j + 2 * r + e, r));
+  if constexpr (kRowSums) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], term(N + 2 * r, r));
+    for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], term(N + 2 * r, r));
+  }
+}
+
+// Pins O's and PV's registers from column group j0 on (and the row sums) at
+// this point, so that their update is not hoisted above the wait for S.
+template <int j0, int N, int NPv>
+FP4ATTN_DEVICE_INLINE void fence_tail(float (&o)[N], float (&pv)[NPv]) {
+#pragma unroll
+  for (int i = 4 * j0; i < N; ++i) asm volatile("" : "+f"(o[i]), "+f"(pv[i])::"memory");
+#pragma unroll
+  for (int i = N; i < NPv; ++i) asm volatile("" : "+f"(pv[i])::"memory");
 }
 
 // Online softmax of one consumer's two rows per thread, in the log2 domain.
@@ -398,6 +426,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
   using Cfg = Fp8Config<HeadDim>;
+  constexpr int kOGroupsBeforeS = Cfg::kORegs / 4 - Cfg::kOGroupsAfterS;
   constexpr bool kFp4P = kPCode == PCode::mxfp4_direct_p || kPCode == PCode::mxfp4_exp2;
   // log2 of the factor P's codes carry: 2^8 for E4M3 P, none for FP4 P (its
   // scale rides on row_factor).
@@ -420,7 +449,11 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   const int last_key = causal ? min(args.Sk - 1, last_row + diagonal) : args.Sk - 1;
   const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlockK + 1;
 
-  const int wg = threadIdx.x / kWarpgroupThreads;
+  // Warp-uniform by construction (lane 0's value), so that the compiler can
+  // keep the warpgroup index and what derives from it (the turn barrier ids,
+  // Q's descriptor) in uniform registers instead of recomputing them from
+  // threadIdx in every iteration.
+  const int wg = __shfl_sync(kFullWarp, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (threadIdx.x == 0) {
     cuda::ptx::mbarrier_init(&smem.q_full, 1);
     for (int s = 0; s < Cfg::kStages; ++s) {
@@ -491,6 +524,25 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   for (int i = 0; i < Cfg::kORegs; ++i) o[i] = 0.0f;
   OnlineSoftmax softmax;
 
+  // What the epilogue reads from global memory, loaded before the last PV so
+  // that the loads' latency hides behind it (ncu of v8b: the LSE and the
+  // non-finite check waited for these loads at the end of every CTA).
+  const float* v_scale = args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * HeadDim;
+  float2 vs[HeadDim / 8];  // this thread's columns 8j + col, + 1
+  float lse_shift[2] = {0.0f, 0.0f};
+  bool poisoned = false;
+  auto load_epilogue_inputs = [&] {
+#pragma unroll
+    for (int j = 0; j < HeadDim / 8; ++j) vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + frag.col);
+    // Non-finite input (flagged by the quantizer, which ran earlier on the
+    // stream) turns every output into NaN rather than numbers made from it.
+    poisoned = args.nonfinite != nullptr && (args.nonfinite[0] | args.nonfinite[1] | args.nonfinite[2]) != 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (args.lse_shift != nullptr && frag.col == 0 && row_abs[r] < args.Sq)
+        lse_shift[r] = args.lse_shift[(static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r]];
+  };
+
   if (k_tiles > 0) {
     const TurnOrder<Cfg::kConsumers> turn{consumer};
     float s[Cfg::kSRegs];
@@ -533,9 +585,11 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     // sums), S and P already fill the 240 registers, and ptxas serializes all
     // wgmmas when registers of an in-flight product would be needed.
     for (int n = 1; n < k_tiles; ++n) {
-      const int stage = n % Cfg::kStages, prev = (n - 1) % Cfg::kStages;
+      // n ≥ 1: unsigned, so that % and / are a mask and a shift.
+      const unsigned tile = n;
+      const int stage = tile % Cfg::kStages, prev = (tile - 1) % Cfg::kStages;
       set_c(n);
-      wait_barrier(&smem.kv_full[stage], (n / Cfg::kStages) & 1);
+      wait_barrier(&smem.kv_full[stage], (tile / Cfg::kStages) & 1);
       turn.wait();
       fence_p(p);
       wgmma_fence();
@@ -545,15 +599,20 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
       wgmma_commit();
       turn.pass(false);
       wait_pv<1, Cfg>(pv, p);  // PV is complete; S may still be running
-      accumulate_o<kFp4P>(o, softmax.l, alpha, row_factor, pv);
       cuda::ptx::mbarrier_arrive(&smem.kv_empty[prev]);
+      accumulate_o<kFp4P, 0, kOGroupsBeforeS, false>(o, softmax.l, alpha, row_factor, pv);
       wgmma_wait<0>();
       fence_registers(s);
       mask_tile(s, n);
+      // The rest of O's update, after S: its FFMAs fill the row max's
+      // dependency and shuffle latency (they share a basic block).
+      fence_tail<kOGroupsBeforeS>(o, pv);
+      accumulate_o<kFp4P, kOGroupsBeforeS, Cfg::kORegs / 4, true>(o, softmax.l, alpha, row_factor, pv);
       softmax.step<kPCode>(s, c, mx_round_up, p, alpha, row_factor);
     }
 
     // Last turn: PV of the last tile.
+    load_epilogue_inputs();
     turn.wait();
     fence_p(p);
     wgmma_fence();
@@ -561,18 +620,13 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     wgmma_commit();
     turn.pass(true);
     wait_pv<0, Cfg>(pv, p);
-    accumulate_o<kFp4P>(o, softmax.l, alpha, row_factor, pv);
+    accumulate_o<kFp4P, 0, Cfg::kORegs / 4, true>(o, softmax.l, alpha, row_factor, pv);
+  } else {
+    load_epilogue_inputs();
   }
 
   // ---- epilogue: O = O·v_scale / l in bf16; LSE in natural log
-  const float* v_scale = args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * HeadDim;
-  float2 vs[HeadDim / 8];  // this thread's columns 8j + col, + 1
-#pragma unroll
-  for (int j = 0; j < HeadDim / 8; ++j) vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + frag.col);
   auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
-  // Non-finite input (flagged by the quantizer, which ran earlier on the
-  // stream) turns every output into NaN rather than numbers made from it.
-  const bool poisoned = args.nonfinite != nullptr && (args.nonfinite[0] | args.nonfinite[1] | args.nonfinite[2]) != 0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float row_sum = poisoned ? __int_as_float(0x7FC00000) : softmax.l[r];
@@ -590,9 +644,8 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     }
     if (frag.col == 0) {
       const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
-      const float shift = args.lse_shift != nullptr ? args.lse_shift[lse_index] : 0.0f;
       args.lse[lse_index] =
-          empty ? neg_inf() : (softmax.m[r] + log2f(row_sum) - kPOffset) * kLn2 + shift;
+          empty ? neg_inf() : (softmax.m[r] + log2f(row_sum) - kPOffset) * kLn2 + lse_shift[r];
     }
   }
 }

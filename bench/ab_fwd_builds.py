@@ -1,0 +1,74 @@
+"""A/B of several builds of libfp4attn_capi.so in one process (forward kernel versions).
+
+    python3 bench/ab_fwd_builds.py --names v6,v8 --libs A/libfp4attn_capi.so,B/libfp4attn_capi.so --out OUT
+
+Recipe fp8 with Direct-P from pre-quantized inputs (bench_fwd.py's plan), B·S =
+32k tokens, H = 16 at D = 128 and 32 at D = 64. Builds and cuDNN BF16 are timed
+in interleaved rounds (10 timed calls after 2 warm-up calls each), so that the
+GPU's drift between rounds hits every build alike; a figure is the TFLOP/s of
+the median round, `spread` is (max − min) / median over the rounds. Inputs are
+random, two sets rotated. Writes OUT/ab.json and prints one line per case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fwd import Ours, flops, sdpa  # noqa: E402
+from capi_lib import load_lib, time_ms  # noqa: E402
+
+CASES = [(128, 4096, False), (128, 16384, False), (128, 16384, True), (64, 16384, False)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--names", required=True, help="comma-separated build names")
+    ap.add_argument("--libs", required=True, help="comma-separated libfp4attn_capi.so paths, one per name")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    names, paths = args.names.split(","), args.libs.split(",")
+    if len(names) != len(paths):
+        raise SystemExit("--names and --libs need the same number of entries")
+    libs = [load_lib(p) for p in paths]
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    rows = []
+    for D, S, causal in CASES:
+        H = 16 if D == 128 else 32
+        B = 32768 // S
+        sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)) for _ in range(2)]
+        ours = [Ours(lib, ll3, sets, B, H, S, D, causal) for lib, ll3 in libs]
+        for o in ours:
+            o.set_direct_p(True)
+        cudnn = sdpa(SDPBackend.CUDNN_ATTENTION, sets, causal)
+        times = {n: [] for n in names + ["cudnn"]}
+        for _ in range(args.rounds):
+            for n, o in zip(names, ours):
+                times[n].append(time_ms(o.attend, 10, 2))
+            times["cudnn"].append(time_ms(cudnn, 10, 2))
+        f = flops(B, H, S, D, causal)
+        row = {k: f / (statistics.median(v) * 1e-3) / 1e12 for k, v in times.items()}
+        row.update(D=D, S=S, causal=causal,
+                   spread={k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()})
+        rows.append(row)
+        print(f"D={D} S={S} causal={int(causal)}  " + "  ".join(f"{k} {row[k]:.1f}" for k in times) + "  | " +
+              "  ".join(f"{k}/cudnn {row[k] / row['cudnn']:.3f}" for k in names), flush=True)
+        for o in ours:
+            o.close()
+        del sets, ours
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "ab.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
