@@ -99,8 +99,7 @@ dispatch::DeviceTensorView device_view(std::uintptr_t data, const Strides& strid
 bool device_forward_supported(const ShapeTuple& shape_tuple, const AttentionOptions& opt) {
   const AttentionShape shape = shape_of(shape_tuple);
   validate(shape, opt);
-  // The zero-copy path runs recipe fp8 only; the MX recipes take the host entry point.
-  return cuda_built() && sm90_available() && sm90_supports(shape, opt) && opt.recipe == Recipe::fp8;
+  return cuda_built() && sm90_available() && sm90_supports(shape, opt);
 }
 
 void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, std::uintptr_t q,
@@ -302,13 +301,17 @@ NB_MODULE(_ext, m) {
   m.def("device_forward_supported", &py::device_forward_supported, nb::arg("shape"), nb::arg("options"),
         "Validates a (B, Sq, Sk, Hq, Hkv, D) call; True when forward_device can run it.");
   m.def("device_workspace_bytes",
-        [](const py::ShapeTuple& shape) { return fp4attn::dispatch::sm90_device_workspace_bytes(py::shape_of(shape)); },
-        nb::arg("shape"), "Device bytes of forward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call.");
+        [](const py::ShapeTuple& shape, fp4attn::Recipe recipe) {
+          return fp4attn::dispatch::sm90_device_workspace_bytes(py::shape_of(shape), recipe);
+        },
+        nb::arg("shape"), nb::arg("recipe") = fp4attn::Recipe::fp8,
+        "Device bytes of forward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call of `recipe`.");
   m.def("forward_device", &py::forward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
         nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
         nb::arg("o_strides"), nb::arg("lse"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"),
         nb::arg("stream"),
-        "Recipe-fp8 forward on device pointers (q, k, v of one element type; O bf16; LSE fp32), "
+        "Forward (recipes fp8, mxfp4_train, mxfp4) on device pointers (q, k, v of one element type; O bf16; "
+        "LSE fp32), "
         "enqueued on the CUDA stream handle `stream` without host synchronisation.");
   m.def("backward", &py::backward_host, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"),
         nb::arg("d_o"), nb::arg("options"), nb::arg("executor") = Executor::automatic,

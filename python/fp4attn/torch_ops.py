@@ -5,19 +5,20 @@ torch.compile(fullgraph=True) keeps it in the graph without running it.
 
 Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
-  compute-capability 9.0 GPU and the executor implements the call (recipe
-  fp8, target sm90, D = 64 or 128): the device path. The GPU quantizer reads
-  q, k and v where they are (any strides with D contiguous, both layouts, no
-  copy), the kernel writes O and LSE into tensors allocated here, and the
-  quantized operands live in a workspace tensor from torch's caching
+  compute-capability 9.0 GPU and the executor implements the call (recipes
+  fp8, mxfp4_train and mxfp4, target sm90, D = 64 or 128): the device path.
+  The GPU quantizers read q, k and v where they are (any strides with D
+  contiguous, both layouts, no copy), the kernel writes O and LSE into
+  tensors allocated here, and the quantized (for the MX recipes also the
+  folded E4M3) operands live in a workspace tensor from torch's caching
   allocator. Everything is enqueued on the current CUDA stream of the
   tensors' device with no host synchronisation, so the op can be captured in
   a CUDA graph. Non-finite input cannot raise an error on this path (that
   would need a synchronisation): it makes every element of O and the LSE NaN.
 * Every other call goes through the host entry point: CPU tensors run on the
   emulator (or on the sm90 kernels when this build has them and a Hopper GPU
-  is present); other CUDA tensors (FP4 recipes, target sm100, other head
-  dims, GPUs other than sm90, CPU-only builds) are COPIED TO THE HOST, run
+  is present); other CUDA tensors (nvfp4, target sm100, other head dims,
+  GPUs other than sm90, CPU-only builds) are COPIED TO THE HOST, run
   there, and the results copied back. That synchronises with the device and
   cannot be captured in a CUDA graph.
 
@@ -126,7 +127,7 @@ def _attention_device(q, k, v, dims: _validate.Dims, s: _host.Settings, opt):
     with torch.cuda.device(q.device):
         o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
         lse = torch.empty((dims.B, dims.Hq, dims.Sq), dtype=torch.float32, device=q.device)
-        workspace = torch.empty(_ext.device_workspace_bytes(shape), dtype=torch.uint8, device=q.device)
+        workspace = torch.empty(_ext.device_workspace_bytes(shape, opt.recipe), dtype=torch.uint8, device=q.device)
         _ext.forward_device(
             shape,
             _DEVICE_ELEMENTS[q.dtype],

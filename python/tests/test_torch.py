@@ -142,14 +142,15 @@ def host_path(fn, *tensors, **kwargs):
 
 
 @needs_sm90
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4_train", "mxfp4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
-def test_device_path_matches_host_path(dtype, causal, D):
+def test_device_path_matches_host_path(recipe, dtype, causal, D):
     # Sq, Sk not multiples of the 128-token tile; GQA; bshd through attention, with the LSE.
     q, k, v = (x.transpose(1, 2) for x in make_bhsd(10, 2, 4, 2, 200, 300, D, "cuda", dtype))
-    got = fp4attn.attention(q, k, v, causal=causal, return_lse=True)
-    expected = host_path(fp4attn.attention, q, k, v, causal=causal, return_lse=True)
+    got = fp4attn.attention(q, k, v, causal=causal, recipe=recipe, return_lse=True)
+    expected = host_path(fp4attn.attention, q, k, v, causal=causal, recipe=recipe, return_lse=True)
     assert got[0].dtype == dtype and got[0].device == q.device and got[1].dtype == torch.float32
     for g, e in zip(got, expected):
         torch.testing.assert_close(g.cpu(), e, rtol=0, atol=1e-6)
@@ -186,14 +187,17 @@ def test_device_path_runs_on_the_current_stream():
 
 
 @needs_sm90
-def test_device_path_does_not_synchronize():
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4"])
+def test_device_path_does_not_synchronize(recipe):
     q, k, v = make_bhsd(13, 1, 2, 2, 128, 128, 64, "cuda", torch.bfloat16)
-    fp4attn.sdpa(q, k, v)  # first call: module loading, capability lookups
+    fp4attn.sdpa(q, k, v, recipe=recipe)  # first call: module loading, capability lookups
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        _, lse, _ = fp4attn.flash_attn_func(*(x.transpose(1, 2) for x in (q, k, v)), causal=True, return_attn_probs=True)
-        out = fp4attn.sdpa(q, k, v, is_causal=True)
+        _, lse, _ = fp4attn.flash_attn_func(
+            *(x.transpose(1, 2) for x in (q, k, v)), causal=True, return_attn_probs=True, recipe=recipe
+        )
+        out = fp4attn.sdpa(q, k, v, is_causal=True, recipe=recipe)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.shape == q.shape and lse.shape == (1, 2, 128)

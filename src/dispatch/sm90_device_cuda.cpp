@@ -14,6 +14,7 @@
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/sm90/fwd/fp8_operands.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
+#include "cuda/sm90/fwd/mx_operands.hpp"
 #include "dispatch/device_workspace.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
@@ -55,9 +56,15 @@ WorkspaceLayout workspace_layout(const AttentionShape& s) {
 
 }  // namespace
 
-std::size_t sm90_device_workspace_bytes(const AttentionShape& shape) {
+std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe) {
   check_shape(shape);
-  return workspace_layout(shape).bytes;
+  switch (recipe) {
+    case Recipe::fp8: return workspace_layout(shape).bytes;
+    case Recipe::mxfp4:
+    case Recipe::mxfp4_train: return sm90::fwd::MxOperands::workspace_bytes(shape, recipe);
+    default: throw Error("recipe", "the sm90 device path runs recipes fp8, mxfp4 and mxfp4_train, not " +
+                                       std::string(to_string(recipe)));
+  }
 }
 
 void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& opt, void* stream_handle) {
@@ -66,17 +73,33 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   if (!sm90_supports(s, opt))
     throw Error("executor", "the sm90 executor does not implement this call (it runs recipes fp8, mxfp4 and "
                             "mxfp4_train, target sm90, 128-token tiles, D = 64 or 128)");
-  if (opt.recipe != Recipe::fp8)
-    throw Error("recipe", "the zero-copy device path runs recipe fp8; " + std::string(to_string(opt.recipe)) +
-                              " runs on the sm90 executor through the host entry point");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   if (args.o == nullptr) throw Error("o", "is a null device pointer");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
-  const WorkspaceLayout layout = workspace_layout(s);
-  check_workspace(args.workspace, args.workspace_bytes, layout.bytes);
+  check_workspace(args.workspace, args.workspace_bytes, sm90_device_workspace_bytes(s, opt.recipe));
 
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
+  const auto with_output = [&args](sm90::fwd::Fp8ForwardArgs a) {
+    a.o = args.o;
+    a.o_stride_b = args.o_stride_b, a.o_stride_s = args.o_stride_s, a.o_stride_h = args.o_stride_h;
+    a.lse = args.lse;
+    return a;
+  };
+  const auto q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q");
+  const auto k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k");
+  const auto v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
+
+  if (opt.recipe != Recipe::fp8) {
+    // MX recipes: the MXFP4 quantizer and the fold write into the workspace;
+    // the kernel reads their flags (non-finite input: O and LSE NaN).
+    sm90::fwd::MxOperands mx(s, opt.recipe, opt.mx_scale_rule, args.workspace);
+    mx.prepare(q, k, v, opt.smooth_k, scale, stream);
+    sm90::fwd::forward_fp8(with_output(mx.forward_args(opt.mask, opt.direct_p, scale, opt.smooth_k)), stream);
+    return;
+  }
+
+  const WorkspaceLayout layout = workspace_layout(s);
   auto* base = static_cast<unsigned char*>(args.workspace);
   const auto floats = [base](std::size_t offset) { return reinterpret_cast<float*>(base + offset); };
 
@@ -95,17 +118,11 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   // The workspace arrives with any content: the flags start clear on every call.
   if (cudaMemsetAsync(bufs.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream) != cudaSuccess)
     throw Error("cuda", std::string("cudaMemsetAsync: ") + cudaGetErrorString(cudaGetLastError()));
-  cuda_quantize::quantize_fp8(strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q"),
-                              strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k"),
-                              strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v"), opt.smooth_k, scale, bufs,
-                              stream);
+  cuda_quantize::quantize_fp8(q, k, v, opt.smooth_k, scale, bufs, stream);
 
   // The kernel reads the contiguous codes the quantizer wrote (as in sm90_forward).
-  sm90::fwd::Fp8ForwardArgs a = sm90::fwd::contiguous_forward_args(
-      s, bufs, opt.mask, opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt, scale, opt.smooth_k);
-  a.o = args.o;
-  a.o_stride_b = args.o_stride_b, a.o_stride_s = args.o_stride_s, a.o_stride_h = args.o_stride_h;
-  a.lse = args.lse;
+  sm90::fwd::Fp8ForwardArgs a = with_output(sm90::fwd::contiguous_forward_args(
+      s, bufs, opt.mask, opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt, scale, opt.smooth_k));
   a.nonfinite = bufs.nonfinite;
   sm90::fwd::forward_fp8(a, stream);
 }

@@ -45,18 +45,20 @@ struct DeviceForwardArgs {
   void* o = nullptr;         // bf16 (B, Sq, Hq, D), element strides below (even)
   std::int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;
   float* lse = nullptr;  // (B, Hq, Sq) contiguous, natural log
-  // Scratch of at least sm90_device_workspace_bytes(shape) device bytes, any
+  // Scratch of at least sm90_device_workspace_bytes(shape, recipe) device bytes, any
   // content, 256-byte aligned; used by one call at a time (stream order).
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 };
 
-// Device bytes of DeviceForwardArgs::workspace for `shape`: the quantized
-// operands, their scales and the quantizer's scratch.
-std::size_t sm90_device_workspace_bytes(const AttentionShape& shape);
+// Device bytes of DeviceForwardArgs::workspace for `shape` and `recipe`: the
+// quantized operands, their scales and the quantizers' scratch (the MX
+// recipes add their MXFP4 codes and the folded E4M3 operands).
+std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe = Recipe::fp8);
 
-// Recipe-fp8 forward on device pointers, enqueued on `stream` (a cudaStream_t;
-// null is the legacy default stream): the GPU quantizer, then the kernel. No
+// Forward on device pointers (recipes fp8, mxfp4_train, mxfp4), enqueued on
+// `stream` (a cudaStream_t; null is the legacy default stream): the GPU
+// quantizer(s), the MXFP4 fold for the MX recipes, then the kernel. No
 // allocation and no host synchronisation, so it may be captured in a CUDA
 // graph. Validates shape and options (fp4attn::validate) and throws
 // fp4attn::Error when the sm90 executor does not implement the call

@@ -1,7 +1,8 @@
 // GPU suite of the zero-copy forward (dispatch::sm90_forward_device, what the
-// PyTorch layer's CUDA path calls): it agrees with the host entry point on
-// the same bf16 inputs, and non-finite input, which it cannot report without
-// a host synchronisation, makes every output NaN instead of plausible numbers.
+// PyTorch layer's CUDA path calls), for recipes fp8, mxfp4_train and mxfp4: it
+// agrees with the host entry point on the same bf16 inputs, and non-finite
+// input, which it cannot report without a host synchronisation, makes every
+// output NaN instead of plausible numbers.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -24,14 +25,14 @@ struct DeviceCall {
   DeviceArray<float> lse;
   DeviceArray<unsigned char> workspace;
 
-  explicit DeviceCall(const AttentionShape& s)
+  DeviceCall(const AttentionShape& s, Recipe recipe)
       : shape(s),
         q(static_cast<std::size_t>(s.q_elems())),
         k(static_cast<std::size_t>(s.kv_elems())),
         v(static_cast<std::size_t>(s.kv_elems())),
         o(static_cast<std::size_t>(s.q_elems())),
         lse(static_cast<std::size_t>(s.lse_elems())),
-        workspace(dispatch::sm90_device_workspace_bytes(s)) {}
+        workspace(dispatch::sm90_device_workspace_bytes(s, recipe)) {}
 
   static void upload(DeviceArray<__nv_bfloat16>& dst, const std::vector<float>& x) {
     std::vector<__nv_bfloat16> h(x.size());
@@ -77,23 +78,36 @@ std::size_t count_nan(const std::vector<float>& x) {
   return n;
 }
 
-TEST(GpuForwardDevice, MatchesTheHostEntryPoint) {
+struct DeviceCase {
+  Recipe recipe;
+  MaskKind mask;
+  bool smooth_k;
+  bool direct_p;
+};
+
+class GpuForwardDevice : public ::testing::TestWithParam<DeviceCase> {};
+
+TEST_P(GpuForwardDevice, MatchesTheHostEntryPoint) {
   FP4ATTN_REQUIRE_HOPPER();
+  const DeviceCase c = GetParam();
   const AttentionShape s{2, 4, 2, 300, 333, 128};
   std::mt19937 rng(gpu_test::fresh_seed());
   const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
   const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
   const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
   AttentionOptions opt;
-  opt.mask = MaskKind::causal;
-  DeviceCall call(s);
+  opt.recipe = c.recipe;
+  opt.mask = c.mask;
+  opt.smooth_k = c.smooth_k;
+  opt.direct_p = c.direct_p;
+  DeviceCall call(s, c.recipe);
   DeviceCall::upload(call.q, q);
   DeviceCall::upload(call.k, k);
   DeviceCall::upload(call.v, v);
   call.run(opt);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
-  // Same quantizer, same kernel: the host entry point gives the same bits.
+  // Same quantizers, same fold, same kernel: the host entry point gives the same bits.
   const ForwardOutput want = forward(s, q, k, v, opt, Executor::sm90);
   const auto o = call.output();
   const auto lse = call.lse.download();
@@ -102,7 +116,22 @@ TEST(GpuForwardDevice, MatchesTheHostEntryPoint) {
   for (std::size_t i = 0; i < lse.size(); ++i) ASSERT_EQ(lse[i], want.lse[i]) << "LSE row " << i;
 }
 
-TEST(GpuForwardDevice, NonFiniteInputMakesEveryOutputNan) {
+INSTANTIATE_TEST_SUITE_P(Recipes, GpuForwardDevice,
+                         ::testing::Values(DeviceCase{Recipe::fp8, MaskKind::causal, true, true},
+                                           DeviceCase{Recipe::mxfp4_train, MaskKind::causal, true, true},
+                                           DeviceCase{Recipe::mxfp4_train, MaskKind::none, false, false},
+                                           DeviceCase{Recipe::mxfp4, MaskKind::none, true, true},
+                                           DeviceCase{Recipe::mxfp4, MaskKind::causal, false, true}),
+                         [](const ::testing::TestParamInfo<DeviceCase>& info) {
+                           const DeviceCase& c = info.param;
+                           return std::string(to_string(c.recipe)) +
+                                  (c.mask == MaskKind::causal ? "_causal" : "_full") +
+                                  (c.smooth_k ? "_smoothk" : "") + (c.direct_p ? "_directp" : "_exp2");
+                         });
+
+class GpuForwardDeviceNonFinite : public ::testing::TestWithParam<Recipe> {};
+
+TEST_P(GpuForwardDeviceNonFinite, MakesEveryOutputNan) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 2, 2, 200, 200, 64};
   std::mt19937 rng(gpu_test::fresh_seed());
@@ -110,7 +139,9 @@ TEST(GpuForwardDevice, NonFiniteInputMakesEveryOutputNan) {
   const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
   const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
   AttentionOptions opt;
-  DeviceCall call(s);
+  opt.recipe = GetParam();
+  opt.smooth_k = true;
+  DeviceCall call(s, opt.recipe);
 
   struct Bad {
     const char* tensor;
@@ -142,17 +173,37 @@ TEST(GpuForwardDevice, NonFiniteInputMakesEveryOutputNan) {
   EXPECT_EQ(count_nan(call.lse.download()), 0u);
 }
 
-TEST(GpuForwardDevice, RefusesTheMxRecipesByName) {
+INSTANTIATE_TEST_SUITE_P(Recipes, GpuForwardDeviceNonFinite,
+                         ::testing::Values(Recipe::fp8, Recipe::mxfp4_train, Recipe::mxfp4),
+                         [](const ::testing::TestParamInfo<Recipe>& info) { return std::string(to_string(info.param)); });
+
+TEST(GpuForwardDeviceErrors, NamesTheWorkspaceWhenItFitsAnotherRecipe) {
   FP4ATTN_REQUIRE_HOPPER();
+  // The MX recipes need their MXFP4 codes and folded operands on top of what fp8 needs.
   const AttentionShape s{1, 2, 2, 128, 128, 64};
-  DeviceCall call(s);
+  ASSERT_GT(dispatch::sm90_device_workspace_bytes(s, Recipe::mxfp4), dispatch::sm90_device_workspace_bytes(s));
+  DeviceCall call(s, Recipe::fp8);
   AttentionOptions opt;
-  opt.recipe = Recipe::mxfp4;  // the sm90 executor runs it, but through the host entry point only
+  opt.recipe = Recipe::mxfp4;
   try {
     call.run(opt);
-    FAIL() << "the zero-copy path accepted recipe mxfp4";
+    FAIL() << "an fp8-sized workspace was accepted for recipe mxfp4";
   } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "recipe");
+    EXPECT_EQ(e.argument(), "workspace");
+  }
+}
+
+TEST(GpuForwardDeviceErrors, RefusesNvfp4ByName) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 2, 2, 128, 128, 64};
+  DeviceCall call(s, Recipe::fp8);
+  AttentionOptions opt;
+  opt.recipe = Recipe::nvfp4;  // no sm90 kernel: the emulator runs it through the host entry point
+  try {
+    call.run(opt);
+    FAIL() << "the zero-copy path accepted recipe nvfp4";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "executor");
   }
 }
 

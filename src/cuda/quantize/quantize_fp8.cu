@@ -58,6 +58,7 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   job.Sq = static_cast<int>(q.S), job.Sk = static_cast<int>(k.S), job.D = static_cast<int>(q.D);
   job.seg_shift = std::countr_zero(static_cast<unsigned>(q.D / kSegment));
   job.q_blocks = static_cast<int>(blocks_of(q.S)), job.k_blocks = static_cast<int>(blocks_of(k.S));
+  const bool v_only = out.q == nullptr;  // recipe mxfp4_train: no Q units, K units do nothing
   // smooth_k: every K and V chunk reports; otherwise only the V chunks (K has no slice statistics).
   job.arrivals_per_slice = static_cast<unsigned>((smooth_k ? 2 : 1) * job.k_blocks);
   job.smooth_k = smooth_k;
@@ -75,7 +76,7 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
 
   const int sms = sm_count();
   job.order.kv_chunks = slices * job.k_blocks;
-  job.order.q_chunks = q.B * q.H * job.q_blocks;
+  job.order.q_chunks = v_only ? 0 : q.B * q.H * job.q_blocks;
   job.order.smooth_k = smooth_k;
   const std::int64_t tickets = job.order.tickets();
   if (tickets > std::numeric_limits<int>::max()) throw Error("q", "too many token blocks for one launch");
@@ -133,6 +134,8 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
   if (out.vt_keys != padded_keys(k.S)) throw Error("vt_keys", "must be padded_keys(Sk)");
   if (smooth_k && (out.k_mean == nullptr || out.lse_shift == nullptr))
     throw Error("smooth_k", "needs k_mean and lse_shift buffers");
+  if ((out.q == nullptr) != (out.k == nullptr)) throw Error("out", "q and k codes must both be given or both be null");
+  if (out.q == nullptr && smooth_k) throw Error("smooth_k", "needs the q and k code buffers (V-only call)");
   if (!aligned(out.q, kCodeStoreAlign) || !aligned(out.k, kCodeStoreAlign) || !aligned(out.vt, kVtStoreAlign))
     throw Error("out", "code buffers must be 8-byte (q, k) and 4-byte (vt) aligned");
   switch (q.type) {

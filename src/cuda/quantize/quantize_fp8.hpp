@@ -80,7 +80,9 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 // k and v (B, Sk, Hkv, D), all of one element type, D a power of two in
 // [16, 128], Hq a multiple of Hkv. With smooth_k, K's per-(b, h, d) mean is
 // subtracted first and out.lse_shift receives the LSE correction for
-// `softmax_scale`.
+// `softmax_scale`. With out.q and out.k both null only V is quantized (Vᵀ and
+// v_scale; smooth_k must be off): recipe mxfp4_train quantizes Q and K to
+// MXFP4 elsewhere, and q, k then serve only to check the shapes.
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
                   float softmax_scale, const Fp8Buffers& out, cudaStream_t stream, const Fp8Schedule& schedule = {});
 

@@ -273,6 +273,7 @@ __device__ __forceinline__ void kv_coordinates(const Job<T>& job, std::int64_t c
 // final codes (K needs no second read).
 template <class T>
 __device__ __forceinline__ void k_stats(const Job<T>& job, std::int64_t chunk, SharedScratch& sh, T* tile) {
+  if (job.out.k == nullptr) return;  // V-only call: its tickets stay, K is never read
   int j, b, h, blk;
   kv_coordinates(job, chunk, j, b, h, blk);
   const int s0 = blk * kTokenBlock;

@@ -12,58 +12,119 @@ namespace {
 
 namespace cq = cuda_quantize;
 constexpr int kNonfiniteFlags = 3;  // q, k, v
+constexpr std::size_t kRegionAlign = 256;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+// Consecutive aligned regions of one block; with a null base it only counts bytes.
+class Regions {
+ public:
+  explicit Regions(unsigned char* base) : base_(base) {}
+  template <class T>
+  T* take(std::int64_t count) {
+    const std::size_t offset = at_;
+    const std::size_t bytes = std::max<std::size_t>(static_cast<std::size_t>(count) * sizeof(T), 1);
+    at_ += (bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
+    return base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset);
+  }
+  std::size_t bytes() const { return at_; }
+
+ private:
+  unsigned char* base_;
+  std::size_t at_ = 0;
+};
+
+struct Layout {
+  cq::Fp4Buffers fp4;
+  cq::Fp8Buffers fp8_v, folded;
+  std::size_t bytes = 0;
+};
+
+// The one place that sizes and places every buffer (sizes from
+// cuda/quantize/quantize_fp4.hpp, quantize_fp8.hpp and fold_mx.hpp).
+Layout layout(const AttentionShape& s, Recipe recipe, unsigned char* base) {
+  Regions r(base);
+  Layout l;
+  const auto fp4_out = [&](cq::Fp4Operand op, std::int64_t S, std::int64_t H) {
+    const cq::Fp4Sizes z = cq::fp4_sizes(op, TensorFormat::mxfp4, s.B, S, H, s.D);
+    cq::Fp4Output out;
+    out.codes = r.take<std::uint8_t>(z.code_bytes);
+    out.scales = r.take<std::uint8_t>(z.scale_bytes);
+    return out;
+  };
+  l.fp4.q = fp4_out(cq::Fp4Operand::q, s.Sq, s.Hq);
+  l.fp4.k = fp4_out(cq::Fp4Operand::k, s.Sk, s.Hkv);
+  if (recipe == Recipe::mxfp4) l.fp4.v = fp4_out(cq::Fp4Operand::v, s.Sk, s.Hkv);
+  l.fp4.k_mean = r.take<float>(s.B * s.Hkv * s.D);
+  l.fp4.nonfinite = r.take<int>(kNonfiniteFlags);
+  l.fp4.workspace = r.take<unsigned char>(static_cast<std::int64_t>(
+      std::max(cq::fp4_workspace_bytes(s.B, s.Sq, s.Hq, s.D), cq::fp4_workspace_bytes(s.B, s.Sk, s.Hkv, s.D))));
+
+  l.folded.q = r.take<std::uint8_t>(s.q_elems());
+  l.folded.q_scale = r.take<float>(s.B * s.Hq * s.Sq);  // one factor per query row
+  l.folded.k = r.take<std::uint8_t>(s.kv_elems());
+  l.folded.k_scale = r.take<float>(s.B * s.Hkv * ceil_div(s.Sk, cq::kMxFoldKeyTile));
+  l.folded.lse_shift = r.take<float>(s.lse_elems());
+  l.folded.k_mean = l.fp4.k_mean;
+  l.folded.nonfinite = l.fp4.nonfinite;
+  l.folded.vt_keys = cq::padded_keys(s.Sk);
+  if (recipe == Recipe::mxfp4) {
+    l.folded.vt = r.take<std::uint8_t>(s.B * s.Hkv * s.D * l.folded.vt_keys);
+    l.folded.v_scale = r.take<float>(s.B * s.Hkv * s.D);
+  } else {
+    // V alone by the fp8 quantizer (null q and k codes), which shares the
+    // MXFP4 quantizer's three non-finite flags.
+    cq::Fp8Buffers& v = l.fp8_v;
+    v.vt_keys = l.folded.vt_keys;
+    v.vt = r.take<std::uint8_t>(s.B * s.Hkv * s.D * v.vt_keys);
+    v.v_scale = r.take<float>(s.B * s.Hkv * s.D);
+    v.nonfinite = l.fp4.nonfinite;
+    v.workspace = r.take<unsigned char>(static_cast<std::int64_t>(cq::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D)));
+    l.folded.vt = v.vt;
+    l.folded.v_scale = v.v_scale;
+  }
+  l.bytes = r.bytes();
+  return l;
+}
+
+void check_recipe(Recipe recipe) {
+  if (recipe != Recipe::mxfp4 && recipe != Recipe::mxfp4_train)
+    throw Error("recipe", "MxOperands serves recipes mxfp4 and mxfp4_train");
+}
+
 }  // namespace
 
-void* MxOperands::allocate(std::size_t bytes) {
-  owned_.push_back(cuda_common::device_alloc(std::max<std::size_t>(bytes, 1)));
-  return owned_.back().get();
+std::size_t MxOperands::workspace_bytes(const AttentionShape& shape, Recipe recipe) {
+  check_recipe(recipe);
+  return layout(shape, recipe, nullptr).bytes;
 }
 
 MxOperands::MxOperands(const AttentionShape& s, Recipe recipe, MxScaleRule mx_scale_rule)
     : shape_(s), recipe_(recipe), mx_scale_rule_(mx_scale_rule) {
-  if (recipe != Recipe::mxfp4 && recipe != Recipe::mxfp4_train)
-    throw Error("recipe", "MxOperands serves recipes mxfp4 and mxfp4_train");
-  const auto bytes = [this](std::int64_t n) { return static_cast<std::uint8_t*>(allocate(n)); };
-  const auto floats = [this](std::int64_t n) { return static_cast<float*>(allocate(n * sizeof(float))); };
-  const auto fp4_out = [&](cq::Fp4Operand op, std::int64_t S, std::int64_t H) {
-    const cq::Fp4Sizes z = cq::fp4_sizes(op, TensorFormat::mxfp4, s.B, S, H, s.D);
-    return cq::Fp4Output{bytes(z.code_bytes), bytes(z.scale_bytes), nullptr};
-  };
-  fp4_.q = fp4_out(cq::Fp4Operand::q, s.Sq, s.Hq);
-  fp4_.k = fp4_out(cq::Fp4Operand::k, s.Sk, s.Hkv);
-  if (recipe == Recipe::mxfp4) fp4_.v = fp4_out(cq::Fp4Operand::v, s.Sk, s.Hkv);
-  fp4_.k_mean = floats(s.B * s.Hkv * s.D);
-  fp4_.nonfinite = static_cast<int*>(allocate(kNonfiniteFlags * sizeof(int)));
-  fp4_.workspace = allocate(std::max(cq::fp4_workspace_bytes(s.B, s.Sq, s.Hq, s.D),
-                                     cq::fp4_workspace_bytes(s.B, s.Sk, s.Hkv, s.D)));
-  cuda_common::check_cuda(cudaMemset(fp4_.nonfinite, 0, kNonfiniteFlags * sizeof(int)), "cudaMemset");
+  owned_ = cuda_common::device_alloc(workspace_bytes(s, recipe));
+  carve(static_cast<unsigned char*>(owned_.get()));
+}
 
-  folded_.q = bytes(s.q_elems());
-  folded_.q_scale = floats(s.B * s.Hq * s.Sq);  // one factor per query row
-  folded_.k = bytes(s.kv_elems());
-  folded_.k_scale = floats(s.B * s.Hkv * ceil_div(s.Sk, cq::kMxFoldKeyTile));
-  folded_.lse_shift = floats(s.lse_elems());
-  folded_.k_mean = fp4_.k_mean;
-  folded_.nonfinite = fp4_.nonfinite;
-  if (recipe == Recipe::mxfp4) {
-    folded_.vt_keys = cq::padded_keys(s.Sk);
-    folded_.vt = bytes(s.B * s.Hkv * s.D * folded_.vt_keys);
-    folded_.v_scale = floats(s.B * s.Hkv * s.D);
-  } else {
-    fp8_v_ = std::make_unique<Fp8Operands>(s);
-    const cq::Fp8Buffers& v = fp8_v_->buffers();
-    folded_.vt_keys = v.vt_keys;
-    folded_.vt = v.vt;
-    folded_.v_scale = v.v_scale;
-  }
+MxOperands::MxOperands(const AttentionShape& s, Recipe recipe, MxScaleRule mx_scale_rule, void* workspace)
+    : shape_(s), recipe_(recipe), mx_scale_rule_(mx_scale_rule) {
+  check_recipe(recipe);
+  if (workspace == nullptr) throw Error("workspace", "is a null device pointer");
+  carve(static_cast<unsigned char*>(workspace));
+}
+
+void MxOperands::carve(unsigned char* base) {
+  const Layout l = layout(shape_, recipe_, base);
+  fp4_ = l.fp4;
+  fp8_v_ = l.fp8_v;
+  folded_ = l.folded;
 }
 
 void MxOperands::prepare(const cq::StridedInput& q, const cq::StridedInput& k, const cq::StridedInput& v,
                          bool smooth_k, float softmax_scale, cudaStream_t stream) {
   const AttentionShape& s = shape_;
+  // The buffers may arrive with any content: the flags start clear on every call.
+  cuda_common::check_cuda(cudaMemsetAsync(fp4_.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream),
+                          "cudaMemsetAsync");
   cq::Fp4Options opt;
   opt.format = TensorFormat::mxfp4;
   opt.mx_scale_rule = mx_scale_rule_;
@@ -75,11 +136,7 @@ void MxOperands::prepare(const cq::StridedInput& q, const cq::StridedInput& k, c
     cq::quantize_fp4(v, cq::Fp4Operand::v, opt, fp4_, stream);
     cq::fold_mx_v(fp4_.v, s.B, s.Sk, s.Hkv, s.D, folded_.vt_keys, folded_.vt, folded_.v_scale, stream);
   } else {
-    // V (and, unused, FP8 copies of Q and K) by the fp8 quantizer; its flags
-    // are the same three ints as the MXFP4 quantizer's.
-    cq::Fp8Buffers v_bufs = fp8_v_->buffers();
-    v_bufs.nonfinite = fp4_.nonfinite;
-    cq::quantize_fp8(q, k, v, false, softmax_scale, v_bufs, stream);
+    cq::quantize_fp8(q, k, v, false, softmax_scale, fp8_v_, stream);
   }
   cq::fold_mx_qk(fp4_.q, s.B, s.Sq, s.Hq, s.D, 1, folded_.q, folded_.q_scale, stream);
   cq::fold_mx_qk(fp4_.k, s.B, s.Sk, s.Hkv, s.D, cq::kMxFoldKeyTile, folded_.k, folded_.k_scale, stream);

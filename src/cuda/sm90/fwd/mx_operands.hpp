@@ -9,13 +9,12 @@
 //                       sequence; P FP4 (PCode::mxfp4_direct_p or mxfp4_exp2)
 #pragma once
 
-#include <memory>
-#include <vector>
+#include <cstddef>
 
 #include "cuda/common/device_memory.hpp"
 #include "cuda/quantize/quantize_fp4.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
-#include "cuda/sm90/fwd/fp8_operands.hpp"
+#include "cuda/sm90/fwd/fp8_operands.hpp"  // contiguous_forward_args
 #include "cuda/sm90/fwd/fwd.hpp"
 #include "fp4attn/recipe.hpp"
 #include "fp4attn/tensor.hpp"
@@ -24,34 +23,45 @@ namespace fp4attn::sm90::fwd {
 
 class MxOperands {
  public:
-  // Allocates every buffer (workspaces included, so that timed calls allocate
-  // nothing) and zeroes the non-finite flags. recipe: mxfp4 or mxfp4_train;
-  // mx_scale_rule: the MX block-scale rule of the quantizer and of exp2 P.
-  MxOperands(const AttentionShape& shape, Recipe recipe, MxScaleRule mx_scale_rule = MxScaleRule::round_up);
+  // Device bytes of every buffer of one call (MXFP4 codes and scales, folded
+  // operands, FP8 V for mxfp4_train, the quantizers' scratch), each region
+  // 256-byte aligned: what a caller-provided workspace must hold.
+  static std::size_t workspace_bytes(const AttentionShape& shape, Recipe recipe);
 
-  // Quantizes q, k, v on `stream` and folds them into the kernel's operands
-  // (asynchronous). With smooth_k, K's sequence mean is subtracted before
-  // quantizing and the LSE correction for `softmax_scale` is computed.
+  // Owns one allocation of workspace_bytes (so that timed calls allocate
+  // nothing). recipe: mxfp4 or mxfp4_train; mx_scale_rule: the MX block-scale
+  // rule of the quantizer and of exp2 P.
+  MxOperands(const AttentionShape& shape, Recipe recipe, MxScaleRule mx_scale_rule = MxScaleRule::round_up);
+  // Carves every buffer from `workspace` (at least workspace_bytes device
+  // bytes, 256-byte aligned, any content), which the caller keeps alive: the
+  // zero-copy device path.
+  MxOperands(const AttentionShape& shape, Recipe recipe, MxScaleRule mx_scale_rule, void* workspace);
+
+  // Clears the non-finite flags, quantizes q, k, v on `stream` and folds them
+  // into the kernel's operands (asynchronous). With smooth_k, K's sequence
+  // mean is subtracted before quantizing and the LSE correction for
+  // `softmax_scale` is computed.
   void prepare(const cuda_quantize::StridedInput& q, const cuda_quantize::StridedInput& k,
                const cuda_quantize::StridedInput& v, bool smooth_k, float softmax_scale, cudaStream_t stream);
   // Synchronizes `stream`; throws fp4attn::Error naming q, k or v if one held a non-finite value.
   void check_finite(cudaStream_t stream) const;
 
-  // Kernel arguments (the caller sets o with its strides, and lse).
+  // Kernel arguments (the caller sets o with its strides, and lse). The
+  // kernel reads the non-finite flags: a flagged input makes O and LSE NaN.
   Fp8ForwardArgs forward_args(MaskKind mask, bool direct_p, float softmax_scale, bool smooth_k) const;
   // Device bytes the kernel reads per call: the folded Q, K and Vᵀ E4M3 codes.
   std::size_t kernel_code_bytes() const;
 
  private:
-  void* allocate(std::size_t bytes);
+  void carve(unsigned char* base);
 
   AttentionShape shape_;
   Recipe recipe_;
   MxScaleRule mx_scale_rule_;
-  std::vector<cuda_common::DeviceMemory> owned_;
-  cuda_quantize::Fp4Buffers fp4_;        // MXFP4 codes and scales (v unused for mxfp4_train)
-  std::unique_ptr<Fp8Operands> fp8_v_;  // mxfp4_train: the fp8 quantizer's Vᵀ and v_scale
-  cuda_quantize::Fp8Buffers folded_;     // what the kernel reads (q_scale per row)
+  cuda_common::DeviceMemory owned_;
+  cuda_quantize::Fp4Buffers fp4_;     // MXFP4 codes and scales (v unused for mxfp4_train)
+  cuda_quantize::Fp8Buffers fp8_v_;   // mxfp4_train: the fp8 quantizer's Vᵀ and v_scale
+  cuda_quantize::Fp8Buffers folded_;  // what the kernel reads (q_scale per row)
 };
 
 }  // namespace fp4attn::sm90::fwd
