@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Forward+backward benchmark of the sm90 fp8 kernels against cuDNN BF16 SDPA and
-FlashAttention-2 BF16 (PyTorch sdpa_kernel backends), in one process (DESIGN §8).
+"""Forward+backward benchmark of the sm90 kernels (recipes fp8 and mxfp4_train,
+--recipes) against cuDNN BF16 SDPA and FlashAttention-2 BF16 (PyTorch
+sdpa_kernel backends), in one process (DESIGN §8).
 
 Ours runs through libfp4attn_capi.so (ctypes, bench/capi_bwd.cpp), from bf16
-inputs with every quantization included, Direct-P on, in both modes
-(row key "deterministic": two passes, or dQ by atomics in one pass):
+inputs with every quantization included (mxfp4_train: the MXFP4 quantizer and
+the fold into E4M3 too), Direct-P on, in both modes (row key "deterministic":
+two passes, or dQ by atomics in one pass; --atomic 0 skips the latter):
   op fwdbwd  device forward (quantizer + kernel) then device backward
              (quantizers, transposes, row statistics, dQ and dK/dV kernels)
   op bwd     the device backward alone
@@ -34,6 +36,7 @@ GRID_HD = [(16, 128), (32, 64)]
 GRID_S = [1024, 2048, 4096, 8192, 16384]
 DTYPE_BF16 = 2
 INPUT_SETS = 2
+RECIPE_CODES = {"fp8": 0, "mxfp4_train": 3}  # fp4attn::Recipe's values
 FWD_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 
 
@@ -43,11 +46,11 @@ def load_bwd_lib(path):
     vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
     lib.fp4attn_bwd_last_error.restype = ctypes.c_char_p
     lib.fp4attn_bwd_forward_workspace_bytes.restype = ll
-    lib.fp4attn_bwd_forward_workspace_bytes.argtypes = [ll6]
+    lib.fp4attn_bwd_forward_workspace_bytes.argtypes = [ll6, i]
     lib.fp4attn_bwd_workspace_bytes.restype = ll
-    lib.fp4attn_bwd_workspace_bytes.argtypes = [ll6]
-    lib.fp4attn_bwd_forward.argtypes = [ll6, i, i, i, vp, ll3, vp, ll3, vp, ll3, vp, ll3, vp, vp, ll, vp]
-    lib.fp4attn_bwd_backward.argtypes = ([ll6, i, i, i] + [vp, ll3] * 5 + [vp] + [vp, ll3] * 3 + [vp, ll, i, vp])
+    lib.fp4attn_bwd_workspace_bytes.argtypes = [ll6, i]
+    lib.fp4attn_bwd_forward.argtypes = [ll6, i, i, i, i, vp, ll3, vp, ll3, vp, ll3, vp, ll3, vp, vp, ll, vp]
+    lib.fp4attn_bwd_backward.argtypes = ([ll6, i, i, i, i] + [vp, ll3] * 5 + [vp] + [vp, ll3] * 3 + [vp, ll, i, vp])
     return lib, ll3, ll6
 
 
@@ -57,13 +60,14 @@ def flops(B, H, S, D, causal, op):
 
 
 class Ours:
-    def __init__(self, lib, ll3, ll6, sets, B, H, S, D, causal):
+    def __init__(self, lib, ll3, ll6, sets, B, H, S, D, causal, recipe="fp8"):
         self.lib, self.ll3, self.sets = lib, ll3, sets
         self.shape = ll6(B, S, S, H, H, D)
+        self.recipe = RECIPE_CODES[recipe]
         self.mask = 1 if causal else 0
         self.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        fwd_ws = lib.fp4attn_bwd_forward_workspace_bytes(self.shape)
-        bwd_ws = lib.fp4attn_bwd_workspace_bytes(self.shape)
+        fwd_ws = lib.fp4attn_bwd_forward_workspace_bytes(self.shape, self.recipe)
+        bwd_ws = lib.fp4attn_bwd_workspace_bytes(self.shape, self.recipe)
         if fwd_ws < 0 or bwd_ws < 0:
             raise RuntimeError(lib.fp4attn_bwd_last_error().decode())
         self.fwd_ws = torch.empty(fwd_ws, device="cuda", dtype=torch.uint8)
@@ -84,18 +88,18 @@ class Ours:
     def forward(self, i):
         n = i % len(self.sets)
         q, k, v, _ = self.sets[n]
-        self.check(self.lib.fp4attn_bwd_forward(self.shape, self.mask, 1, DTYPE_BF16, q.data_ptr(), self.st(q),
-                                                k.data_ptr(), self.st(k), v.data_ptr(), self.st(v),
-                                                self.o[n].data_ptr(), self.st(self.o[n]), self.lse[n].data_ptr(),
-                                                self.fwd_ws.data_ptr(), self.fwd_ws.numel(), self.stream))
+        self.check(self.lib.fp4attn_bwd_forward(
+            self.shape, self.recipe, self.mask, 1, DTYPE_BF16, q.data_ptr(), self.st(q), k.data_ptr(), self.st(k),
+            v.data_ptr(), self.st(v), self.o[n].data_ptr(), self.st(self.o[n]), self.lse[n].data_ptr(),
+            self.fwd_ws.data_ptr(), self.fwd_ws.numel(), self.stream))
 
     def backward(self, i, deterministic=True):
         n = i % len(self.sets)
         q, k, v, d_o = self.sets[n]
         dq, dk, dv = self.grads
         self.check(self.lib.fp4attn_bwd_backward(
-            self.shape, self.mask, 1, DTYPE_BF16, q.data_ptr(), self.st(q), k.data_ptr(), self.st(k), v.data_ptr(),
-            self.st(v), self.o[n].data_ptr(), self.st(self.o[n]), d_o.data_ptr(), self.st(d_o),
+            self.shape, self.recipe, self.mask, 1, DTYPE_BF16, q.data_ptr(), self.st(q), k.data_ptr(), self.st(k),
+            v.data_ptr(), self.st(v), self.o[n].data_ptr(), self.st(self.o[n]), d_o.data_ptr(), self.st(d_o),
             self.lse[n].data_ptr(), dq.data_ptr(), self.st(dq), dk.data_ptr(), self.st(dk), dv.data_ptr(),
             self.st(dv), self.bwd_ws.data_ptr(), self.bwd_ws.numel(), int(deterministic), self.stream))
 
@@ -157,6 +161,8 @@ def main():
     ap.add_argument("--seqs", default=",".join(map(str, GRID_S)))
     ap.add_argument("--dims", default=",".join(str(d) for _, d in GRID_HD), help="head dims to run (subset of the grid)")
     ap.add_argument("--causal", default="0,1", help="mask settings to run: 0 noncausal, 1 causal (bottom-right)")
+    ap.add_argument("--recipes", default="fp8", help="our recipes to run: fp8, mxfp4_train or both, comma-separated")
+    ap.add_argument("--atomic", type=int, default=1, help="also time the atomic-dQ mode (1) or not (0)")
     ap.add_argument("--profile", action="store_true",
                     help="also print each kernel's share of our backward (torch.profiler), first grid point only")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
@@ -175,6 +181,10 @@ def main():
         return tf
 
     dims = set(map(int, args.dims.split(",")))
+    recipes = args.recipes.split(",")
+    for recipe in recipes:
+        if recipe not in RECIPE_CODES:
+            raise SystemExit(f"--recipes: {recipe} is not one of {', '.join(RECIPE_CODES)}")
     for H, D in [(h, d) for h, d in GRID_HD if d in dims]:
         for S in map(int, args.seqs.split(",")):
             B = TOKENS // S
@@ -182,20 +192,33 @@ def main():
                     for _ in range(INPUT_SETS)]
             assert 4 * sets[0][0].numel() * 2 > L2_BYTES
             for causal in map(bool, map(int, args.causal.split(","))):
-                r = {}
-                ours = Ours(lib, ll3, ll6, sets, B, H, S, D, causal)
-                r["ours"] = add("fwdbwd", "fp4attn", "fp8", True, causal, B, H, S, D,
-                                time_ms(ours.fwdbwd, args.reps, args.warmup))
-                r["ours_bwd"] = add("bwd", "fp4attn", "fp8", True, causal, B, H, S, D,
-                                    time_ms(ours.backward, args.reps, args.warmup))
-                r["ours_nd"] = add("fwdbwd", "fp4attn", "fp8", True, causal, B, H, S, D,
-                                   time_ms(lambda i: ours.fwdbwd(i, False), args.reps, args.warmup), False)
-                r["ours_nd_bwd"] = add("bwd", "fp4attn", "fp8", True, causal, B, H, S, D,
-                                       time_ms(lambda i: ours.backward(i, False), args.reps, args.warmup), False)
-                if args.profile:
-                    profile_kernels(ours.backward, args.reps)
-                    profile_kernels(lambda i: ours.backward(i, False), args.reps)
-                    args.profile = False
+                r, err = {}, {}
+                for recipe in recipes:
+                    ours = Ours(lib, ll3, ll6, sets, B, H, S, D, causal, recipe)
+                    r[recipe] = add("fwdbwd", "fp4attn", recipe, True, causal, B, H, S, D,
+                                    time_ms(ours.fwdbwd, args.reps, args.warmup))
+                    r[recipe + "_bwd"] = add("bwd", "fp4attn", recipe, True, causal, B, H, S, D,
+                                             time_ms(ours.backward, args.reps, args.warmup))
+                    if args.atomic:
+                        r[recipe + "_nd"] = add("fwdbwd", "fp4attn", recipe, True, causal, B, H, S, D,
+                                                time_ms(lambda i: ours.fwdbwd(i, False), args.reps, args.warmup),
+                                                False)
+                        r[recipe + "_nd_bwd"] = add("bwd", "fp4attn", recipe, True, causal, B, H, S, D,
+                                                    time_ms(lambda i: ours.backward(i, False), args.reps,
+                                                            args.warmup), False)
+                    if args.profile:
+                        profile_kernels(ours.backward, args.reps)
+                        if args.atomic:
+                            profile_kernels(lambda i: ours.backward(i, False), args.reps)
+                        args.profile = False
+                    ours.fwdbwd(0)
+                    grads = [g.clone() for g in ours.grads]
+                    grads_nd = None
+                    if args.atomic:
+                        ours.fwdbwd(0, False)
+                        grads_nd = ours.grads[0].clone()
+                    err[recipe] = (grads, grads_nd)
+                    del ours
                 for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
                     impl = f"{name}_bf16"
                     ref = Sdpa(backend, sets, causal)
@@ -206,20 +229,24 @@ def main():
                     if name == "cudnn":
                         # Sanity: our gradients against cuDNN's on the same inputs (recipe error, not a test).
                         want = ref.backward(0)
-                        ours.fwdbwd(0)
-                        err = [rel_l2(g, w) for g, w in zip(ours.grads, want)]
-                        ours.fwdbwd(0, False)
-                        err_nd = rel_l2(ours.grads[0], want[0])
+                        for recipe, (grads, grads_nd) in err.items():
+                            err[recipe] = ([rel_l2(g, w) for g, w in zip(grads, want)],
+                                           None if grads_nd is None else rel_l2(grads_nd, want[0]))
                     del ref
-                del ours
-                line = (f"D={D:3d} H={H:2d} S={S:5d} B={B:2d} causal={int(causal)}  fwd+bwd: ours {r['ours']:6.1f} "
-                        f"(atomic dQ {r['ours_nd']:6.1f})  cudnn {r['cudnn']:6.1f}  fa2 {r['fa2']:6.1f} TF/s  "
-                        f"x{r['ours'] / r['cudnn']:.2f} (x{r['ours_nd'] / r['cudnn']:.2f}) cuDNN  |  "
-                        f"bwd: ours {r['ours_bwd']:6.1f} ({r['ours_nd_bwd']:6.1f})  cudnn {r['cudnn_bwd']:6.1f}  "
-                        f"fa2 {r['fa2_bwd']:6.1f}  |  relL2 vs cudnn dq {err[0]:.3f} ({err_nd:.3f}) dk {err[1]:.3f} "
-                        f"dv {err[2]:.3f}")
-                print(line, flush=True)
-                log.append(line)
+                for recipe in recipes:
+                    e, e_nd = err[recipe]
+                    nd = (f" (atomic dQ {r[recipe + '_nd']:6.1f}, x{r[recipe + '_nd'] / r['cudnn']:.2f})"
+                          if args.atomic else "")
+                    nd_bwd = f" ({r[recipe + '_nd_bwd']:6.1f})" if args.atomic else ""
+                    nd_err = f" ({e_nd:.3f})" if e_nd is not None else ""
+                    line = (f"{recipe:11s} D={D:3d} H={H:2d} S={S:5d} B={B:2d} causal={int(causal)}  fwd+bwd: ours "
+                            f"{r[recipe]:6.1f}{nd}  cudnn {r['cudnn']:6.1f}  fa2 {r['fa2']:6.1f} TF/s  "
+                            f"x{r[recipe] / r['cudnn']:.2f} cuDNN x{r[recipe] / r['fa2']:.2f} FA2  |  "
+                            f"bwd: ours {r[recipe + '_bwd']:6.1f}{nd_bwd}  cudnn {r['cudnn_bwd']:6.1f}  "
+                            f"fa2 {r['fa2_bwd']:6.1f}  |  relL2 vs cudnn dq {e[0]:.3f}{nd_err} dk {e[1]:.3f} "
+                            f"dv {e[2]:.3f}")
+                    print(line, flush=True)
+                    log.append(line)
             del sets
             torch.cuda.empty_cache()
 

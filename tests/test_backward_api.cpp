@@ -107,8 +107,15 @@ TEST(BackwardApi, Sm90RefusesWhatItDoesNotImplement) {
   EXPECT_FALSE(dispatch::sm90_backward_supports(in.shape, in.opt));
   EXPECT_EQ(thrown_argument([&] { in.run(Executor::sm90); }), "executor");
   Inputs d96;
-  d96.opt.recipe = Recipe::mxfp4_train;
+  d96.shape.D = 96;
   EXPECT_FALSE(dispatch::sm90_backward_supports(d96.shape, d96.opt));
+  // mxfp4_train runs on the kernels for target sm90 only: sm100's numerics exist in the emulator alone.
+  Inputs mx;
+  mx.opt.recipe = Recipe::mxfp4_train;
+  EXPECT_EQ(dispatch::sm90_backward_supports(mx.shape, mx.opt), cuda_built());
+  mx.opt.target = Target::sm100;
+  EXPECT_FALSE(dispatch::sm90_backward_supports(mx.shape, mx.opt));
+  EXPECT_EQ(thrown_argument([&] { mx.run(Executor::sm90); }), "executor");
 }
 
 TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
@@ -128,6 +135,14 @@ TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
   // The non-deterministic mode adds dQ into an fp32 buffer the deterministic one never needs.
   EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, false),
             a.workspace_bytes + static_cast<std::size_t>(s.q_elems()) * sizeof(float));
+  // mxfp4_train adds Q's and K's MXFP4 codes (4.25 bits per element) to the fp8 recipe's workspace.
+  EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, true, Recipe::fp8), a.workspace_bytes);
+  const std::size_t mx_bytes = dispatch::sm90_device_backward_workspace_bytes(s, true, Recipe::mxfp4_train);
+  EXPECT_GT(mx_bytes, a.workspace_bytes + static_cast<std::size_t>(s.q_elems() + s.kv_elems()) / 2);
+  EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, false, Recipe::mxfp4_train),
+            mx_bytes + static_cast<std::size_t>(s.q_elems()) * sizeof(float));
+  EXPECT_EQ(thrown_argument([&] { dispatch::sm90_device_backward_workspace_bytes(s, true, Recipe::mxfp4); }),
+            "recipe");
   const auto check = [&](dispatch::DeviceBackwardArgs bad) {
     return thrown_argument([&] { dispatch::sm90_backward_device(bad, opt, true, nullptr); });
   };
@@ -147,6 +162,10 @@ TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
   bad = a;
   bad.shape.D = 96;  // the emulator takes it, the kernels do not
   EXPECT_EQ(check(bad), "executor");
+  // The fp8 recipe's workspace is too small for mxfp4_train.
+  AttentionOptions mx = opt;
+  mx.recipe = Recipe::mxfp4_train;
+  EXPECT_EQ(thrown_argument([&] { dispatch::sm90_backward_device(a, mx, true, nullptr); }), "workspace");
 }
 
 }  // namespace

@@ -149,6 +149,47 @@ TEST(EmulatorBackward, FullyMaskedRowsHaveZeroGradient) {
   for (float e : g.dk) ASSERT_TRUE(std::isfinite(e));
 }
 
+// mxfp4_train on target sm90 folds Q per query tile for the backward (the
+// forward folds per row): one row 2^20 above the rest of its tile flushes the
+// others' MX blocks (more than 14 binades below the tile's largest) to E4M3
+// subnormals or zero, so their recomputed scores and dQ change. Rows of other
+// tiles keep exactly their gradients. Target sm100 multiplies exact MXFP4
+// values: there the loud row moves its tile's other rows only through the
+// pair's shared dS scale.
+TEST(EmulatorBackward, Sm90FoldsMxQueriesPerTile) {
+  const AttentionShape s{.B = 1, .Hq = 1, .Hkv = 1, .Sq = 64, .Sk = 64, .D = 64};
+  constexpr std::int64_t kTile = 32, kLoudRow = 5;
+  const Inputs x = testing::realistic_inputs(s, kTestSeed);
+  std::vector<float> loud_q = x.q;
+  for (std::int64_t d = 0; d < s.D; ++d) loud_q[kLoudRow * s.D + d] *= 1048576.0f;
+  std::mt19937_64 gen(kTestSeed + 1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> d_o(s.q_elems());
+  for (float& e : d_o) e = normal(gen);
+  // rel L2 of dQ between the plain and the loud input, over tile 0's quiet rows and over tile 1.
+  const auto moved = [&](Target target) {
+    AttentionOptions o;
+    o.recipe = Recipe::mxfp4_train, o.target = target, o.block_q = kTile, o.block_k = kTile;
+    const ForwardResult f = forward(s, x.q, x.k, x.v, o), fl = forward(s, loud_q, x.k, x.v, o);
+    const BackwardResult g = backward(s, x.q, x.k, x.v, f.o, f.lse, d_o, o);
+    const BackwardResult gl = backward(s, loud_q, x.k, x.v, fl.o, fl.lse, d_o, o);
+    std::vector<float> quiet, quiet_loud, tile1, tile1_loud;
+    for (std::int64_t i = 0; i < s.Sq; ++i) {
+      if (i == kLoudRow) continue;
+      auto& a = i < kTile ? quiet : tile1;
+      auto& b = i < kTile ? quiet_loud : tile1_loud;
+      a.insert(a.end(), g.dq.begin() + i * s.D, g.dq.begin() + (i + 1) * s.D);
+      b.insert(b.end(), gl.dq.begin() + i * s.D, gl.dq.begin() + (i + 1) * s.D);
+    }
+    EXPECT_EQ(tile1, tile1_loud) << to_string(target) << ": rows of another query tile moved";
+    return compare(quiet_loud, quiet).rel_l2;
+  };
+  const double sm90 = moved(Target::sm90), sm100 = moved(Target::sm100);
+  std::printf("loud row moves its tile's other dQ rows by rel L2 %.3e (sm90), %.3e (sm100)\n", sm90, sm100);
+  EXPECT_GT(sm90, 0.5);
+  EXPECT_LT(sm100, 0.1);
+}
+
 TEST(EmulatorBackward, InferenceRecipesHaveNoBackward) {
   const AttentionShape s{.B = 1, .Hq = 1, .Hkv = 1, .Sq = 32, .Sk = 32, .D = 64};
   const Inputs x = testing::realistic_inputs(s, kTestSeed);

@@ -66,8 +66,9 @@ struct BackwardOutput {
 // FP8 backward (recipes with a backward: fp8, mxfp4_train; DESIGN §5) from the
 // forward's inputs q, k, v, its output o and LSE (B, Hq, Sq, natural log; -inf
 // for rows that see no key), and the output gradient d_o (B, Sq, Hq, D).
-// Automatic: the sm90 kernels when present and implemented (recipe fp8), else
-// the CPU emulator. Throws fp4attn::Error naming the bad argument.
+// Automatic: the sm90 kernels when present and implemented (recipes fp8 and
+// mxfp4_train, target sm90), else the CPU emulator. Throws fp4attn::Error
+// naming the bad argument.
 BackwardOutput backward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                         std::span<const float> v, std::span<const float> o, std::span<const float> lse,
                         std::span<const float> d_o, const AttentionOptions& opt,

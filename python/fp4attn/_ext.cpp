@@ -319,19 +319,19 @@ NB_MODULE(_ext, m) {
   m.def("device_backward_supported", &py::device_backward_supported, nb::arg("shape"), nb::arg("options"),
         "Validates a (B, Sq, Sk, Hq, Hkv, D) backward call; True when backward_device can run it.");
   m.def("device_backward_workspace_bytes",
-        [](const py::ShapeTuple& shape, bool deterministic) {
-          return fp4attn::dispatch::sm90_device_backward_workspace_bytes(py::shape_of(shape), deterministic);
+        [](const py::ShapeTuple& shape, bool deterministic, fp4attn::Recipe recipe) {
+          return fp4attn::dispatch::sm90_device_backward_workspace_bytes(py::shape_of(shape), deterministic, recipe);
         },
-        nb::arg("shape"), nb::arg("deterministic") = true,
-        "Device bytes of backward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call in that mode.");
+        nb::arg("shape"), nb::arg("deterministic") = true, nb::arg("recipe") = fp4attn::Recipe::fp8,
+        "Device bytes of backward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call of `recipe` in that mode.");
   m.def("backward_device", &py::backward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
         nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
         nb::arg("o_strides"), nb::arg("d_o"), nb::arg("d_o_strides"), nb::arg("lse"), nb::arg("dq"),
         nb::arg("dq_strides"), nb::arg("dk"), nb::arg("dk_strides"), nb::arg("dv"), nb::arg("dv_strides"),
         nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"), nb::arg("deterministic"),
         nb::arg("stream"),
-        "Enqueues the sm90 fp8 backward on device pointers (ints) and a CUDA stream handle; dq, dk, dv in the "
-        "element type of the inputs.");
+        "Enqueues the sm90 backward (recipes fp8, mxfp4_train) on device pointers (ints) and a CUDA stream "
+        "handle; dq, dk, dv in the element type of the inputs.");
   m.def("recipe_has_backward", [](fp4attn::Recipe r) { return fp4attn::spec_of(r).has_backward; });
   m.def("cuda_built", &fp4attn::cuda_built);
   m.def("sm90_available", &fp4attn::sm90_available);

@@ -35,7 +35,8 @@ torch.compile(fullgraph=True) traces forward and backward. It runs:
 * on the device, zero copy, on the current stream and with no host
   synchronisation, where this build has the sm90 backward kernel
   (`_ext.backward_device`) and `_ext.device_backward_supported` accepts the
-  call; deterministic unless DETERMINISTIC_BACKWARD is set to False;
+  call (recipes fp8 and mxfp4_train, target sm90, D = 64 or 128);
+  deterministic unless DETERMINISTIC_BACKWARD is set to False;
 * otherwise on the host through `_ext.backward` (the emulator's FP8 backward,
   or the sm90 kernels where the host entry point has them), copying CUDA
   tensors to the host and back.
@@ -214,7 +215,8 @@ def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.S
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    workspace = torch.empty(_ext.device_backward_workspace_bytes(shape, deterministic), dtype=torch.uint8, device=q.device)
+    workspace = torch.empty(_ext.device_backward_workspace_bytes(shape, deterministic, opt.recipe), dtype=torch.uint8,
+                            device=q.device)
     _ext.backward_device(
         shape,
         _DEVICE_ELEMENTS[q.dtype],

@@ -1,6 +1,7 @@
 // Backward entry point on host arrays: validate once, then the sm90 kernels
 // when this build has them, a Hopper GPU is present and they implement the
-// call (recipe fp8, E4M3 dS); the CPU emulator's FP8 backward otherwise.
+// call (recipes fp8 and mxfp4_train, target sm90, E4M3 dS); the CPU
+// emulator's FP8 backward otherwise.
 #include <cmath>
 #include <string>
 
@@ -55,8 +56,8 @@ BackwardOutput backward(const AttentionShape& shape, std::span<const float> q, s
     if (!cuda_built()) throw Error("executor", "this build has no CUDA executors");
     if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
     if (!dispatch::sm90_backward_supports(shape, opt))
-      throw Error("executor", "the sm90 backward does not implement this call (it runs recipe fp8, target sm90, "
-                              "128-token tiles, D = 64 or 128, E4M3 dS)");
+      throw Error("executor", "the sm90 backward does not implement this call (it runs recipes fp8 and "
+                              "mxfp4_train, target sm90, 128-token tiles, D = 64 or 128, E4M3 dS)");
     return dispatch::sm90_backward(shape, q, k, v, o, lse, d_o, opt);
   };
   switch (executor) {

@@ -5,12 +5,15 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
 
 #include "cuda/common/device_memory.hpp"
+#include "cuda/quantize/fold_mx.hpp"
+#include "cuda/quantize/quantize_fp4.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/sm90/bwd/bwd.hpp"
 #include "dispatch/device_workspace.hpp"
@@ -27,14 +30,19 @@ std::int64_t token_blocks(std::int64_t S) { return (S + cuda_quantize::kTokenBlo
 
 // Byte offsets inside the workspace. The two quantizer calls (Q, K, V as the
 // forward; dO, V per token block) share the outputs nobody reads (Vᵀ, the
-// per-channel V scale, the flags) and the quantizer's scratch.
+// per-channel V scale, the flags) and the quantizer's scratch. Recipe
+// mxfp4_train adds the MXFP4 codes and scales of Q and K and the MXFP4
+// quantizer's scratch (mx_*); its folded E4M3 operands and their per-tile
+// factors take the places of the fp8 recipe's Q, K codes and scales.
 struct BackwardLayout {
   std::size_t q, k, d_o, v, vt, qt, d_ot, kt;
   std::size_t q_scale, k_scale, do_scale, v_scale, v_channel_scale, k_mean, lse_shift, nonfinite, scratch;
-  std::size_t delta, lse_log2, dq_accum, bytes;
+  std::size_t delta, lse_log2;
+  std::size_t mx_q_codes = 0, mx_q_scales = 0, mx_k_codes = 0, mx_k_scales = 0, mx_scratch = 0;
+  std::size_t dq_accum, bytes;
 };
 
-BackwardLayout backward_layout(const AttentionShape& s) {
+BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe) {
   const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
   const std::int64_t pq = sm90::bwd::padded_tokens(s.Sq), pk = sm90::bwd::padded_tokens(s.Sk);
   BackwardLayout l{};
@@ -59,6 +67,17 @@ BackwardLayout backward_layout(const AttentionShape& s) {
   l.scratch = take(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
   l.delta = take(floats(s.B * s.Hq * pq));
   l.lse_log2 = take(floats(s.B * s.Hq * pq));
+  if (recipe == Recipe::mxfp4_train) {
+    namespace cq = cuda_quantize;
+    const cq::Fp4Sizes zq = cq::fp4_sizes(cq::Fp4Operand::q, TensorFormat::mxfp4, s.B, s.Sq, s.Hq, s.D);
+    const cq::Fp4Sizes zk = cq::fp4_sizes(cq::Fp4Operand::k, TensorFormat::mxfp4, s.B, s.Sk, s.Hkv, s.D);
+    l.mx_q_codes = take(static_cast<std::size_t>(zq.code_bytes));
+    l.mx_q_scales = take(static_cast<std::size_t>(zq.scale_bytes));
+    l.mx_k_codes = take(static_cast<std::size_t>(zk.code_bytes));
+    l.mx_k_scales = take(static_cast<std::size_t>(zk.scale_bytes));
+    l.mx_scratch = take(std::max(cq::fp4_workspace_bytes(s.B, s.Sq, s.Hq, s.D),
+                                 cq::fp4_workspace_bytes(s.B, s.Sk, s.Hkv, s.D)));
+  }
   l.dq_accum = take(floats(s.q_elems()));  // non-deterministic mode only: last, so the other mode can omit it
   l.bytes = regions.bytes();
   return l;
@@ -74,15 +93,47 @@ sm90::bwd::TensorRef output_ref(void* p, std::int64_t b, std::int64_t s, std::in
   return {p, b, s, h};
 }
 
+// Recipe mxfp4_train: Q and K by the GPU MXFP4 quantizer exactly as the
+// forward (K with the same smooth_k mean; the LSE shift from Q's MXFP4
+// values), then folded into E4M3 with one power of two per 128-token tile for
+// both. The forward folds Q per row, but dK = dSᵀ·Q sums over queries, so Q's
+// factor has to be constant over a query tile to come out of that product.
+// Codes (B, S, H, D) with one factor per (b, h, 128-token block) are the fp8
+// recipe's Q/K format, so the rest of the pipeline runs unchanged. The MXFP4
+// quantizer raises q's and k's non-finite flags, the dO/V call its own.
+void quantize_mx_qk(const cuda_quantize::StridedInput& q, const cuda_quantize::StridedInput& k,
+                    const AttentionOptions& opt, float scale, unsigned char* base, const BackwardLayout& layout,
+                    const cuda_quantize::Fp8Buffers& out, cudaStream_t stream) {
+  namespace cq = cuda_quantize;
+  cq::Fp4Buffers mx;
+  mx.q = {base + layout.mx_q_codes, base + layout.mx_q_scales, nullptr};
+  mx.k = {base + layout.mx_k_codes, base + layout.mx_k_scales, nullptr};
+  mx.k_mean = out.k_mean;
+  mx.nonfinite = out.nonfinite;
+  mx.workspace = base + layout.mx_scratch;
+  cq::Fp4Options o;
+  o.format = TensorFormat::mxfp4;
+  o.mx_scale_rule = opt.mx_scale_rule;
+  cq::quantize_fp4(q, cq::Fp4Operand::q, o, mx, stream);
+  o.smooth_k = opt.smooth_k;
+  cq::quantize_fp4(k, cq::Fp4Operand::k, o, mx, stream);
+  cq::fold_mx_qk(mx.q, q.B, q.S, q.H, q.D, cq::kTokenBlock, out.q, out.q_scale, stream);
+  cq::fold_mx_qk(mx.k, k.B, k.S, k.H, k.D, cq::kTokenBlock, out.k, out.k_scale, stream);
+  if (opt.smooth_k) cq::mx_lse_shift(mx.q, q.B, q.S, q.H, k.H, q.D, out.k_mean, scale, out.lse_shift, stream);
+}
+
 }  // namespace
 
 bool sm90_backward_supports(const AttentionShape& shape, const AttentionOptions& opt) {
-  return sm90_supports(shape, opt) && opt.recipe == Recipe::fp8 && opt.ds_format == GradFormat::e4m3;
+  return sm90_supports(shape, opt) && (opt.recipe == Recipe::fp8 || opt.recipe == Recipe::mxfp4_train) &&
+         opt.ds_format == GradFormat::e4m3;
 }
 
-std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic) {
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic, Recipe recipe) {
   check_shape(shape);
-  const BackwardLayout layout = backward_layout(shape);
+  if (recipe != Recipe::fp8 && recipe != Recipe::mxfp4_train)
+    throw Error("recipe", "the sm90 backward runs recipes fp8 and mxfp4_train, not " + std::string(to_string(recipe)));
+  const BackwardLayout layout = backward_layout(shape, recipe);
   return deterministic ? layout.dq_accum : layout.bytes;
 }
 
@@ -93,10 +144,10 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   if (!spec_of(opt.recipe).has_backward)
     throw Error("recipe", std::string(to_string(opt.recipe)) + " is inference only: no backward");
   if (!sm90_backward_supports(s, opt))
-    throw Error("executor", "the sm90 backward does not implement this call (it runs recipe fp8, target sm90, "
-                            "128-token tiles, D = 64 or 128, E4M3 dS)");
+    throw Error("executor", "the sm90 backward does not implement this call (it runs recipes fp8 and mxfp4_train, "
+                            "target sm90, 128-token tiles, D = 64 or 128, E4M3 dS)");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
-  const BackwardLayout layout = backward_layout(s);
+  const BackwardLayout layout = backward_layout(s, opt.recipe);
   check_workspace(args.workspace, args.workspace_bytes, deterministic ? layout.dq_accum : layout.bytes);
 
   sm90::bwd::Fp8BackwardArgs a;
@@ -113,7 +164,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   auto* base = static_cast<unsigned char*>(args.workspace);
   const auto floats = [base](std::size_t offset) { return reinterpret_cast<float*>(base + offset); };
 
-  // Q, K (and V) exactly as the forward quantized them.
+  // Q, K as the forward quantized them (fp8: also V, unused).
   cuda_quantize::Fp8Buffers fwd;
   fwd.q = base + layout.q;
   fwd.k = base + layout.k;
@@ -126,10 +177,17 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   fwd.lse_shift = floats(layout.lse_shift);
   fwd.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);
   fwd.workspace = base + layout.scratch;
+  const auto in_q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q");
+  const auto in_k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k");
   const auto in_v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
-  cuda_quantize::quantize_fp8(strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q"),
-                              strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k"), in_v, opt.smooth_k, scale,
-                              fwd, stream);
+  // The workspace arrives with any content: the flags start clear on every call.
+  cuda_common::check_cuda(cudaMemsetAsync(fwd.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream),
+                          "cudaMemsetAsync");
+  if (opt.recipe == Recipe::mxfp4_train) {
+    quantize_mx_qk(in_q, in_k, opt, scale, base, layout, fwd, stream);
+  } else {
+    cuda_quantize::quantize_fp8(in_q, in_k, in_v, opt.smooth_k, scale, fwd, stream);
+  }
   // dO and V meet in dP = dO·Vᵀ, a reduction over D: both per token block
   // along D, which is how the quantizer treats Q and K without smooth_k.
   cuda_quantize::Fp8Buffers grad = fwd;
@@ -139,6 +197,12 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   grad.k_scale = floats(layout.v_scale);
   cuda_quantize::quantize_fp8(strided(args.d_o, args.element, s.B, s.Sq, s.Hq, s.D, "d_o"), in_v, in_v, false, scale,
                               grad, stream);
+  // Non-finite input cannot raise an error without a host synchronisation:
+  // it makes the gradients NaN. After both quantizers, so that a non-finite
+  // q, k, d_o or v counts.
+  sm90::bwd::nan_scales_if_flagged(fwd.nonfinite, kNonfiniteFlags, fwd.q_scale, s.B * s.Hq * token_blocks(s.Sq),
+                                   fwd.k_scale, s.B * s.Hkv * token_blocks(s.Sk), grad.q_scale,
+                                   s.B * s.Hq * token_blocks(s.Sq), stream);
 
   const int B = static_cast<int>(s.B), Sq = static_cast<int>(s.Sq), Sk = static_cast<int>(s.Sk);
   const int Hq = static_cast<int>(s.Hq), Hkv = static_cast<int>(s.Hkv), D = static_cast<int>(s.D);
@@ -201,7 +265,7 @@ BackwardOutput sm90_backward(const AttentionShape& s, std::span<const float> q, 
   a.dk_stride_b = s.Sk * s.Hkv * s.D, a.dk_stride_s = s.Hkv * s.D, a.dk_stride_h = s.D;
   a.dv = output(s.kv_elems());
   a.dv_stride_b = a.dk_stride_b, a.dv_stride_s = a.dk_stride_s, a.dv_stride_h = a.dk_stride_h;
-  a.workspace_bytes = sm90_device_backward_workspace_bytes(s, true);
+  a.workspace_bytes = sm90_device_backward_workspace_bytes(s, true, opt.recipe);
   owned.push_back(cuda_common::device_alloc(a.workspace_bytes));
   a.workspace = owned.back().get();
   sm90_backward_device(a, opt, true, stream);
@@ -216,7 +280,7 @@ BackwardOutput sm90_backward(const AttentionShape& s, std::span<const float> q, 
   download(out.dq, a.dq);
   download(out.dk, a.dk);
   download(out.dv, a.dv);
-  cuda_common::check_cuda(cudaStreamSynchronize(stream), "fp8 backward");
+  cuda_common::check_cuda(cudaStreamSynchronize(stream), "sm90 backward");
   return out;
 }
 

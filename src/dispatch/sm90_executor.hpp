@@ -67,7 +67,7 @@ std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe reci
 // would need a host synchronisation): it makes every element of O and LSE NaN.
 void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& opt, void* stream);
 
-// ---- Backward on tensors already on the device (recipe fp8, DESIGN §5).
+// ---- Backward on tensors already on the device (recipes fp8 and mxfp4_train, DESIGN §5).
 
 struct DeviceBackwardArgs {
   AttentionShape shape;
@@ -81,24 +81,31 @@ struct DeviceBackwardArgs {
   std::int64_t dk_stride_b = 0, dk_stride_s = 0, dk_stride_h = 0;
   void* dv = nullptr;  // (B, Sk, Hkv, D)
   std::int64_t dv_stride_b = 0, dv_stride_s = 0, dv_stride_h = 0;
-  // Scratch of at least sm90_device_backward_workspace_bytes(shape, deterministic) device
-  // bytes, any content, 256-byte aligned; used by one call at a time.
+  // Scratch of at least sm90_device_backward_workspace_bytes(shape, deterministic, recipe)
+  // device bytes, any content, 256-byte aligned; used by one call at a time.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 };
 
-// Device bytes of DeviceBackwardArgs::workspace for `shape`: the quantized
-// operands (Q, K as the forward; dO, V per token block), their transposed
-// copies, scales, row statistics and, for `deterministic = false` only, the
-// fp32 dQ buffer the atomics add into (4·Sq·Hq·D bytes per batch entry).
-std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic);
+// Device bytes of DeviceBackwardArgs::workspace for `shape` and `recipe` (fp8
+// or mxfp4_train): the quantized operands (Q, K as the forward; dO, V per
+// token block), their transposed copies, scales, row statistics, for
+// mxfp4_train the MXFP4 codes of Q and K, and, for `deterministic = false`
+// only, the fp32 dQ buffer the atomics add into (4·Sq·Hq·D bytes per batch entry).
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic,
+                                                 Recipe recipe = Recipe::fp8);
 
-// Recipe-fp8 backward on device pointers, enqueued on `stream`: the GPU
-// quantizer (Q, K, smooth_k as the forward; dO and V per 128-token block),
-// transposes and row statistics, then the dQ and dK/dV kernels. No allocation
-// and no host synchronisation. Throws fp4attn::Error naming the argument for
-// invalid shapes or options, calls the sm90 backward does not implement,
-// null pointers and an unfit workspace. `deterministic` (the default in every
+// Backward on device pointers (recipes fp8 and mxfp4_train), enqueued on
+// `stream`: the GPU quantizer (Q, K, smooth_k as the forward; dO and V per
+// 128-token block; mxfp4_train: Q and K by the MXFP4 quantizer, folded into
+// E4M3 with one power of two per 128-token tile), transposes and row
+// statistics, then the dQ and dK/dV kernels. No allocation and no host
+// synchronisation. Non-finite input cannot raise an error here (that would
+// need a host synchronisation): a non-finite q, k, v or d_o makes the
+// gradients NaN (sm90::bwd::nan_scales_if_flagged). Throws
+// fp4attn::Error naming the argument for invalid shapes or options, calls the
+// sm90 backward does not implement, null pointers and an unfit workspace.
+// `deterministic` (the default in every
 // caller) runs two passes, each gradient written once: bit-identical results
 // run to run. `deterministic = false` runs one pass that adds dQ by fp32
 // atomics (dQ's last bits vary run to run; measured slower than the two

@@ -1,7 +1,8 @@
 // Emulator backward (recipes fp8 and mxfp4_train, DESIGN §5): FP8 gradients.
 //
 // Per (query tile, key tile) pair, as the kernel does it:
-//   S  = Q·Kᵀ recomputed from the quantized operands of the forward
+//   S  = Q·Kᵀ recomputed from the quantized operands of the forward (MXFP4
+//        Q on sm90: folded per query tile, not per row, see backward())
 //   P  = Direct-P E4M3 code of u = s·scale_log2 − lse·log2(e), i.e. 2^(u+8)/256
 //   dP = dO·Vᵀ           (FP8 × FP8, fp32)
 //   dS = P ⊙ (dP − D),   D = rowsum(dO ⊙ O) from the unquantized dO and bf16 O
@@ -36,7 +37,9 @@ const float kPUnscale = exp2i(-static_cast<int>(direct_p::kFp8Offset));
 
 // Row-major operand of a gradient product: per-element values the FP8 MMA
 // multiplies and one factor per row (the FP8 token-block scale). MXFP4 Q and K
-// (mxfp4_train) enter with their exact dequantized values and factor 1.
+// (mxfp4_train) enter, for target sm100, with their exact dequantized values
+// and factor 1; for target sm90 folded into E4M3 with one power of two per
+// tile (tile_folded below).
 struct PlainOperand {
   std::int64_t H = 0, S = 0, D = 0;
   std::vector<float> values;  // (B, H, S, D)
@@ -58,6 +61,17 @@ PlainOperand plain_operand(const QuantizedTensor& t) {
           out[d] = fp8 ? decode(ElemFormat::e4m3, t.codes[bshd_index(t.S, t.H, t.D, b, s, h, d)]) : t.value(b, s, h, d);
       }
   return op;
+}
+
+// The sm90 operand of a tile-folded MXFP4 Q or K (qk_operand with fold_rows =
+// the tile): E4M3 values and one factor per tile, as the fp8 recipe's codes
+// and token-block scales. A gradient product reduces over tokens (dK = dSᵀ·Q,
+// dQ = dS·K), so a factor must be constant over the tile to come out of the
+// sum: the forward's per-row fold of Q would not.
+PlainOperand tile_folded(const QkOperand& t) {
+  for (float f : t.block_factor)
+    if (f != 1.0f) throw Error("t", "a tile-folded operand has one factor per row, none per block");
+  return PlainOperand{t.H, t.S, t.D, t.values, t.row_factor};
 }
 
 struct Problem {
@@ -218,10 +232,16 @@ BackwardResult backward(const AttentionShape& shape, std::span<const float> q, s
   Problem pb;
   pb.shape = shape;
   pb.opt = opt;
-  pb.q_s = qk_operand(in.q, opt.target, 1);
+  // MXFP4 Q and K on sm90 (no FP4 tensor cores): folded into E4M3 per query
+  // tile and per key tile, and these same bytes and factors recompute S and
+  // enter dK and dQ, as on the GPU. The forward folded Q per row; S differs
+  // from the forward's only where an MX block lies more than 14 binades below
+  // its tile's largest block (E4M3 subnormals or zero instead of exact bytes).
+  const bool fold_tiles = spec_of(opt.recipe).qk == TensorFormat::mxfp4 && opt.target == Target::sm90;
+  pb.q_s = qk_operand(in.q, opt.target, fold_tiles ? opt.block_q : 1);
   pb.k_s = qk_operand(in.k, opt.target, opt.block_k);
-  pb.q = plain_operand(in.q);
-  pb.k = plain_operand(in.k);
+  pb.q = fold_tiles ? tile_folded(pb.q_s) : plain_operand(in.q);
+  pb.k = fold_tiles ? tile_folded(pb.k_s) : plain_operand(in.k);
   // dO and V meet in dP = dO·Vᵀ, a reduction over D: both need scales per
   // token block (the forward's per-channel V scale would not factor out).
   QuantizeOptions qo;

@@ -1,9 +1,12 @@
-// GPU suite of the sm90 FP8 backward (recipe fp8): the kernels against the
-// CPU emulator's backward (the oracle: same inputs, same quantizer, same
-// Direct-P codes) and against the fp64 reference on the original inputs, on
-// random shapes with odd lengths, GQA/MQA, both causal alignments with
-// Sq ≠ Sk, fully masked rows, strided tensors, both head dims and Direct-P on
-// and off; then determinism and the public API. Bounds: src/cuda/sm90/bwd/NOTES.md.
+// GPU suite of the sm90 FP8 backward (recipes fp8 and mxfp4_train): the
+// kernels against the CPU emulator's backward (the oracle: same inputs, same
+// quantizer, same MXFP4 fold, same Direct-P codes) and against the fp64
+// reference on the original inputs, on random shapes with odd lengths,
+// GQA/MQA, both causal alignments with Sq ≠ Sk, fully masked rows, strided
+// tensors, both head dims and Direct-P on and off; then determinism, the
+// public API and mxfp4_train's fold and non-finite input. Bounds:
+// src/cuda/sm90/bwd/NOTES.md.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -30,6 +33,13 @@ constexpr double kMinCosineVsEmulator = 0.99985;
 // emulator's by this much (relative L2, absolute), per gradient; measured at
 // most 1.3e-3.
 constexpr double kMaxExtraRecipeError = 4e-3;
+// The same three bounds for recipe mxfp4_train (NOTES.md, "mxfp4_train"):
+// about three times the worst of four runs of its grid (1.21e-2 rel L2 and
+// 1 − cos 7.3e-5, both dQ, causal 512 × 512 with Direct-P; 1.0e-3 extra
+// recipe error, dQ).
+constexpr double kMxMaxRelL2VsEmulator = 3.5e-2;
+constexpr double kMxMinCosineVsEmulator = 0.99978;
+constexpr double kMxMaxExtraRecipeError = 3e-3;
 constexpr std::int64_t kHeadPad = 1;  // extra head slot in device layouts: strides ≠ contiguous
 
 struct Case {
@@ -38,7 +48,18 @@ struct Case {
   bool direct_p;
   bool smooth_k;
   dispatch::DeviceElement element = dispatch::DeviceElement::f32;
+  Recipe recipe = Recipe::fp8;
 };
+
+constexpr dispatch::DeviceElement kF32 = dispatch::DeviceElement::f32;
+
+struct GradBounds {
+  double max_rel_l2, min_cosine, max_extra_recipe_error;
+};
+GradBounds bounds_of(Recipe r) {
+  return r == Recipe::mxfp4_train ? GradBounds{kMxMaxRelL2VsEmulator, kMxMinCosineVsEmulator, kMxMaxExtraRecipeError}
+                                  : GradBounds{kMaxRelL2VsEmulator, kMinCosineVsEmulator, kMaxExtraRecipeError};
+}
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
@@ -48,11 +69,12 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" + std::to_string(s.Hkv) + "_Sq" +
          std::to_string(s.Sq) + "_Sk" + std::to_string(s.Sk) + "_D" + std::to_string(s.D) + "_" +
          kMaskNames[static_cast<int>(c.mask)] + (c.direct_p ? "_directp" : "_exp2") + (c.smooth_k ? "_smoothk" : "") +
-         "_" + kElementNames[static_cast<int>(c.element)];
+         "_" + kElementNames[static_cast<int>(c.element)] + (c.recipe == Recipe::mxfp4_train ? "_mxfp4train" : "");
 }
 
 AttentionOptions options_of(const Case& c) {
   AttentionOptions opt;
+  opt.recipe = c.recipe;
   opt.mask = c.mask;
   opt.direct_p = c.direct_p;
   opt.smooth_k = c.smooth_k;
@@ -119,7 +141,10 @@ Problem make_problem(const Case& c, std::mt19937& rng) {
   return p;
 }
 
-emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool deterministic = true) {
+// Outputs start as NaN, so that every element must be written; `zero_outputs`
+// starts them at zero instead, for a test that expects NaN gradients.
+emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool deterministic = true,
+                                 bool zero_outputs = false) {
   const AttentionShape& s = c.shape;
   PaddedTensor q(s.B, s.Sq, s.Hq, s.D, c.element), k(s.B, s.Sk, s.Hkv, s.D, c.element),
       v(s.B, s.Sk, s.Hkv, s.D, c.element), o(s.B, s.Sq, s.Hq, s.D, c.element), d_o(s.B, s.Sq, s.Hq, s.D, c.element);
@@ -129,7 +154,9 @@ emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool determini
   // Outputs start as NaN (poisoned by the constructor): every element must be written.
   PaddedTensor dq(s.B, s.Sq, s.Hq, s.D, c.element), dk(s.B, s.Sk, s.Hkv, s.D, c.element),
       dv(s.B, s.Sk, s.Hkv, s.D, c.element);
-  DeviceArray<std::uint8_t> ws(dispatch::sm90_device_backward_workspace_bytes(s, deterministic));
+  if (zero_outputs)
+    for (PaddedTensor* t : {&dq, &dk, &dv}) EXPECT_EQ(cudaMemset(t->data.ptr, 0, t->data.bytes()), cudaSuccess);
+  DeviceArray<std::uint8_t> ws(dispatch::sm90_device_backward_workspace_bytes(s, deterministic, c.recipe));
   ws.poison();
   dispatch::DeviceBackwardArgs a;
   a.shape = s;
@@ -167,6 +194,7 @@ TEST_P(GpuBackwardGrid, MatchesEmulatorAndReference) {
   const reference::BackwardResult truth =
       reference::backward(s, to_double(p.q), to_double(p.k), to_double(p.v), to_double(p.d_o), c.mask, scale);
   const std::string where = case_name({c, 0}) + " seed=" + std::to_string(seed);
+  const GradBounds bound = bounds_of(c.recipe);
 
   const std::vector<float>* gpu[] = {&got.dq, &got.dk, &got.dv};
   const std::vector<float>* emu[] = {&want.dq, &want.dk, &want.dv};
@@ -182,9 +210,9 @@ TEST_P(GpuBackwardGrid, MatchesEmulatorAndReference) {
     std::printf("BWD-METRIC %s %s vs_emu_rel_l2=%.3e vs_emu_cos=%.8f gpu_vs_ref_rel_l2=%.3e emu_vs_ref_rel_l2=%.3e\n",
                 where.c_str(), kNames[g], vs_emu.rel_l2, vs_emu.cosine, gpu_vs_ref.rel_l2, emu_vs_ref.rel_l2);
     EXPECT_EQ(vs_emu.nonfinite_mismatch, 0) << kNames[g] << " " << where;
-    EXPECT_LE(vs_emu.rel_l2, kMaxRelL2VsEmulator) << kNames[g] << " rel L2 vs emulator " << where;
-    EXPECT_GE(vs_emu.cosine, kMinCosineVsEmulator) << kNames[g] << " cosine vs emulator " << where;
-    EXPECT_LE(gpu_vs_ref.rel_l2, emu_vs_ref.rel_l2 + kMaxExtraRecipeError) << kNames[g] << " vs fp64 " << where;
+    EXPECT_LE(vs_emu.rel_l2, bound.max_rel_l2) << kNames[g] << " rel L2 vs emulator " << where;
+    EXPECT_GE(vs_emu.cosine, bound.min_cosine) << kNames[g] << " cosine vs emulator " << where;
+    EXPECT_LE(gpu_vs_ref.rel_l2, emu_vs_ref.rel_l2 + bound.max_extra_recipe_error) << kNames[g] << " vs fp64 " << where;
   }
   // Fully masked rows (bottom-right causal, Sq > Sk): exactly zero gradients.
   if (c.mask == MaskKind::causal && s.Sq > s.Sk) {
@@ -214,6 +242,27 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 4, 2, 384, 256, 128}, MaskKind::none, true, true, dispatch::DeviceElement::bf16}),
     case_name);
 
+// Recipe mxfp4_train: MXFP4 Q and K folded into E4M3 per 128-token tile, the
+// same kernels (NOTES.md, "mxfp4_train").
+constexpr Recipe kMx = Recipe::mxfp4_train;
+INSTANTIATE_TEST_SUITE_P(
+    MxShapes, GpuBackwardGrid,
+    ::testing::Values(
+        Case{{1, 2, 2, 128, 128, 128}, MaskKind::none, true, true, kF32, kMx},
+        Case{{1, 2, 2, 128, 128, 64}, MaskKind::none, false, false, kF32, kMx},
+        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, kF32, kMx},   // GQA, odd lengths, Sq < Sk
+        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, false, false, kF32, kMx},
+        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, true, true, kF32, kMx},  // Sq > Sk: rows 0..149 fully masked
+        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false, false, kF32, kMx},
+        Case{{1, 3, 1, 77, 515, 128}, MaskKind::causal, true, false, kF32, kMx},  // MQA
+        Case{{2, 2, 2, 513, 1000, 64}, MaskKind::none, true, true, kF32, kMx},
+        Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true, true, kF32, kMx},
+        Case{{1, 2, 2, 300, 140, 64}, MaskKind::causal_top_left, false, true, kF32, kMx},  // top-left, Sq > Sk
+        Case{{1, 4, 4, 512, 512, 128}, MaskKind::causal, true, false, kF32, kMx},
+        Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, true, kF32, kMx},
+        Case{{1, 4, 2, 384, 256, 128}, MaskKind::none, true, true, dispatch::DeviceElement::bf16, kMx}),
+    case_name);
+
 TEST(GpuBackwardFp8, DeterministicRunsAreBitIdentical) {
   FP4ATTN_REQUIRE_HOPPER();
   const Case c{{2, 4, 2, 300, 457, 128}, MaskKind::causal, true, true};
@@ -234,7 +283,8 @@ TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
                         Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false, true},
                         Case{{1, 4, 2, 385, 257, 128}, MaskKind::none, true, false},
                         Case{{1, 2, 2, 129, 300, 128}, MaskKind::causal_top_left, true, true,
-                             dispatch::DeviceElement::bf16}}) {
+                             dispatch::DeviceElement::bf16},
+                        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, kF32, kMx}}) {
     const std::uint32_t seed = gpu_test::fresh_seed();
     std::mt19937 rng(seed);
     const Problem p = make_problem(c, rng);
@@ -247,8 +297,8 @@ TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
     ASSERT_EQ(unwritten, 0u) << "dq left as poison " << where;
     const ErrorMetrics m = compare(got.dq, want.dq);
     std::printf("BWD-METRIC atomic %s dq vs_emu_rel_l2=%.3e vs_emu_cos=%.8f\n", where.c_str(), m.rel_l2, m.cosine);
-    EXPECT_LE(m.rel_l2, kMaxRelL2VsEmulator) << where;
-    EXPECT_GE(m.cosine, kMinCosineVsEmulator) << where;
+    EXPECT_LE(m.rel_l2, bounds_of(c.recipe).max_rel_l2) << where;
+    EXPECT_GE(m.cosine, bounds_of(c.recipe).min_cosine) << where;
     EXPECT_LE(compare(got.dq, two_pass.dq).rel_l2, 1e-5) << "atomic vs two-pass dQ " << where;
     EXPECT_EQ(got.dk, two_pass.dk) << where;
     EXPECT_EQ(got.dv, two_pass.dv) << where;
@@ -257,37 +307,114 @@ TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
 
 TEST(GpuBackwardFp8, PublicApiRunsOnSm90) {
   FP4ATTN_REQUIRE_HOPPER();
-  const Case c{{1, 4, 2, 190, 260, 64}, MaskKind::causal, true, true};
+  for (Recipe recipe : {Recipe::fp8, Recipe::mxfp4_train}) {
+    const Case c{{1, 4, 2, 190, 260, 64}, MaskKind::causal, true, true, kF32, recipe};
+    const AttentionShape& s = c.shape;
+    std::mt19937 rng(gpu_test::fresh_seed());
+    const Problem p = make_problem(c, rng);
+    const AttentionOptions opt = options_of(c);
+    const BackwardOutput got = backward(s, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+    EXPECT_EQ(got.executor, Executor::sm90) << to_string(recipe);
+    const emulator::BackwardResult want = emulator::backward(s, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+    const double bound = bounds_of(recipe).max_rel_l2;
+    EXPECT_LE(compare(got.dq, want.dq).rel_l2, bound) << to_string(recipe);
+    EXPECT_LE(compare(got.dk, want.dk).rel_l2, bound) << to_string(recipe);
+    EXPECT_LE(compare(got.dv, want.dv).rel_l2, bound) << to_string(recipe);
+  }
+}
+
+// The backward folds mxfp4_train's Q per 128-query tile (the forward per
+// row). One query row 2^20 above the others of its tile puts their MX blocks
+// more than 14 binades below the tile's largest, so they fold to E4M3
+// subnormals or zero: the recomputed scores of those rows lose most of their
+// value. The emulator (target sm90) models that fold; the GPU must agree with
+// it. Target sm100's emulator (exact MXFP4 products) shows that the fold did
+// flush something.
+TEST(GpuBackwardMx, TileFoldOfALoudRowMatchesEmulator) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const Case c{{1, 2, 1, 200, 256, 128}, MaskKind::causal, true, true, kF32, kMx};
   const AttentionShape& s = c.shape;
-  std::mt19937 rng(gpu_test::fresh_seed());
-  const Problem p = make_problem(c, rng);
-  const AttentionOptions opt = options_of(c);
-  const BackwardOutput got = backward(s, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
-  EXPECT_EQ(got.executor, Executor::sm90);
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  Problem p = make_problem(c, rng);
+  constexpr std::int64_t kLoudRow = 70;
+  for (std::int64_t i = kLoudRow * s.Hq * s.D; i < (kLoudRow + 1) * s.Hq * s.D; ++i) p.q[i] *= 1048576.0f;
+  AttentionOptions opt = options_of(c);
+  p.fwd = emulator::forward(s, p.q, p.k, p.v, opt);
+  const emulator::BackwardResult got = run_gpu(c, p);
   const emulator::BackwardResult want = emulator::backward(s, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
-  EXPECT_LE(compare(got.dq, want.dq).rel_l2, kMaxRelL2VsEmulator);
-  EXPECT_LE(compare(got.dk, want.dk).rel_l2, kMaxRelL2VsEmulator);
-  EXPECT_LE(compare(got.dv, want.dv).rel_l2, kMaxRelL2VsEmulator);
+  opt.target = Target::sm100;
+  const emulator::BackwardResult exact = emulator::backward(s, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+  const GradBounds bound = bounds_of(kMx);
+  const std::string where = "seed=" + std::to_string(seed);
+  const std::vector<float>* gpu[] = {&got.dq, &got.dk, &got.dv};
+  const std::vector<float>* emu[] = {&want.dq, &want.dk, &want.dv};
+  static constexpr const char* kNames[] = {"dq", "dk", "dv"};
+  for (int g = 0; g < 3; ++g) {
+    const ErrorMetrics m = compare(*gpu[g], *emu[g]);
+    std::printf("BWD-METRIC loud-row %s %s vs_emu_rel_l2=%.3e vs_emu_cos=%.8f\n", where.c_str(), kNames[g], m.rel_l2,
+                m.cosine);
+    EXPECT_EQ(m.nonfinite_mismatch, 0) << kNames[g] << " " << where;
+    EXPECT_LE(m.rel_l2, bound.max_rel_l2) << kNames[g] << " " << where;
+    EXPECT_GE(m.cosine, bound.min_cosine) << kNames[g] << " " << where;
+  }
+  const double flushed = compare(want.dq, exact.dq).rel_l2;
+  std::printf("loud row: sm90 fold vs exact MXFP4 products move dQ by rel L2 %.3e %s\n", flushed, where.c_str());
+  EXPECT_GT(flushed, bound.max_rel_l2) << where;
+}
+
+// The MXFP4 quantizer turns NaN and Inf into finite codes; the backward must
+// not hand back finite gradients for such input: all of dQ, dK and dV are NaN
+// (outputs start at zero here, so the NaN were written).
+TEST(GpuBackward, NonFiniteInputMakesEveryGradientNan) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (Recipe recipe : {Recipe::fp8, kMx}) {
+    const Case c{{1, 2, 1, 150, 200, 64}, MaskKind::none, true, true, kF32, recipe};
+    std::mt19937 rng(gpu_test::fresh_seed());
+    const Problem clean = make_problem(c, rng);
+    static constexpr const char* kInputs[] = {"q", "k", "v", "d_o"};
+    for (int which = 0; which < 4; ++which) {
+      Problem p = clean;
+      std::vector<float>& x = which == 0 ? p.q : which == 1 ? p.k : which == 2 ? p.v : p.d_o;
+      x[x.size() / 2 + 3] = which % 2 == 0 ? NAN : -INFINITY;
+      const emulator::BackwardResult got = run_gpu(c, p, true, true);
+      for (const std::vector<float>* g : {&got.dq, &got.dk, &got.dv}) {
+        std::size_t finite = 0;
+        for (float e : *g) finite += !std::isnan(e);
+        EXPECT_EQ(finite, 0u) << to_string(recipe) << ": non-finite " << kInputs[which];
+      }
+    }
+    // Clean input: every run poisons its workspace (0xFF), so the non-finite
+    // flags arrive set and the call itself must clear them.
+    const emulator::BackwardResult again = run_gpu(c, clean, true, true);
+    for (const std::vector<float>* g : {&again.dq, &again.dk, &again.dv})
+      EXPECT_EQ(std::count_if(g->begin(), g->end(), [](float e) { return std::isnan(e); }), 0)
+          << to_string(recipe) << ": clean input after non-finite input";
+  }
 }
 
 // The bounds can fail: dS rounded to E5M2 instead of E4M3 (one mantissa bit
 // less, a wrong dS quantization) moves dQ and dK by far more than they allow.
 TEST(GpuBackwardFp8, BoundsRejectAWrongDsQuantization) {
-  const Case c{{1, 2, 2, 256, 256, 64}, MaskKind::causal, true, true};
-  std::mt19937 rng(gpu_test::fresh_seed());
-  const Problem p = make_problem(c, rng);
-  AttentionOptions opt = options_of(c);
-  const emulator::BackwardResult right = emulator::backward(c.shape, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
-  opt.ds_format = GradFormat::e5m2;
-  const emulator::BackwardResult wrong = emulator::backward(c.shape, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
-  const double dq_moved = compare(wrong.dq, right.dq).rel_l2, dk_moved = compare(wrong.dk, right.dk).rel_l2;
-  std::printf("E5M2 instead of E4M3 dS moves dQ by rel L2 %.3e, dK by %.3e\n", dq_moved, dk_moved);
-  EXPECT_GT(dq_moved, kMaxRelL2VsEmulator);
-  EXPECT_GT(dk_moved, kMaxRelL2VsEmulator);
-  // A dS scale off by one binade: every dQ and dK value doubles.
-  std::vector<float> doubled = right.dq;
-  for (float& x : doubled) x *= 2.0f;
-  EXPECT_GT(compare(doubled, right.dq).rel_l2, kMaxRelL2VsEmulator);
+  for (Recipe recipe : {Recipe::fp8, Recipe::mxfp4_train}) {
+    const Case c{{1, 2, 2, 256, 256, 64}, MaskKind::causal, true, true, kF32, recipe};
+    std::mt19937 rng(gpu_test::fresh_seed());
+    const Problem p = make_problem(c, rng);
+    AttentionOptions opt = options_of(c);
+    const emulator::BackwardResult right = emulator::backward(c.shape, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+    opt.ds_format = GradFormat::e5m2;
+    const emulator::BackwardResult wrong = emulator::backward(c.shape, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
+    const double dq_moved = compare(wrong.dq, right.dq).rel_l2, dk_moved = compare(wrong.dk, right.dk).rel_l2;
+    std::printf("%s: E5M2 instead of E4M3 dS moves dQ by rel L2 %.3e, dK by %.3e\n",
+                std::string(to_string(recipe)).c_str(), dq_moved, dk_moved);
+    const double bound = bounds_of(recipe).max_rel_l2;
+    EXPECT_GT(dq_moved, bound) << to_string(recipe);
+    EXPECT_GT(dk_moved, bound) << to_string(recipe);
+    // A dS scale off by one binade: every dQ and dK value doubles.
+    std::vector<float> doubled = right.dq;
+    for (float& x : doubled) x *= 2.0f;
+    EXPECT_GT(compare(doubled, right.dq).rel_l2, bound) << to_string(recipe);
+  }
 }
 
 }  // namespace

@@ -69,6 +69,16 @@ void transpose_codes(const std::uint8_t* codes, std::uint8_t* out, int B, int S,
 void row_statistics(ElementType type, const TensorRef& d_o, const TensorRef& o, const float* lse, const float* shift,
                     float* delta, float* lse_log2, int B, int Sq, int Hq, int D, cudaStream_t stream);
 
+// Sets every element of the scale arrays a, b, c (a_count, b_count, c_count
+// floats) to NaN when one of the `flag_count` device ints at `flags` is set.
+// The MXFP4 quantizer turns a non-finite input into finite codes (NaN and Inf
+// come out as the largest magnitudes), so without this a flagged input would
+// give finite, wrong gradients; with NaN Q, K and dO scales every gradient
+// product is NaN, so dQ, dK and dV are NaN wherever a visible (query, key)
+// pair contributes, and no host synchronisation is needed.
+void nan_scales_if_flagged(const int* flags, int flag_count, float* a, std::int64_t a_count, float* b,
+                           std::int64_t b_count, float* c, std::int64_t c_count, cudaStream_t stream);
+
 // dq = scale · accum (contiguous fp32 (B, Sq, Hq, D)) into `dq` of `type`.
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
                  cudaStream_t stream);

@@ -151,7 +151,31 @@ __global__ void __launch_bounds__(kStatThreads) finalize_dq_kernel(const float* 
   }
 }
 
+// Thread i of the grid: element i of each scale array, NaN when a flag is set.
+__global__ void __launch_bounds__(kStatThreads) nan_scales_kernel(const int* __restrict__ flags, int flag_count,
+                                                                   float* a, int a_count, float* b, int b_count,
+                                                                   float* c, int c_count) {
+  bool flagged = false;
+  for (int f = 0; f < flag_count; ++f) flagged |= flags[f] != 0;
+  if (!flagged) return;
+  const int i = blockIdx.x * kStatThreads + threadIdx.x;
+  if (i < a_count) a[i] = __int_as_float(0x7FC00000);
+  if (i < b_count) b[i] = __int_as_float(0x7FC00000);
+  if (i < c_count) c[i] = __int_as_float(0x7FC00000);
+}
+
 }  // namespace
+
+void nan_scales_if_flagged(const int* flags, int flag_count, float* a, std::int64_t a_count, float* b,
+                           std::int64_t b_count, float* c, std::int64_t c_count, cudaStream_t stream) {
+  const std::int64_t most = std::max({a_count, b_count, c_count});
+  if (most <= 0) return;
+  if (most > std::int64_t{1} << 30) throw Error("shape", "too many scale blocks");
+  const unsigned grid = static_cast<unsigned>((most + kStatThreads - 1) / kStatThreads);
+  nan_scales_kernel<<<grid, kStatThreads, 0, stream>>>(flags, flag_count, a, static_cast<int>(a_count), b,
+                                                       static_cast<int>(b_count), c, static_cast<int>(c_count));
+  check_cuda(cudaGetLastError(), "nan_scales_if_flagged launch");
+}
 
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
                  cudaStream_t stream) {
