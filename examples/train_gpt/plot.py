@@ -12,12 +12,15 @@ import numpy as np
 
 LABELS = {
     "bf16": "1. BF16 SDPA",
+    "bf16_rerun": "BF16 SDPA, same settings, another process (run-to-run spread)",
     "fp8": "2. fp8 (fp4attn kernel)",
-    "mxfp4_train_sim": "3. mxfp4_train: FP4 Q/K, FP8 P (simulated)",
+    "mxfp4_train": "3. mxfp4_train: FP4 Q/K, FP8 P (fp4attn kernel)",
+    "mxfp4_train_sim": "mxfp4_train (simulated)",
     "fp4p_sim": "4. FP4 P: MXFP4 Q/K/V/P (simulated)",
     "fp8_sim": "fp8 (simulated)",
 }
-STYLES = {"bf16": "k-", "fp8": "C0-", "mxfp4_train_sim": "C2-", "fp4p_sim": "C3-", "fp8_sim": "C0--"}
+STYLES = {"bf16": "k-", "bf16_rerun": "k:", "fp8": "C0-", "mxfp4_train": "C2-", "mxfp4_train_sim": "C2--", "fp4p_sim": "C3-",
+          "fp8_sim": "C0--"}
 SMOOTH = 10  # steps in the train-loss moving average
 
 

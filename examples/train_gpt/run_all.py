@@ -2,9 +2,9 @@
 
     python3 examples/train_gpt/run_all.py --out OUT --minutes-per-run 0.6
 
-Order: 1. bf16 SDPA, 2. fp8 (fp4attn kernels), 3. mxfp4_train (simulated),
-4. FP4-P training (simulated), then the simulated fp8 run if --total-minutes
-allows. The step count is the same for every run: a short timing probe of the
+Order: 1. bf16 SDPA, 2. fp8 (fp4attn kernels), 3. mxfp4_train (fp4attn
+kernels), 4. FP4-P training (simulated: FP4 P has no backward kernel), then the
+simulated mxfp4_train and fp8 runs if --total-minutes allows. The step count is the same for every run: a short timing probe of the
 slowest attentions sizes it so that the slowest run takes about
 --minutes-per-run. Writes OUT/training_runs.json (every run's record) and
 OUT/training-loss.png after each run, so a cut-short study keeps what ran.
@@ -25,8 +25,8 @@ import gpt  # noqa: E402
 import plot  # noqa: E402
 import train  # noqa: E402
 
-MAIN_RUNS = ("bf16", "fp8", "mxfp4_train_sim", "fp4p_sim")
-OPTIONAL_RUNS = ("fp8_sim",)
+MAIN_RUNS = ("bf16", "fp8", "mxfp4_train", "fp4p_sim")
+OPTIONAL_RUNS = ("mxfp4_train_sim", "fp8_sim")
 PROBED = ("fp8", "fp4p_sim")  # the slowest: simulated backward, or simulated forward and backward
 EVAL_EVERY = 25
 EVAL_OVERHEAD = 1.12  # validation passes and the final bf16-attention evaluation, relative to training time

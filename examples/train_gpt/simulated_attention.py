@@ -291,7 +291,7 @@ class SimulatedAttention(torch.autograd.Function):
         dq, dk, dv = simulated_backward(
             to_bhsd(q), to_bhsd(k), to_bhsd(v), o, lse_smooth, to_bhsd(d_o), ctx.recipe, ctx.causal, ctx.scale
         )
-        return to_bhsd(dq).to(q.dtype), to_bhsd(dk).to(k.dtype), to_bhsd(dv).to(v.dtype), None, None
+        return to_bhsd(dq).to(q.dtype), to_bhsd(dk).to(k.dtype), to_bhsd(dv).to(v.dtype), None, None, None
 
 
 def simulated_attention(q, k, v, recipe: str, causal: bool = True):
@@ -300,24 +300,26 @@ def simulated_attention(q, k, v, recipe: str, causal: bool = True):
 
 
 class LibraryForwardSimulatedBackward(torch.autograd.Function):
-    """fp4attn's forward (the real kernel on a Hopper GPU) with this module's fp8 backward,
-    for builds without the backward kernel. The library's LSE is of the original
-    scores; the backward's recomputed scores use the smoothed K, so the
-    smooth_k shift is taken back out (with the simulated quantized Q)."""
+    """fp4attn's forward (the real kernel on a Hopper GPU) with this module's
+    backward of the same recipe (fp8 or mxfp4_train), for builds without the
+    backward kernel and to check the kernel's gradients. The library's LSE is
+    of the original scores; the backward's recomputed scores use the smoothed
+    K, so the smooth_k shift is taken back out (with the simulated quantized Q)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool):
+    def forward(ctx, q, k, v, causal: bool, recipe: str = "fp8"):
         import fp4attn
 
-        o, lse = fp4attn.attention(q.detach(), k.detach(), v.detach(), causal=causal, recipe="fp8", return_lse=True)
+        o, lse = fp4attn.attention(q.detach(), k.detach(), v.detach(), causal=causal, recipe=recipe, return_lse=True)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal = causal
+        ctx.recipe = recipe
         return o
 
     @staticmethod
     def backward(ctx, d_o):
         q, k, v, o, lse = ctx.saved_tensors
-        recipe = SIM_RECIPES["fp8"]
+        recipe = SIM_RECIPES[ctx.recipe]
         scale = 1.0 / math.sqrt(q.shape[-1])
         qh, kh = to_bhsd(q), to_bhsd(k)
         ops = _Operands(qh, kh, recipe, smooth_k=True)
@@ -325,4 +327,4 @@ class LibraryForwardSimulatedBackward(torch.autograd.Function):
         dq, dk, dv = simulated_backward(
             qh, kh, to_bhsd(v), to_bhsd(o).float(), lse - correction, to_bhsd(d_o), recipe, ctx.causal, scale
         )
-        return to_bhsd(dq).to(q.dtype), to_bhsd(dk).to(k.dtype), to_bhsd(dv).to(v.dtype), None
+        return to_bhsd(dq).to(q.dtype), to_bhsd(dk).to(k.dtype), to_bhsd(dv).to(v.dtype), None, None

@@ -7,6 +7,8 @@ Attentions:
   fp8               fp4attn recipe fp8 through fp4attn.flash_attn_func: the sm90
                     kernels, forward and backward; where this build has no backward
                     kernel, the kernel's forward with the simulated fp8 backward
+  mxfp4_train       fp4attn recipe mxfp4_train the same way (FP4 Q/K, FP8 V and P,
+                    FP8 gradients on the sm90 kernels)
   fp8_sim           simulated_attention.py's recipe fp8
   mxfp4_train_sim   simulated recipe mxfp4_train (FP4 Q/K, FP8 V and P, FP8 gradients)
   fp4p_sim          simulated FP4-P training (MXFP4 Q/K/V/P forward, FP4 P in the backward too)
@@ -31,35 +33,37 @@ import corpus  # noqa: E402
 import gpt  # noqa: E402
 import simulated_attention as sim  # noqa: E402
 
-ATTENTIONS = ("bf16", "fp8", "fp8_sim", "mxfp4_train_sim", "fp4p_sim")
+ATTENTIONS = ("bf16", "fp8", "mxfp4_train", "fp8_sim", "mxfp4_train_sim", "fp4p_sim")
+KERNEL_RECIPES = ("fp8", "mxfp4_train")
 SEED = 1234
 
 
-def fp8_kernel_attention(cfg: gpt.GPTConfig, batch: int):
-    """fp4attn's fp8 kernels, and a description saying whether the backward is the kernel or simulated."""
+def kernel_attention(recipe: str, cfg: gpt.GPTConfig, batch: int):
+    """fp4attn's sm90 kernels for `recipe`, and a description saying whether the backward is the kernel or simulated."""
     import fp4attn
     from fp4attn import _ext, _host
 
     s = _host.make_settings(layout="bshd", mask=_host.MASK_BOTTOM_RIGHT, scale=None, scale_name="scale",
-                            recipe="fp8", smooth_k=True, direct_p=True, gqa=True, names=("q", "k", "v"))
+                            recipe=recipe, smooth_k=True, direct_p=True, gqa=True, names=("q", "k", "v"))
     shape = (batch, cfg.context, cfg.context, cfg.heads, cfg.heads, cfg.head_dim)
     if not (_ext.cuda_built() and _ext.sm90_available() and _ext.device_forward_supported(shape, _host.options(s))):
-        raise RuntimeError("attention fp8: needs fp4attn's sm90 forward kernel (a Hopper GPU and a CUDA build)")
-    hybrid = lambda q, k, v: sim.LibraryForwardSimulatedBackward.apply(q, k, v, True)  # noqa: E731
+        raise RuntimeError(f"attention {recipe}: needs fp4attn's sm90 forward kernel (a Hopper GPU and a CUDA build)")
+    hybrid = lambda q, k, v: sim.LibraryForwardSimulatedBackward.apply(q, k, v, True, recipe)  # noqa: E731
     if not (hasattr(_ext, "backward_device") and _ext.device_backward_supported(shape, _host.options(s))):
         return hybrid, {"forward": "fp4attn sm90 kernel",
-                        "backward": "simulated fp8 backward (this build has no backward kernel)", "simulated": True}
-    library = lambda q, k, v: fp4attn.flash_attn_func(q, k, v, causal=True, recipe="fp8")  # noqa: E731
+                        "backward": f"simulated {recipe} backward (this build has no backward kernel)",
+                        "simulated": True}
+    library = lambda q, k, v: fp4attn.flash_attn_func(q, k, v, causal=True, recipe=recipe)  # noqa: E731
     try:
         agreement = kernel_vs_simulated_backward(library, hybrid, cfg)
     except RuntimeError as e:  # e.g. the kernel refuses the call: the study goes on with the simulated backward
         return hybrid, {"forward": "fp4attn sm90 kernel", "simulated": True,
-                        "backward": f"simulated fp8 backward (the backward kernel failed: {e})"}
+                        "backward": f"simulated {recipe} backward (the backward kernel failed: {e})"}
     description = {"forward": "fp4attn sm90 kernel", "backward": "fp4attn sm90 kernel", "simulated": False,
                    "backward_kernel_vs_simulation": agreement}
     if agreement["worst_rel_l2"] > KERNEL_AGREEMENT_LIMIT:
-        description.update(backward="simulated fp8 backward (the kernel's gradients disagreed with the simulation)",
-                           simulated=True)
+        description.update(backward=f"simulated {recipe} backward (the kernel's gradients disagreed with the "
+                                    "simulation)", simulated=True)
         return hybrid, description
     return library, description
 
@@ -86,8 +90,8 @@ def kernel_vs_simulated_backward(library, hybrid, cfg: gpt.GPTConfig) -> dict:
 def make_attention(name: str, cfg: gpt.GPTConfig, batch: int):
     if name == "bf16":
         return gpt.sdpa_bf16, {"forward": "torch SDPA bf16", "backward": "torch SDPA bf16", "simulated": False}
-    if name == "fp8":
-        return fp8_kernel_attention(cfg, batch)
+    if name in KERNEL_RECIPES:
+        return kernel_attention(name, cfg, batch)
     recipe = name.removesuffix("_sim")
     if recipe not in sim.SIM_RECIPES:
         raise ValueError(f"attention: unknown {name!r}; use one of {', '.join(ATTENTIONS)}")
