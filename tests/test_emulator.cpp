@@ -124,6 +124,29 @@ TEST(EmulatorForward, FullyMaskedRowsGiveZeroAndMinusInf) {
   }
 }
 
+// An all-zero query row against an all-zero key tile folds (MXFP4 on sm90) to
+// factors of 2^-133 each, whose product underflows to 0: the causally masked
+// keys of that tile must stay −inf (the kernels' smallest-subnormal guard, which
+// the emulator applies too), and O and LSE finite. Zero padding does this.
+TEST(EmulatorForward, ZeroRowsAgainstAZeroKeyTileStayFinite) {
+  const AttentionShape s{.B = 1, .Hq = 2, .Hkv = 1, .Sq = 256, .Sk = 256, .D = 64};
+  Inputs x = testing::realistic_inputs(s, kTestSeed);
+  for (std::int64_t i = 128 * s.Hq * s.D; i < s.q_elems(); ++i) x.q[i] = 0.0f;  // query rows 128..255
+  for (std::int64_t i = 128 * s.Hkv * s.D; i < s.kv_elems(); ++i) x.k[i] = 0.0f;  // key tile 1
+  for (Recipe r : {Recipe::mxfp4, Recipe::mxfp4_train}) {
+    AttentionOptions o;
+    o.recipe = r, o.mask = MaskKind::causal, o.smooth_k = false, o.target = Target::sm90;
+    const ForwardResult got = forward(s, x.q, x.k, x.v, o);
+    std::size_t nonfinite = 0;
+    for (float e : got.o) nonfinite += !std::isfinite(e);
+    for (float e : got.lse) nonfinite += !std::isfinite(e);
+    EXPECT_EQ(nonfinite, 0u) << to_string(r);
+    // Row 200 (zero) sees keys 0..200; its scores against key tile 1 are all 0.
+    const double lse = got.lse[200];  // head 0, (B, Hq, Sq) layout
+    EXPECT_GT(lse, std::log(201.0) - 1.0) << to_string(r);
+  }
+}
+
 TEST(EmulatorForward, TopLeftCausalMatchesReference) {
   const AttentionShape s{.B = 1, .Hq = 2, .Hkv = 2, .Sq = 96, .Sk = 160, .D = 64};
   const Inputs x = testing::realistic_inputs(s, kTestSeed);

@@ -159,7 +159,11 @@ void run_query_tile(const Problem& pb, std::int64_t item, TileScratch& t, Forwar
       const std::int64_t seen = std::min(kn, visible_keys(pb.opt.mask, sh.Sq, sh.Sk, i0 + r) - j0);
       if (seen <= 0) continue;  // fully masked for this row: m, l, O unchanged
       // c turns s into the log2 domain: the kernel's one multiplier (scales · softmax scale · log2 e).
-      const float c = score_row(pb.q, b, hq, i0 + r, t.keys, pb.fp8_mma, t.s.data()) * pb.scale_log2;
+      // A product that underflows to 0 (MXFP4 fold factors of an all-zero Q row and K tile, 2^-133
+      // each) becomes the smallest subnormal, as in the kernels: masked scores stay −inf instead
+      // of −inf·0 = NaN.
+      float c = score_row(pb.q, b, hq, i0 + r, t.keys, pb.fp8_mma, t.s.data()) * pb.scale_log2;
+      if (c == 0.0f) c = std::numeric_limits<float>::denorm_min();
       float tile_max = kNegInf;
       for (std::int64_t j = 0; j < kn; ++j) {
         if (j >= seen) t.s[j] = kNegInf;

@@ -88,6 +88,16 @@ FP4ATTN_DEVICE_INLINE void p_bits_x4(std::uint32_t codes, float (&v)[4]) {
   v[3] = __uint_as_float((codes >> 4) & kField);
 }
 
+// The multiplier that takes a tile's scores into the log2 domain. A product
+// that underflows to 0 (all-zero Q and K tiles: MXFP4 fold factors of 2^-133
+// each, or two tiny FP8 block scales) would turn masked scores into
+// −inf·0 = NaN and P into garbage; the smallest subnormal keeps them −inf and
+// every visible s·c at (almost) 0, as the forward kernel does.
+FP4ATTN_DEVICE_INLINE float log2_multiplier(float q_scale, float k_scale, float scale_log2) {
+  const float product = q_scale * k_scale * scale_log2;
+  return product == 0.0f ? __int_as_float(1) : product;
+}
+
 // P codes of one consumer's tile from its scores s (−inf where masked) and
 // the log2-domain LSE of each element's query row (lse(row, col) gives it).
 template <PCode kPCode, int N, class Lse>

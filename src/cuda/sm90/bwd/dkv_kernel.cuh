@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
                 if (hidden) s[4 * j + 2 * r + e] = neg_inf();
               }
         }
-        p_operand<kPCode>(s, q_scale * k_scale * scale_log2, lse, p);
+        p_operand<kPCode>(s, log2_multiplier(q_scale, k_scale, scale_log2), lse, p);
       }
       {
         float part[Cfg::kGradRegs];

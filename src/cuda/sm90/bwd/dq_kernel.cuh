@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         }
       }
       std::uint32_t p[Cfg::kTokenSteps][4];
-      const float c = q_scale * k_scale * scale_log2;
+      const float c = log2_multiplier(q_scale, k_scale, scale_log2);
       p_operand<kPCode>(s, c, lse, p);
       const float amax = ds_in_place(dp, do_scale * v_scale, delta, p);
       const float ds_scale = pair_ds_scale(amax, smem.amax[n & 1], consumer_thread);
