@@ -93,14 +93,30 @@ struct PairTile {
   std::vector<float> p, ds;  // (block_q, block_k)
   float ds_scale = 1.0f;
   KeyTile keys;
-  std::vector<float> s;
+  KeyTile values;  // V's rows as a key tile: the B operand of dP = dO·Vᵀ in the FP8 wgmma model
+  std::vector<float> s, dp;
   PairTile(std::int64_t D, std::int64_t block_q, std::int64_t bk)
       : block_k(bk),
         p(static_cast<std::size_t>(block_q * bk)),
         ds(static_cast<std::size_t>(block_q * bk)),
         keys(D, bk),
-        s(static_cast<std::size_t>(bk)) {}
+        values(D, bk),
+        s(static_cast<std::size_t>(bk)),
+        dp(static_cast<std::size_t>(bk)) {}
 };
+
+// V rows [j0, j0 + kn) of kv head h in the (D, block_k) layout of a key tile,
+// with their E4M3 exponents.
+void load_value_tile(const PlainOperand& v, std::int64_t b, std::int64_t h, std::int64_t j0, std::int64_t kn,
+                     KeyTile& t) {
+  const std::int64_t D = v.D, bk = t.block_k;
+  t.kn = kn;
+  for (std::int64_t j = 0; j < kn; ++j) {
+    const float* row = v.row(b, h, j0 + j);
+    for (std::int64_t d = 0; d < D; ++d) t.values[d * bk + j] = row[d];
+  }
+  for (std::int64_t d = 0; d < D; ++d) e4m3_exponents(&t.values[d * bk], kn, &t.exponents[d * bk]);
+}
 
 void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64_t i0, std::int64_t rows,
                   std::int64_t j0, std::int64_t kn, PairTile& t) {
@@ -108,6 +124,11 @@ void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64
   const std::int64_t hkv = hq / sh.group(), bk = t.block_k, D = sh.D;
   t.rows = rows, t.kn = kn;
   load_key_tile(pb.k_s, b, hkv, j0, kn, t.keys);
+  // On sm90 dP = dO·Vᵀ runs on FP8 wgmma: its sum is the tensor core's, k32
+  // step by step from zero (the same model as S), and dP·f − Δ one FFMA, as in
+  // the kernels; dS codes then match the GPU's wherever P and Δ do.
+  const bool mma = uses_fp8_mma_model(pb.opt);
+  if (mma) load_value_tile(pb.v, b, hkv, j0, kn, t.values);
   float amax = 0.0f;
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = i0 + r, row = (b * sh.Hq + hq) * sh.Sq + i;
@@ -121,23 +142,43 @@ void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64
     const float c = score_row(pb.q_s, b, hq, i, t.keys, uses_fp8_mma_model(pb.opt), t.s.data()) * pb.scale_log2;
     const float* dov = pb.d_o.row(b, hq, i);
     const float dof = pb.d_o.factor_of(b, hq, i);
+    if (mma) {
+      float* dov_exp = t.values.q_exponents.data();
+      e4m3_exponents(dov, D, dov_exp);
+      std::fill_n(t.dp.data(), kn, 0.0f);
+      for (std::int64_t d = 0; d < D; d += kFp8MmaK)
+        fp8_mma_step(dov + d, dov_exp + d, &t.values.values[d * bk], &t.values.exponents[d * bk], bk, kFp8MmaK, kn,
+                     t.dp.data(), t.values.mma_scratch.data());
+    }
     for (std::int64_t j = 0; j < seen; ++j) {
       const float u = direct_p::log2_score(t.s[j], c, pb.lse_log2[row]);
       p[j] = decode(ElemFormat::e4m3, pb.opt.direct_p ? direct_p::fp8_code(u) : fp8_code_exp2(pb.opt.target, u));
-      // dP = dO·Vᵀ: exact E4M3 products summed in fp32, then both scales.
-      const float* vv = pb.v.row(b, hkv, j0 + j);
-      float acc = 0.0f;
-      for (std::int64_t d = 0; d < D; ++d) acc += dov[d] * vv[d];
-      const float dp = acc * (dof * pb.v.factor_of(b, hkv, j0 + j));
-      ds[j] = p[j] * kPUnscale * (dp - pb.delta[row]);
+      const float dp_factor = dof * pb.v.factor_of(b, hkv, j0 + j);
+      float dp_minus_delta;
+      if (mma) {
+        dp_minus_delta = std::fma(t.dp[j], dp_factor, -pb.delta[row]);
+      } else {
+        // dP = dO·Vᵀ: exact E4M3 products summed in fp32, then both scales.
+        const float* vv = pb.v.row(b, hkv, j0 + j);
+        float acc = 0.0f;
+        for (std::int64_t d = 0; d < D; ++d) acc += dov[d] * vv[d];
+        dp_minus_delta = acc * dp_factor - pb.delta[row];
+      }
+      ds[j] = p[j] * kPUnscale * dp_minus_delta;
       amax = std::max(amax, std::abs(ds[j]));
     }
   }
   // One fp32 scale for the pair maps its largest |dS| to the format's maximum.
+  // The sm90 kernels multiply by the correctly rounded reciprocal instead of
+  // dividing (at most an ulp apart), so the model does too.
   const float scale = amax / pb.ds_max;
   t.ds_scale = scale > 0.0f ? scale : 1.0f;
+  const float inv = 1.0f / t.ds_scale;
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < kn; ++j) t.ds[r * bk + j] = round_to(pb.ds_format, t.ds[r * bk + j] / t.ds_scale);
+    for (std::int64_t j = 0; j < kn; ++j) {
+      float& x = t.ds[r * bk + j];
+      x = round_to(pb.ds_format, mma ? x * inv : x / t.ds_scale);
+    }
 }
 
 // Key tiles a query tile's rows can see: a prefix, longest for its last row.
