@@ -329,6 +329,40 @@ TEST(DirectP, Mxfp4ContractAcrossEveryThreshold) {
   contract.report("mxfp4_agreement_thresholds");
 }
 
+// The curve behind mxfp4_code, over every fixed-point input a block can
+// produce (u − E from below the smallest boundary up to log2 6): the code
+// never decreases, stays ≤ 7 without the host's clamp (the kernel has none),
+// the GPU's round-up add never carries out of its fp16 half, and each of the
+// seven code changes sits within the contract's 1 % of the exact boundary.
+TEST(DirectP, Mxfp4CurveBoundariesAndRange) {
+  constexpr double kUnitsPerLog2 = 1 << direct_p::kFp8FixedFractionBits;
+  const std::uint32_t x_max = direct_p::fixed_point(direct_p::kLog2Of6, direct_p::mxfp4_fixed_offset(0));
+  std::uint32_t last = 0;
+  int changes = 0;
+  double worst = 0.0;
+  for (std::uint32_t x = 0; x <= x_max; ++x) {
+    const std::uint32_t rounded = direct_p::mxfp4_rounded_bits(x);
+    ASSERT_LT(rounded, 0x1000u) << x;  // far from the high half (the GPU adds both halves at once)
+    const std::uint32_t code = rounded >> direct_p::kE2M1CodeShift;
+    ASSERT_GE(code, last) << "not monotone at x = " << x;
+    if (code != last) {
+      ASSERT_EQ(code, last + 1) << "skipped a code at x = " << x;
+      // u − E whose fixed point is x − ½, i.e. where the code switches.
+      const double switch_at = (x - 0.5 - direct_p::kMxfp4FixedBias) / kUnitsPerLog2;
+      const double err = std::fabs(std::exp2(switch_at - double{direct_p::kE2M1Log2Bounds[changes]}) - 1.0);
+      worst = std::max(worst, err);
+      ++changes;
+    }
+    last = code;
+  }
+  EXPECT_EQ(changes, 7);
+  EXPECT_EQ(last, 7u);  // 2^(log2 6) is code 7
+  std::cout << "MXFP4 curve: largest boundary error " << 100 * worst << " % (x up to " << x_max << ")\n";
+  RecordProperty("mxfp4_curve_boundary_error", std::to_string(worst));
+  EXPECT_LT(worst, kBoundaryBand);
+  EXPECT_GT(worst, 1e-3);  // an approximation: if it were exact, this test would measure nothing
+}
+
 // ---- FP4 P: NVFP4 --------------------------------------------------------------------
 
 // The block scale s_b is the UE4M3 rounding of 2^(u_max + 8) / 6 (via the

@@ -93,17 +93,21 @@ inline constexpr std::uint32_t kFp8HalfStep = 1u << (kFp8FixedFractionBits - 1);
 inline constexpr std::uint32_t kF16InvSqrt2Bits = 0x39A8u;  // 0.70703125, fp16 nearest to 2^-1/2
 inline constexpr int kF16MantissaBits = 10, kF16Bias = 15;  // IEEE binary16
 
-// Step 1 for one score: the FFMA's bit pattern, saturated as I2IP does.
-FP4ATTN_HD inline std::uint32_t fp8_fixed_point(float u) {
+// Step 1 for one score: the bit pattern of fma(u, 2^-139, offset), saturated
+// as I2IP does. `offset` is a float subnormal whose bits are the fixed-point
+// bias (kFp8FixedOffset for FP8 P; MXFP4 P moves its block exponent in there).
+FP4ATTN_HD inline std::uint32_t fixed_point(float u, float offset) {
   float r;
 #if defined(__CUDA_ARCH__)
-  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(u), "f"(kFp8FixedScale), "f"(kFp8FixedOffset));  // no ftz
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(u), "f"(kFp8FixedScale), "f"(offset));  // no ftz
 #else
-  r = fmaf(u, kFp8FixedScale, kFp8FixedOffset);
+  r = fmaf(u, kFp8FixedScale, offset);
 #endif
   const std::int32_t n = static_cast<std::int32_t>(float_bits(r));
   return n < 0 ? 0u : n > static_cast<std::int32_t>(kFp8FixedMax) ? kFp8FixedMax : static_cast<std::uint32_t>(n);
 }
+
+FP4ATTN_HD inline std::uint32_t fp8_fixed_point(float u) { return fixed_point(u, kFp8FixedOffset); }
 
 // Value of a finite, non-negative fp16 bit pattern (the model of the packed
 // halves; fp16 is no format of the recipes, so it has no ElemFormat).
@@ -147,34 +151,42 @@ FP4ATTN_HD inline std::uint8_t fp8_code(float u) {
   return encode_rne_sat(ElemFormat::e4m3, f16_value(fp8_two_phase(fp8_fixed_point(u))));
 }
 
-// FP8 Direct-P of four scores, the codes of u0 .. u3 in bytes 0 .. 3 (the order
-// of an FP8 wgmma A-operand register). GPU: 4 FFMA, 2 I2IP, 2 VIADD.16x2,
-// 2 HFMA2, 2 F2FP; the second F2FP merges the halves.
-FP4ATTN_HD inline std::uint32_t fp8_codes_x4(float u0, float u1, float u2, float u3) {
-#if defined(__CUDA_ARCH__)
-  const auto fixed_pair = [](float lo, float hi) {
-    float r_lo, r_hi;
-    std::uint32_t x;
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r_lo) : "f"(lo), "f"(kFp8FixedScale), "f"(kFp8FixedOffset));
-    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r_hi) : "f"(hi), "f"(kFp8FixedScale), "f"(kFp8FixedOffset));
-    asm("cvt.pack.sat.u16.s32 %0, %1, %2;" : "=r"(x) : "r"(float_bits(r_hi)), "r"(float_bits(r_lo)));  // hi in bits 16..31
-    return x;
-  };
-  const auto two_phase = [](std::uint32_t x) {
-    constexpr std::uint32_t kHalfSteps = kFp8HalfStep | (kFp8HalfStep << 16);
-    constexpr std::uint32_t kWeights = kF16InvSqrt2Bits | (kF16InvSqrt2Bits << 16);
-    std::uint32_t shifted, v;
-    asm("add.u16x2 %0, %1, %2;" : "=r"(shifted) : "r"(x), "r"(kHalfSteps));  // per half: no carry between scores
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(v) : "r"(shifted), "r"(kWeights), "r"(x));
-    return v;
-  };
-  const std::uint32_t v01 = two_phase(fixed_pair(u0, u1)), v23 = two_phase(fixed_pair(u2, u3));
+#if defined(__CUDACC__)
+namespace device {
+// Steps 1 and 2 for two scores, packed as f16x2 (lo in bits 0..15): 2 FFMA,
+// I2IP, VIADD.16x2, HFMA2.
+__device__ inline std::uint32_t curve_pair(float lo, float hi, float offset) {
+  constexpr std::uint32_t kHalfSteps = kFp8HalfStep | (kFp8HalfStep << 16);
+  constexpr std::uint32_t kWeights = kF16InvSqrt2Bits | (kF16InvSqrt2Bits << 16);
+  float r_lo, r_hi;
+  std::uint32_t x, shifted, v;
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r_lo) : "f"(lo), "f"(kFp8FixedScale), "f"(offset));
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r_hi) : "f"(hi), "f"(kFp8FixedScale), "f"(offset));
+  asm("cvt.pack.sat.u16.s32 %0, %1, %2;" : "=r"(x) : "r"(float_bits(r_hi)), "r"(float_bits(r_lo)));  // hi in bits 16..31
+  asm("add.u16x2 %0, %1, %2;" : "=r"(shifted) : "r"(x), "r"(kHalfSteps));  // per half: no carry between scores
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(v) : "r"(shifted), "r"(kWeights), "r"(x));
+  return v;
+}
+
+// Two f16x2 words rounded to four E4M3 codes, lo01 → byte 0.
+__device__ inline std::uint32_t e4m3x4_of_f16x2(std::uint32_t v01, std::uint32_t v23) {
   std::uint32_t codes;
   asm("{\n .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f16x2 lo, %1;\n cvt.rn.satfinite.e4m3x2.f16x2 hi, %2;\n"
       " mov.b32 %0, {lo, hi};\n}"
       : "=r"(codes)
       : "r"(v01), "r"(v23));
   return codes;
+}
+}  // namespace device
+#endif
+
+// FP8 Direct-P of four scores, the codes of u0 .. u3 in bytes 0 .. 3 (the order
+// of an FP8 wgmma A-operand register). GPU: 4 FFMA, 2 I2IP, 2 VIADD.16x2,
+// 2 HFMA2, 2 F2FP; the second F2FP merges the halves.
+FP4ATTN_HD inline std::uint32_t fp8_codes_x4(float u0, float u1, float u2, float u3) {
+#if defined(__CUDA_ARCH__)
+  return device::e4m3x4_of_f16x2(device::curve_pair(u0, u1, kFp8FixedOffset),
+                                 device::curve_pair(u2, u3, kFp8FixedOffset));
 #else
   return fp8_code(u0) | (static_cast<std::uint32_t>(fp8_code(u1)) << 8) |
          (static_cast<std::uint32_t>(fp8_code(u2)) << 16) | (static_cast<std::uint32_t>(fp8_code(u3)) << 24);
@@ -209,7 +221,7 @@ FP4ATTN_HD inline float fp8_decoded_sum_x4(std::uint32_t codes) {
 
 // ---- FP4 P -----------------------------------------------------------------
 // log2 of the E2M1 rounding boundaries 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5:
-// code k is chosen when v = u − E has crossed k of them.
+// code k is chosen when v = u − E has crossed k of them (NVFP4 P's rule).
 inline constexpr float kE2M1Log2Bounds[7] = {
     -2.0f, -0.415037499278843818f, 0.321928094887362348f, 0.807354922057604107f,
     1.321928094887362348f, 1.807354922057604107f, 2.321928094887362348f};
@@ -228,16 +240,91 @@ FP4ATTN_HD inline std::uint8_t e2m1_code_of_exp2(float v) {
 
 // MXFP4 P block exponent: E = ceil(u_max − log2 6), so the block maximum 2^u_max
 // maps to (3, 6] and is never clipped. Clamped to E8M0's range.
+// GPU: one FADD, cvt.rpi (saturating by definition: −inf, a block of masked scores, gives
+// INT_MIN) and the clamp; the host gets the same from the clamp in float.
+// (NaN is not a score.)
 FP4ATTN_HD inline int mx_block_exponent(float u_max) {
-  if (!(u_max > -1e30f)) return kNoBlockExponent;
-  const int e = static_cast<int>(ceilf(u_max - kLog2Of6));
+#if defined(__CUDA_ARCH__)
+  int e;
+  asm("cvt.rpi.s32.f32 %0, %1;" : "=r"(e) : "f"(u_max - kLog2Of6));
   return e < kNoBlockExponent ? kNoBlockExponent : e;
+#else
+  const float e = ceilf(u_max - kLog2Of6);
+  return e > static_cast<float>(kNoBlockExponent) ? static_cast<int>(e) : kNoBlockExponent;
+#endif
 }
 
-// MXFP4 P element code for score u in a block with exponent E; value q·2^E.
-FP4ATTN_HD inline std::uint8_t mxfp4_code(float u, int block_exp) {
-  return e2m1_code_of_exp2(u - static_cast<float>(block_exp));
+// MXFP4 P element code: the E2M1 rounding of 2^(u − E), by the FP8 sequence's
+// curve instead of seven threshold compares (DESIGN §3.3 contract; measured
+// in tests/test_direct_p.cpp):
+//
+//  1. x = round(2^10·(u − E)) + kMxfp4FixedBias, the FP8 fixed point with E
+//     moved into the FFMA's addend (bits kMxfp4FixedBias − 2^10·E): E costs
+//     one addend per block, not an instruction per score.
+//  2. v = the two-phase curve of x (fp8_two_phase): v ≈ 2^(u − E) · 2^-10,
+//     normal in fp16 for every u − E above −2.95, so the curve is exponential
+//     across all seven boundaries.
+//  3. v · 2^-4 (HMUL2, one rounding) puts E2M1's value q at q · 2^-14. There
+//     E2M1's eight values are exactly the fp16 patterns c · 2^9, c = 0 .. 7
+//     (0.5 is the subnormal 0x200, 1 the smallest normal 0x400, …, 6 is
+//     0x0E00), and within fp16's first binades the pattern is linear in the
+//     value, so rounding the pattern at bit 9 is rounding to E2M1:
+//  4. code = (bits + 2^8) >> 9 (ties up: a tie is 0.56 % from no boundary).
+//
+// Where the code changes, u − E misses the exact log2 boundary by at most
+// 0.56 % in 2^(u − E) (bias 4038 minimises the worst of the seven; the
+// 0.25 boundary falls in fp16's subnormals, where step 3 rounds to 2^-24),
+// inside the contract's 1 %. u − E ≤ log2 6 (E from a maximum ≥ u) keeps the
+// code ≤ 7; the host clamps anyway.
+inline constexpr std::uint32_t kMxfp4FixedBias = 4038;
+inline constexpr std::uint32_t kF16TwoPowMinus4Bits = 0x2C00u;  // 2^-4
+inline constexpr std::uint32_t kE2M1CodeShift = 9;             // q·2^-14 has its code at fp16 bit 9 up
+inline constexpr std::uint32_t kE2M1CodeRound = 1u << (kE2M1CodeShift - 1);
+inline constexpr std::uint32_t kE2M1MaxCode = 7;
+
+// The FFMA addend of step 1 for block exponent E (kNoBlockExponent ≤ E ≤ 3):
+// a float subnormal whose bits are kMxfp4FixedBias − 2^10·E.
+FP4ATTN_HD inline float mxfp4_fixed_offset(int block_exp) {
+  return bits_float(static_cast<std::uint32_t>(static_cast<std::int32_t>(kMxfp4FixedBias) - 1024 * block_exp));
 }
+
+// Steps 2 to 4 for one fixed-point x: fp16 bits of q·2^-14 before the code is
+// cut out, i.e. what the GPU holds after its round-up add.
+FP4ATTN_HD inline std::uint32_t mxfp4_rounded_bits(std::uint32_t x) {
+  const std::uint32_t v = fp8_two_phase(x);
+  return f16_bits_rne(f16_value(v) * f16_value(kF16TwoPowMinus4Bits)) + kE2M1CodeRound;
+}
+
+FP4ATTN_HD inline std::uint8_t mxfp4_code(float u, int block_exp) {
+  const std::uint32_t code = mxfp4_rounded_bits(fixed_point(u, mxfp4_fixed_offset(block_exp))) >> kE2M1CodeShift;
+  return static_cast<std::uint8_t>(code < kE2M1MaxCode ? code : kE2M1MaxCode);
+}
+
+#if defined(__CUDACC__)
+namespace device {
+// The E4M3 bytes of four MXFP4 P elements of one row and block (u0 → byte 0):
+// each element's E2M1 value q (mxfp4_code) times the block's fold factor, q ·
+// 2^(E − R + 6), rounded to E4M3 (the emulator's fold_mx_to_e4m3).
+// `offset` = mxfp4_fixed_offset(E); `fold` = fp16x2 of 2^(10 + E − R) in both
+// halves (0 below fp16's range, where the E4M3 byte is 0 anyway).
+// After the curve: HMUL2 into the subnormal grid, the round-up add, a mask
+// that leaves q·2^-14, then two exact HMUL2 (2^10 and `fold`; one factor
+// 2^(20 + E − R) would overflow fp16) and F2FP. 6.5 instructions per score.
+__device__ inline std::uint32_t mxfp4_folded_pair(float lo, float hi, float offset, std::uint32_t fold) {
+  constexpr std::uint32_t kScaleDown = kF16TwoPowMinus4Bits | (kF16TwoPowMinus4Bits << 16);
+  constexpr std::uint32_t kRoundUp = kE2M1CodeRound | (kE2M1CodeRound << 16);
+  constexpr std::uint32_t kValueMask = ~((kE2M1CodeRound << 1) - 1u) & 0xFFFFu;
+  constexpr std::uint32_t kTwoPow10 = 0x6400u | (0x6400u << 16);
+  std::uint32_t sub, q, p;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(sub) : "r"(curve_pair(lo, hi, offset)), "r"(kScaleDown));
+  // Both halves stay below 0x0F0D + 2^8: the add never carries into the high half.
+  q = (sub + kRoundUp) & (kValueMask | (kValueMask << 16));
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(q), "r"(kTwoPow10));
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(p), "r"(fold));
+  return p;
+}
+}  // namespace device
+#endif
 
 // NVFP4 P block scale: UE4M3 code of 2^(u_max + 8) / 6 (0 for a fully masked
 // block). The element value is q·s_b·2^-8.

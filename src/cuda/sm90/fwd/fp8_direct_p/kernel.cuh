@@ -158,74 +158,74 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], const float (&c)[
       }
 }
 
-// E4M3 value of one MXFP4 P element of a row, for PCode::mxfp4_direct_p:
-// the E2M1 value of 2^(u − E) by direct_p::mxfp4_code's thresholds, times the
-// block's fold factor 2^(E − R + 6); rounded to E4M3 by the caller, this is
-// the emulator's fold_mx_to_e4m3 of the same code. The E2M1 value is summed
-// from its gaps (0.5, 0.5, 0.5, 0.5, 1, 1, 2) already multiplied by the fold
-// factor (`gap`), one compare and one FFMA per threshold. The products are
-// exact whenever the E4M3 result is not zero, and the result is ≤ 6·2^6, so
-// the conversion never saturates; blocks far below R round to subnormals or 0.
-struct FoldedGaps {
-  float half, one, two;  // 0.5, 1 and 2 times the block's fold factor
-};
-
-FP4ATTN_DEVICE_INLINE float folded_p_value(float u, float block_exp, const FoldedGaps& gap) {
-  using direct_p::kE2M1Log2Bounds;
-  constexpr float kBounds[7] = {kE2M1Log2Bounds[0], kE2M1Log2Bounds[1], kE2M1Log2Bounds[2], kE2M1Log2Bounds[3],
-                                kE2M1Log2Bounds[4], kE2M1Log2Bounds[5], kE2M1Log2Bounds[6]};
-  const float v = u - block_exp;  // exact wherever a threshold is near (see mxfp4_code)
-  auto step = [&](int i) { return v >= kBounds[i] ? 1.0f : 0.0f; };
-  float q = step(0) * gap.half;
-  q = fmaf(step(1), gap.half, q);
-  q = fmaf(step(2), gap.half, q);
-  q = fmaf(step(3), gap.half, q);
-  q = fmaf(step(4), gap.one, q);
-  q = fmaf(step(5), gap.one, q);
-  return fmaf(step(6), gap.two, q);
-}
-
 FP4ATTN_DEVICE_INLINE std::uint32_t e4m3_pair(float lo, float hi) {
   std::uint16_t pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));  // first source → high byte
   return pair;
 }
 
+// Row maxima for FP4 P, by way of the 32-key block maxima that FP4 P needs:
+// block t of row r is accumulator columns 32t .. 32t + 31, 8 of them in this
+// thread and the rest in its quad. The row maximum is the max of the block
+// maxima, so it costs no shuffles beyond theirs.
+template <int N>
+FP4ATTN_DEVICE_INLINE void block_max(const float (&s)[N], float (&bm)[2][N / 16], float (&mx)[2]) {
+  constexpr int kSteps = N / 16;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int t = 0; t < kSteps; ++t) {
+      const int j = 4 * t;
+      const float a = fmaxf(fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]), fmaxf(s[4 * j + 4 + 2 * r], s[4 * j + 5 + 2 * r]));
+      const float b = fmaxf(fmaxf(s[4 * j + 8 + 2 * r], s[4 * j + 9 + 2 * r]),
+                            fmaxf(s[4 * j + 12 + 2 * r], s[4 * j + 13 + 2 * r]));
+      const float v = fmaxf(a, b);
+      const float w = fmaxf(v, __shfl_xor_sync(kFullWarp, v, 1));
+      bm[r][t] = fmaxf(w, __shfl_xor_sync(kFullWarp, w, 2));
+    }
+    float m = bm[r][0];
+#pragma unroll
+    for (int t = 1; t < kSteps; ++t) m = fmaxf(m, bm[r][t]);
+    mx[r] = m;
+  }
+}
+
 // pack_p_operand for FP4 P (PCode::mxfp4_direct_p). k32 step t covers keys
-// 32t .. 32t + 31: one MX block, of which this thread holds 8 per row and its
-// quad the other 24. Per row: the block maxima of u (u is monotone in s, so
-// the max of s gives it), E per block, R = max E over the tile, then the
-// folded codes; row_factor = 2^(R − 6) multiplies PV and the row sum.
+// 32t .. 32t + 31: one MX block, whose maximum bm[r][t] gives E (u is
+// monotone in s); R = max E over the tile, then per four keys the folded
+// codes of direct_p::device::mxfp4_folded_pair (the emulator's mxfp4_code and
+// fold_mx_to_e4m3); row_factor = 2^(R − 6) multiplies PV and the row sum.
 template <int N>
 FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&c)[2], const float (&m)[2],
-                                             std::uint32_t (&p)[N / 16][4], float (&row_factor)[2]) {
+                                             const float (&bm)[2][N / 16], std::uint32_t (&p)[N / 16][4],
+                                             float (&row_factor)[2]) {
   constexpr int kSteps = N / 16;
+  constexpr int kFoldToF16 = 10;  // mxfp4_folded_pair's fixed 2^10; the rest, 2^(10 + E − R), is `fold`
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     int block_exp[kSteps];
     int tile_exp = direct_p::kNoBlockExponent;
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
-      float mx = neg_inf();
-#pragma unroll
-      for (int j = 4 * t; j < 4 * t + 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullWarp, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullWarp, mx, 2));
-      block_exp[t] = direct_p::mx_block_exponent(direct_p::log2_score(mx, c[r], m[r]));
+      block_exp[t] = direct_p::mx_block_exponent(direct_p::log2_score(bm[r][t], c[r], m[r]));
       tile_exp = max(tile_exp, block_exp[t]);
     }
     row_factor[r] = exp2i(tile_exp - kSm90FoldHeadroom);
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
-      const float e = static_cast<float>(block_exp[t]);
-      const float fold = exp2i(block_exp[t] - tile_exp + kSm90FoldHeadroom);
-      const FoldedGaps gap{0.5f * fold, fold, 2.0f * fold};
+      const float offset = direct_p::mxfp4_fixed_offset(block_exp[t]);
+      // 2^k as float bits: k = 10 + E − R ≥ 10 − 127 − R is a normal exponent,
+      // since R ≤ 0 (u ≤ 0); exp2i's subnormal branch is not needed.
+      const float fold_f32 = __uint_as_float(static_cast<std::uint32_t>(kFoldToF16 + block_exp[t] - tile_exp + 127) << 23);
+      std::uint32_t fold;
+      asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(fold) : "f"(fold_f32));
+      auto u = [&](int i) { return direct_p::log2_score(s[i], c[r], m[r]); };
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int j = 4 * t + 2 * h;
-        auto value = [&](int i) { return folded_p_value(direct_p::log2_score(s[i], c[r], m[r]), e, gap); };
-        p[t][2 * h + r] = e4m3_pair(value(4 * j + 2 * r), value(4 * j + 2 * r + 1)) |
-                          (e4m3_pair(value(4 * j + 4 + 2 * r), value(4 * j + 5 + 2 * r)) << 16);
+        p[t][2 * h + r] = direct_p::device::e4m3x4_of_f16x2(
+            direct_p::device::mxfp4_folded_pair(u(4 * j + 2 * r), u(4 * j + 2 * r + 1), offset, fold),
+            direct_p::device::mxfp4_folded_pair(u(4 * j + 4 + 2 * r), u(4 * j + 5 + 2 * r), offset, fold));
       }
     }
   }
@@ -388,7 +388,9 @@ struct OnlineSoftmax {
   __device__ void step(float (&s)[N], const float (&c)[2], bool mx_round_up, std::uint32_t (&p)[N / 16][4],
                        float (&alpha)[2], float (&row_factor)[2]) {
     float mx[2];
-    row_max(s, mx);
+    float bm[2][N / 16];  // FP4 P's block maxima (mxfp4_direct_p only)
+    if constexpr (kPCode == PCode::mxfp4_direct_p) block_max(s, bm, mx);
+    else row_max(s, mx);
     float m_use[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -397,7 +399,7 @@ struct OnlineSoftmax {
       alpha[r] = exp2f(m[r] - m_use[r]);
       m[r] = m_new;
     }
-    if constexpr (kPCode == PCode::mxfp4_direct_p) pack_p_operand_mx(s, c, m_use, p, row_factor);
+    if constexpr (kPCode == PCode::mxfp4_direct_p) pack_p_operand_mx(s, c, m_use, bm, p, row_factor);
     else if constexpr (kPCode == PCode::mxfp4_exp2) pack_p_operand_mx_exp2(s, c, m_use, mx_round_up, p, row_factor);
     else pack_p_operand<kPCode>(s, c, m_use, p);
   }
