@@ -99,25 +99,27 @@ struct DeviceOutputs {
   DeviceArray<int> flags;
   DeviceArray<unsigned char> workspace;
   cq::Fp8Buffers bufs;
+  int stats_offset;  // floats before v_scale and k_mean in their arrays (1: only 4-byte aligned)
 
   // own_workspace: pass a (poisoned) caller workspace; otherwise the quantizer allocates one.
-  DeviceOutputs(const AttentionShape& s, bool own_workspace)
+  DeviceOutputs(const AttentionShape& s, bool own_workspace, int stats_offset = 0)
       : vt_keys(cq::padded_keys(s.Sk)),
         q(s.q_elems()),
         k(s.kv_elems()),
         vt(s.B * s.Hkv * s.D * vt_keys),
         q_scale(s.B * s.Hq * ((s.Sq + cq::kTokenBlock - 1) / cq::kTokenBlock)),
         k_scale(s.B * s.Hkv * ((s.Sk + cq::kTokenBlock - 1) / cq::kTokenBlock)),
-        v_scale(s.B * s.Hkv * s.D),
-        k_mean(s.B * s.Hkv * s.D),
+        v_scale(s.B * s.Hkv * s.D + stats_offset),
+        k_mean(s.B * s.Hkv * s.D + stats_offset),
         lse_shift(s.lse_elems()),
         flags(3),
-        workspace(cq::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D)) {
+        workspace(cq::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D)),
+        stats_offset(stats_offset) {
     poison();
     cudaMemset(workspace.ptr, 0xFF, workspace.bytes());
     cudaMemset(flags.ptr, 0, flags.bytes());
-    bufs = {q.ptr,         q_scale.ptr, k.ptr,           k_scale.ptr, vt.ptr,   v_scale.ptr,
-            k_mean.ptr,    lse_shift.ptr, vt_keys,       flags.ptr,   own_workspace ? workspace.ptr : nullptr};
+    bufs = {q.ptr,         q_scale.ptr, k.ptr,           k_scale.ptr, vt.ptr,   v_scale.ptr + stats_offset,
+            k_mean.ptr + stats_offset, lse_shift.ptr, vt_keys, flags.ptr, own_workspace ? workspace.ptr : nullptr};
   }
   void poison() {
     for (auto* a : {&q, &k, &vt}) a->poison();
@@ -205,8 +207,13 @@ Fp8Result download(const DeviceOutputs& dev, const AttentionShape& s, bool smoot
   Fp8Result r;
   r.q = dev.q.download(), r.k = dev.k.download();
   r.v = unpermute_vt(dev.vt.download(), s, dev.vt_keys, r.bad_padding);
-  r.q_scale = dev.q_scale.download(), r.k_scale = dev.k_scale.download(), r.v_scale = dev.v_scale.download();
-  if (smooth_k) r.k_mean = dev.k_mean.download(), r.lse_shift = dev.lse_shift.download();
+  const auto past_offset = [&](std::vector<float> v) {
+    v.erase(v.begin(), v.begin() + dev.stats_offset);
+    return v;
+  };
+  r.q_scale = dev.q_scale.download(), r.k_scale = dev.k_scale.download();
+  r.v_scale = past_offset(dev.v_scale.download());
+  if (smooth_k) r.k_mean = past_offset(dev.k_mean.download()), r.lse_shift = dev.lse_shift.download();
   return r;
 }
 
@@ -268,12 +275,12 @@ void expect_matches_cpu(const Fp8Result& got, const Inputs& in, bool smooth_k, c
 
 template <class T>
 void check_random_case(const AttentionShape& s, bool smooth_k, const Layout& layout, bool own_workspace,
-                       const char* type) {
+                       const char* type, int stats_offset = 0) {
   const std::uint32_t seed = gpu_test::fresh_seed();
   std::mt19937 rng(seed);
   const Inputs in = random_inputs<T>(s, rng);
   const DeviceInputs<T> dev_in(in, layout);
-  DeviceOutputs dev(s, own_workspace);
+  DeviceOutputs dev(s, own_workspace, stats_offset);
   expect_matches_cpu(run_gpu(dev_in, s, smooth_k, dev), in, smooth_k, describe(s, smooth_k, type, seed));
 }
 
@@ -288,6 +295,17 @@ TEST(GpuQuantizeFp8, MatchesCpuQuantizerBitForBit) {
   check_random_case<__half>({2, 2, 1, 129, 385, 32}, true, kOddPad, true, "fp16");
   check_random_case<float>({1, 2, 2, 200, 131, 128}, true, kAlignedPad, true, "fp32");
   check_random_case<float>({2, 4, 1, 250, 300, 64}, false, kOddPad, false, "fp32");
+}
+
+// Enough chunks that most quantize units find their slice's statistics final
+// when the kernel decodes them, so K's mean and V's scales travel with the
+// staged chunk: from 16-byte aligned arrays, and from arrays that are only
+// 4-byte aligned, where the kernel must read them the unstaged way.
+TEST(GpuQuantizeFp8, StagedStatisticsMatchTheCpu) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{4, 16, 8, 512, 2048, 128};  // 512 kv chunks, 2560 tickets: about ten per CTA
+  check_random_case<__nv_bfloat16>(s, true, kDense, true, "bf16", 0);
+  check_random_case<__nv_bfloat16>(s, true, kDense, false, "bf16, statistics at a 4-byte offset", 1);
 }
 
 // Work order variants (lag, CTAs per SM) and a reused workspace change the

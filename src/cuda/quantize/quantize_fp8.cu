@@ -90,9 +90,11 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
                        : job.order.kv_chunks;
   job.tickets = static_cast<unsigned>(tickets);
 
-  const std::size_t k_tile = smooth_k ? sizeof(T) * kTokenBlock * k.D : 0;
+  // Two chunk staging buffers (the K tile of the mean's sums is one of
+  // them), then v_quantize's Vᵀ tile; the kernel carves them in this order.
+  const std::size_t stages = 2 * sizeof(T) * kTokenBlock * k.D;
   const std::size_t vt_tile = sizeof(std::uint32_t) * kVtPitchWords * k.D;
-  const std::size_t smem = std::max(k_tile, vt_tile);
+  const std::size_t smem = stages + vt_tile;
   if (smem > kDefaultSmemLimit)
     check_cuda(cudaFuncSetAttribute(quantize_fp8_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)),

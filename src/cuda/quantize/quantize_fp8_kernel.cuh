@@ -17,6 +17,14 @@
 // the four tokens that one 32-bit word of Vᵀ holds (vt_key_of_slot), so V
 // codes go to shared memory a word at a time, and Q / K rows are written
 // 8 codes per thread.
+//
+// Staging: a CTA holds two tickets, the unit it runs and the next one, and
+// copies the next unit's chunk into shared memory (cp.async, 16 bytes per
+// segment, into the same (token, channel) places its own threads will read)
+// while it runs the current one, so every CTA always has a chunk in flight.
+// The slice statistics a quantize unit reads (K's mean, V's scales) travel
+// with its chunk when they were final at decode time. Layouts that do not
+// allow 16-byte loads skip the chunk's staging and load from global memory.
 #pragma once
 
 #include <cuda/atomic>
@@ -84,10 +92,21 @@ struct Job {
   unsigned tickets;
 };
 
+// A unit and the place of its chunk, decoded from its ticket once per unit by
+// thread 0: the decode is 64-bit arithmetic, which, done by all 512 threads
+// of every unit, cost a measurable share of the kernel (perf-log q2).
+struct UnitPlace {
+  Unit unit;
+  int j, b, h, blk;   // the kv slice j (for Q: its K/V head's), batch, head, token block
+  bool valid;         // false past the last ticket
+  bool stats_staged;  // the slice statistics it reads were final when decoded: staged with the chunk
+};
+
 struct SharedScratch {
   std::uint32_t warp_max[kWarps];
   std::uint32_t channel_max[kWarps][kMaxHeadDim];
-  unsigned ticket[2];
+  UnitPlace place[3];  // the running unit, the staged one and the one after (rotating)
+  alignas(kVectorBytes) float stats[2][kMaxHeadDim];  // staged k_mean or v_scale of the running and the next unit
   int last_arrival;
 };
 
@@ -104,38 +123,207 @@ __device__ __forceinline__ int quad_token(int q, int i) {
   return slot / kVtKeyGroup * kVtKeyGroup + vt_key_of_slot(slot % kVtKeyGroup);
 }
 
-template <class T>
-__device__ __forceinline__ int segment_column(const Job<T>& job) {
-  return static_cast<int>(threadIdx.x) & ((1 << job.seg_shift) - 1);
-}
+// A thread's place in the chunk layout, the same for every unit: computed
+// once per kernel. Recomputed per unit and element (signed divisions, the Vᵀ
+// key permutation, 64-bit products), this index arithmetic was about half of
+// the kernel's instructions (perf-log q2).
+struct ThreadItems {
+  int column;                         // segment column g: channels [8g, 8g + 8)
+  int first_d;                        // 8g
+  int quad[kMaxItems];                // quad of item r, or -1 when the chunk has fewer items (D < 64)
+  int token[kMaxItems][kQuadTokens];  // token within the chunk of element i of item r (when quad[r] ≥ 0)
+};
 
-// Quad of item r of this thread, or -1 when the chunk has fewer items (D < 64).
 template <class T>
-__device__ __forceinline__ int item_quad(const Job<T>& job, int r) {
-  const int item = static_cast<int>(threadIdx.x) + r * kThreads;
-  return item < (kQuadsPerChunk << job.seg_shift) ? item >> job.seg_shift : -1;
+__device__ __forceinline__ ThreadItems thread_items(const Job<T>& job) {
+  ThreadItems items;
+  items.column = static_cast<int>(threadIdx.x) & ((1 << job.seg_shift) - 1);
+  items.first_d = kSegment * items.column;
+#pragma unroll
+  for (int r = 0; r < kMaxItems; ++r) {
+    const int item = static_cast<int>(threadIdx.x) + r * kThreads;
+    items.quad[r] = item < (kQuadsPerChunk << job.seg_shift) ? item >> job.seg_shift : -1;
+#pragma unroll
+    for (int i = 0; i < kQuadTokens; ++i) items.token[r][i] = items.quad[r] < 0 ? 0 : quad_token(items.quad[r], i);
+  }
+  return items;
 }
 
 // Sequence position of element i of item r, or -1 past the tensor's end.
-template <class T>
-__device__ __forceinline__ int item_token(const Job<T>& job, int r, int i, int s0, int S) {
-  const int q = item_quad(job, r);
-  if (q < 0) return -1;
-  const int s = s0 + quad_token(q, i);
-  return s < S ? s : -1;
+__device__ __forceinline__ int item_token(const ThreadItems& items, int r, int i, int s0, int S) {
+  const int s = s0 + items.token[r][i];
+  return items.quad[r] >= 0 && s < S ? s : -1;
 }
 
 template <L2Reuse R, class T>
-__device__ __forceinline__ void load_chunk(const Job<T>& job, const InputView<T>& in, int b, int h, int s0, int S,
-                                           Chunk<T>& c) {
-  const int first_d = kSegment * segment_column(job);
+__device__ __forceinline__ void load_chunk(const Job<T>& job, const ThreadItems& items, const InputView<T>& in, int b,
+                                           int h, int s0, int S, Chunk<T>& c) {
+  const T* first = in.segment(b, s0, h, items.first_d);  // 64-bit products once per unit
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i) {
-      const int s = item_token(job, r, i, s0, S);
-      if (s >= 0) load_segment<R>(in.segment(b, s, h, first_d), in.vector_loads, c.seg[r][i]);
+      const int s = item_token(items, r, i, s0, S);
+      if (s >= 0) load_segment<R>(first + (s - s0) * in.stride_s, in.vector_loads, c.seg[r][i]);
       else zero_segment(c.seg[r][i]);
+    }
+}
+
+// ---- staging one unit ahead -------------------------------------------------------
+
+// The chunk a unit reads: which input, and where.
+template <class T>
+struct ChunkSource {
+  InputView<T> view;  // a copy: a pointer into the kernel parameters compiles to generic loads
+  bool reads;         // false for a unit that reads nothing (k_stats of a V-only call)
+  int b, h, s0, S;
+  L2Reuse reuse;
+};
+
+// The per-channel slice statistics a unit reads once they are final: K's
+// mean (k_quantize, and q_quantize for the LSE correction) or V's scales.
+template <class T>
+__device__ __forceinline__ const float* slice_stats(const Job<T>& job, const UnitPlace& p) {
+  const std::int64_t at = static_cast<std::int64_t>(p.j) * job.D;
+  switch (p.unit.kind) {
+    case UnitKind::k_quantize: return job.out.k_mean + at;
+    case UnitKind::v_quantize: return job.out.v_scale + at;
+    case UnitKind::q_quantize: return job.smooth_k ? job.out.k_mean + at : nullptr;
+    default: return nullptr;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ UnitPlace place_of(const Job<T>& job, unsigned ticket) {
+  UnitPlace p{};
+  p.valid = ticket < job.tickets;
+  if (!p.valid) return p;
+  p.unit = job.order.unit(ticket);
+  const int chunk = static_cast<int>(p.unit.chunk);  // < 2^31: the host checks the ticket count
+  if (p.unit.kind == UnitKind::q_quantize) {
+    const int bh = chunk / job.q_blocks;
+    p.blk = chunk % job.q_blocks, p.b = bh / job.Hq, p.h = bh % job.Hq;
+    p.j = p.b * job.Hkv + p.h / (job.Hq / job.Hkv);
+  } else {
+    p.j = chunk / job.k_blocks, p.blk = chunk % job.k_blocks;
+    p.b = p.j / job.Hkv, p.h = p.j % job.Hkv;
+  }
+  // Staged by 16-byte copies, so only from a 16-byte aligned array (the
+  // caller's buffers need not be).
+  const float* stats = slice_stats(job, p);
+  if (stats != nullptr && reinterpret_cast<std::uintptr_t>(stats) % kVectorBytes == 0) {
+    cuda::atomic_ref<unsigned, cuda::thread_scope_device> ready(job.ws.ready[p.j]);
+    p.stats_staged = ready.load(cuda::memory_order_relaxed) != 0;
+  }
+  return p;
+}
+
+template <class T>
+__device__ __forceinline__ ChunkSource<T> source_of(const Job<T>& job, const UnitPlace& p) {
+  ChunkSource<T> src;
+  src.b = p.b, src.h = p.h, src.s0 = p.blk * kTokenBlock;
+  src.reads = true, src.reuse = L2Reuse::last;
+  const UnitKind kind = p.unit.kind;
+  if (kind == UnitKind::q_quantize) {
+    src.view = job.q, src.S = job.Sq;
+    return src;
+  }
+  src.S = job.Sk;
+  const bool k_unit = kind == UnitKind::k_stats || kind == UnitKind::k_quantize;
+  src.reads = !k_unit || job.out.k != nullptr;  // a V-only call reads no K
+  src.view = k_unit ? job.k : job.v;
+  // Statistics reads are read again by the quantize pass; everything else is final.
+  const bool read_again = (kind == UnitKind::k_stats && job.smooth_k) || kind == UnitKind::v_stats;
+  src.reuse = read_again ? L2Reuse::keep : L2Reuse::last;
+  return src;
+}
+
+template <class T>
+__device__ __forceinline__ bool stageable(const ChunkSource<T>& src) {
+  return src.reads && src.view.vector_loads;
+}
+
+__device__ __forceinline__ std::uint64_t l2_policy(L2Reuse r) {
+  std::uint64_t policy;
+  if (r == L2Reuse::keep) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ void copy_async_16(void* smem, const void* global, std::uint64_t policy) {
+  const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(global), "l"(policy)
+               : "memory");
+}
+
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits for every copy this thread started; a barrier after it makes them
+// visible to the whole CTA.
+__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Starts this thread's copies of a unit's chunk into `stage` (token-major,
+// D elements a token) and, when they were final at decode time, of the slice
+// statistics it reads into `stats` (D floats; the first D / 4 threads copy 16
+// bytes each).
+template <class T>
+__device__ __forceinline__ void stage_unit(const Job<T>& job, const ThreadItems& items, const UnitPlace& p, T* stage,
+                                           float* stats) {
+  if (p.stats_staged && static_cast<int>(threadIdx.x) < job.D / 4) {
+    const int at = 4 * static_cast<int>(threadIdx.x);
+    copy_async_16(stats + at, slice_stats(job, p) + at, l2_policy(L2Reuse::keep));
+  }
+  const ChunkSource<T> src = source_of(job, p);
+  if (stageable(src)) {
+    const std::uint64_t policy = l2_policy(src.reuse);
+    const int first_d = items.first_d;
+    const T* first = src.view.segment(src.b, src.s0, src.h, first_d);  // 64-bit products once per unit
+    constexpr int kCopies = sizeof(Segment<T>) / kVectorBytes;
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i) {
+        const int s = item_token(items, r, i, src.s0, src.S);
+        if (s < 0) continue;
+        const T* from = first + (s - src.s0) * src.view.stride_s;
+        T* to = stage + (s - src.s0) * job.D + first_d;
+#pragma unroll
+        for (int v = 0; v < kCopies; ++v)
+          copy_async_16(reinterpret_cast<char*>(to) + v * kVectorBytes,
+                        reinterpret_cast<const char*>(from) + v * kVectorBytes, policy);
+      }
+  }
+  commit_copies();
+}
+
+// A unit's chunk into registers: from its staged copy when there is one
+// (the caller has waited for it), else straight from global memory.
+template <L2Reuse R, class T>
+__device__ __forceinline__ void fetch_chunk(const Job<T>& job, const ThreadItems& items, const InputView<T>& in, int b,
+                                            int h, int s0, int S, const T* staged, Chunk<T>& c) {
+  if (staged == nullptr || !in.vector_loads) return load_chunk<R>(job, items, in, b, h, s0, S, c);
+  const int first_d = items.first_d;
+#pragma unroll
+  for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+    for (int i = 0; i < kQuadTokens; ++i) {
+      const int s = item_token(items, r, i, s0, S);
+      if (s < 0) {
+        zero_segment(c.seg[r][i]);
+        continue;
+      }
+      const auto* from = reinterpret_cast<const uint4*>(staged + (s - s0) * job.D + first_d);
+      if constexpr (sizeof(T) == sizeof(float)) {
+#pragma unroll
+        for (int v = 0; v < kSegment / 4; ++v) {
+          const uint4 w = from[v];
+          c.seg[r][i].f[4 * v] = __uint_as_float(w.x), c.seg[r][i].f[4 * v + 1] = __uint_as_float(w.y);
+          c.seg[r][i].f[4 * v + 2] = __uint_as_float(w.z), c.seg[r][i].f[4 * v + 3] = __uint_as_float(w.w);
+        }
+      } else {
+        const uint4 w = from[0];
+        c.seg[r][i].w[0] = w.x, c.seg[r][i].w[1] = w.y, c.seg[r][i].w[2] = w.z, c.seg[r][i].w[3] = w.w;
+      }
     }
 }
 
@@ -172,6 +360,23 @@ __device__ __forceinline__ void wait_ready(unsigned* flag) {
     while (ready.load(cuda::memory_order_relaxed) == 0) __nanosleep(kSpinSleepNs);
   }
   __syncthreads();
+}
+
+// A unit's 8 statistics of this thread's channels: staged with its chunk, or
+// (not final when the unit was decoded) read after the slice's flag. Uniform
+// over the CTA: p comes from shared memory.
+template <class T>
+__device__ __forceinline__ void read_slice_stats(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
+                                                 const float* staged_stats, float (&out)[kSegment]) {
+  if (p.stats_staged) {
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) out[e] = staged_stats[items.first_d + e];
+    return;
+  }
+  wait_ready(job.ws.ready + p.j);
+  const float* from = slice_stats(job, p) + items.first_d;
+#pragma unroll
+  for (int e = 0; e < kSegment; ++e) out[e] = __ldcg(from + e);
 }
 
 // Called by the unit that completes slice j's statistics: k_mean from the
@@ -220,16 +425,17 @@ __device__ void arrive(const Job<T>& job, int j, SharedScratch& sh) {
 // and the block's scale, flags a non-finite block, and returns the scale;
 // `words` receives this thread's codes (8 per token, channel 8g in the low byte).
 template <class T>
-__device__ float quantize_token_block(const Job<T>& job, const Chunk<T>& c, const float (&mean)[kSegment], int b,
-                                      int h, int blk, int S, int H, std::uint8_t* codes, float* scales, int* nonfinite,
-                                      SharedScratch& sh, std::uint32_t (&words)[kMaxItems][kQuadTokens][2]) {
+__device__ float quantize_token_block(const Job<T>& job, const ThreadItems& items, const Chunk<T>& c,
+                                      const float (&mean)[kSegment], int b, int h, int blk, int S, int H,
+                                      std::uint8_t* codes, float* scales, int* nonfinite, SharedScratch& sh,
+                                      std::uint32_t (&words)[kMaxItems][kQuadTokens][2]) {
   const int s0 = blk * kTokenBlock;
   std::uint32_t mag = 0;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i)
-      if (item_token(job, r, i, s0, S) >= 0)
+      if (item_token(items, r, i, s0, S) >= 0)
 #pragma unroll
         for (int e = 0; e < kSegment; ++e) mag = max(mag, magnitude_bits(element(c.seg[r][i], e) - mean[e]));
   const std::uint32_t amax_bits = block_max(mag, sh);
@@ -238,7 +444,9 @@ __device__ float quantize_token_block(const Job<T>& job, const Chunk<T>& c, cons
   if (threadIdx.x == 0) scales[(static_cast<std::int64_t>(b) * H + h) * ((S + kTokenBlock - 1) / kTokenBlock) + blk] = scale;
 
   const E4M3Divisor div = make_divisor(scale);
-  const int first_d = kSegment * segment_column(job);
+  // Codes are (B, S, H, D): one token further is H·D bytes.
+  std::uint8_t* first = codes + ((static_cast<std::int64_t>(b) * S + s0) * H + h) * job.D + items.first_d;
+  const int token_bytes = H * job.D;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
@@ -251,53 +459,47 @@ __device__ float quantize_token_block(const Job<T>& job, const Chunk<T>& c, cons
             e4m3x2_quotient(element(x, e) - mean[e], element(x, e + 1) - mean[e + 1], div) |
             e4m3x2_quotient(element(x, e + 2) - mean[e + 2], element(x, e + 3) - mean[e + 3], div) << 16;
       }
-      const int s = item_token(job, r, i, s0, S);
+      const int s = item_token(items, r, i, s0, S);
       if (s >= 0)
-        __stcs(reinterpret_cast<uint2*>(codes + ((static_cast<std::int64_t>(b) * S + s) * H + h) * job.D + first_d),
+        __stcs(reinterpret_cast<uint2*>(first + static_cast<std::int64_t>(s - s0) * token_bytes),
                make_uint2(words[r][i][0], words[r][i][1]));
     }
   return scale;
-}
-
-template <class T>
-__device__ __forceinline__ void kv_coordinates(const Job<T>& job, std::int64_t chunk, int& j, int& b, int& h,
-                                               int& blk) {
-  j = static_cast<int>(chunk / job.k_blocks);
-  blk = static_cast<int>(chunk % job.k_blocks);
-  b = j / job.Hkv;
-  h = j % job.Hkv;
 }
 
 // K chunk, first read. smooth_k: double sum per channel in ascending s,
 // staged through shared memory so one thread walks one channel. Otherwise the
 // final codes (K needs no second read).
 template <class T>
-__device__ __forceinline__ void k_stats(const Job<T>& job, std::int64_t chunk, SharedScratch& sh, T* tile) {
+__device__ __forceinline__ void k_stats(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
+                                        SharedScratch& sh, const T* staged, T* tile) {
   if (job.out.k == nullptr) return;  // V-only call: its tickets stay, K is never read
-  int j, b, h, blk;
-  kv_coordinates(job, chunk, j, b, h, blk);
+  const int j = p.j, b = p.b, h = p.h, blk = p.blk;
   const int s0 = blk * kTokenBlock;
   Chunk<T> c;
   if (!job.smooth_k) {
-    load_chunk<L2Reuse::last>(job, job.k, b, h, s0, job.Sk, c);
+    fetch_chunk<L2Reuse::last>(job, items, job.k, b, h, s0, job.Sk, staged, c);
     const float zero[kSegment] = {};
     std::uint32_t words[kMaxItems][kQuadTokens][2];
-    quantize_token_block(job, c, zero, b, h, blk, job.Sk, job.Hkv, job.out.k, job.out.k_scale,
+    quantize_token_block(job, items, c, zero, b, h, blk, job.Sk, job.Hkv, job.out.k, job.out.k_scale,
                          job.out.nonfinite + kK, sh, words);
     return;
   }
-  load_chunk<L2Reuse::keep>(job, job.k, b, h, s0, job.Sk, c);
-  const int first_d = kSegment * segment_column(job);
+  fetch_chunk<L2Reuse::keep>(job, items, job.k, b, h, s0, job.Sk, staged, c);
+  // A staged chunk is already the token-major tile the channel sums read.
+  const bool in_tile = staged != nullptr && job.k.vector_loads;
+  if (in_tile) tile = const_cast<T*>(staged);
+  const int first_d = items.first_d;
   bool bad = false;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i) {
-      const int s = item_token(job, r, i, s0, job.Sk);
+      const int s = item_token(items, r, i, s0, job.Sk);
       if (s < 0) continue;
 #pragma unroll
       for (int e = 0; e < kSegment; ++e) bad |= magnitude_bits(element(c.seg[r][i], e)) >= kInfBits;
-      store_segment(tile + (s - s0) * job.D + first_d, c.seg[r][i]);
+      if (!in_tile) store_segment(tile + (s - s0) * job.D + first_d, c.seg[r][i]);
     }
   if (bad) job.out.nonfinite[kK] = 1;
   __syncthreads();
@@ -316,18 +518,18 @@ __device__ __forceinline__ void k_stats(const Job<T>& job, std::int64_t chunk, S
       for (int u = 0; u < kSumBatch; ++u) sum += static_cast<double>(x[u]);
     }
     for (; t < tokens; ++t) sum += static_cast<double>(to_float(tile[t * job.D + d]));
-    job.ws.k_partial[chunk * job.D + d] = sum;
+    job.ws.k_partial[p.unit.chunk * job.D + d] = sum;
   }
   arrive(job, j, sh);
 }
 
 // V chunk, first read: per-channel amax into the slice's running maximum.
 template <class T>
-__device__ __forceinline__ void v_stats(const Job<T>& job, std::int64_t chunk, SharedScratch& sh) {
-  int j, b, h, blk;
-  kv_coordinates(job, chunk, j, b, h, blk);
+__device__ __forceinline__ void v_stats(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
+                                        SharedScratch& sh, const T* staged) {
+  const int j = p.j, b = p.b, h = p.h, blk = p.blk;
   Chunk<T> c;
-  load_chunk<L2Reuse::keep>(job, job.v, b, h, blk * kTokenBlock, job.Sk, c);
+  fetch_chunk<L2Reuse::keep>(job, items, job.v, b, h, blk * kTokenBlock, job.Sk, staged, c);
   std::uint32_t m[kSegment] = {};
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
@@ -358,41 +560,36 @@ __device__ __forceinline__ void v_stats(const Job<T>& job, std::int64_t chunk, S
 
 // K chunk, second read (smooth_k): k − mean → codes and block scale.
 template <class T>
-__device__ __forceinline__ void k_quantize(const Job<T>& job, std::int64_t chunk, SharedScratch& sh) {
-  int j, b, h, blk;
-  kv_coordinates(job, chunk, j, b, h, blk);
+__device__ __forceinline__ void k_quantize(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
+                                           SharedScratch& sh, const T* staged, const float* staged_stats) {
+  const int b = p.b, h = p.h, blk = p.blk;
   Chunk<T> c;
-  load_chunk<L2Reuse::last>(job, job.k, b, h, blk * kTokenBlock, job.Sk, c);
-  wait_ready(job.ws.ready + j);
+  fetch_chunk<L2Reuse::last>(job, items, job.k, b, h, blk * kTokenBlock, job.Sk, staged, c);
   float mean[kSegment];
-  const float* slice_mean = job.out.k_mean + static_cast<std::int64_t>(j) * job.D + kSegment * segment_column(job);
-#pragma unroll
-  for (int e = 0; e < kSegment; ++e) mean[e] = __ldcg(slice_mean + e);
+  read_slice_stats(job, items, p, staged_stats, mean);
   std::uint32_t words[kMaxItems][kQuadTokens][2];
-  quantize_token_block(job, c, mean, b, h, blk, job.Sk, job.Hkv, job.out.k, job.out.k_scale, job.out.nonfinite + kK,
-                       sh, words);
+  quantize_token_block(job, items, c, mean, b, h, blk, job.Sk, job.Hkv, job.out.k, job.out.k_scale,
+                       job.out.nonfinite + kK, sh, words);
 }
 
 // V chunk, second read: codes of v / scale[d], staged as Vᵀ words (a quad's
 // four keys of one channel) and written out one 128-key row per channel.
 template <class T>
-__device__ __forceinline__ void v_quantize(const Job<T>& job, std::int64_t chunk, SharedScratch& sh, std::uint32_t* tile) {
-  int j, b, h, blk;
-  kv_coordinates(job, chunk, j, b, h, blk);
+__device__ __forceinline__ void v_quantize(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
+                                           SharedScratch& sh, const T* staged, const float* staged_stats,
+                                           std::uint32_t* tile) {
+  const int j = p.j, b = p.b, h = p.h, blk = p.blk;
   Chunk<T> c;
-  load_chunk<L2Reuse::last>(job, job.v, b, h, blk * kTokenBlock, job.Sk, c);
-  wait_ready(job.ws.ready + j);
-  const int g = segment_column(job);
+  fetch_chunk<L2Reuse::last>(job, items, job.v, b, h, blk * kTokenBlock, job.Sk, staged, c);
+  const int g = items.column;
   float scale[kSegment];
-  const float* slice_scale = job.out.v_scale + static_cast<std::int64_t>(j) * job.D + kSegment * g;
-#pragma unroll
-  for (int e = 0; e < kSegment; ++e) scale[e] = __ldcg(slice_scale + e);
+  read_slice_stats(job, items, p, staged_stats, scale);
 #pragma unroll
   for (int e = 0; e < kSegment; ++e) {
     const E4M3Divisor div = make_divisor(scale[e]);
 #pragma unroll
     for (int r = 0; r < kMaxItems; ++r) {
-      const int q = item_quad(job, r);
+      const int q = items.quad[r];
       if (q < 0) continue;
       const Segment<T>(&x)[kQuadTokens] = c.seg[r];  // keys past Sk hold zeros, whose code is 0
       tile[(kSegment * g + e) * kVtPitchWords + q] = e4m3x2_quotient(element(x[0], e), element(x[1], e), div) |
@@ -410,26 +607,21 @@ __device__ __forceinline__ void v_quantize(const Job<T>& job, std::int64_t chunk
 // Q chunk, single read: codes and block scale; with smooth_k also the LSE
 // correction softmax_scale · Σ_d q_deq[d] · k_mean[d] of each token.
 template <class T>
-__device__ __forceinline__ void q_quantize(const Job<T>& job, std::int64_t chunk, SharedScratch& sh) {
-  const int blk = static_cast<int>(chunk % job.q_blocks);
-  const int bh = static_cast<int>(chunk / job.q_blocks);
-  const int h = bh % job.Hq, b = bh / job.Hq;
+__device__ __forceinline__ void q_quantize(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
+                                           SharedScratch& sh, const T* staged, const float* staged_stats) {
+  const int blk = p.blk, h = p.h, b = p.b;
   const int s0 = blk * kTokenBlock;
   Chunk<T> c;
-  load_chunk<L2Reuse::last>(job, job.q, b, h, s0, job.Sq, c);
+  fetch_chunk<L2Reuse::last>(job, items, job.q, b, h, s0, job.Sq, staged, c);
   const float zero[kSegment] = {};
   std::uint32_t words[kMaxItems][kQuadTokens][2];
-  const float scale = quantize_token_block(job, c, zero, b, h, blk, job.Sq, job.Hq, job.out.q, job.out.q_scale,
+  const float scale = quantize_token_block(job, items, c, zero, b, h, blk, job.Sq, job.Hq, job.out.q, job.out.q_scale,
                                            job.out.nonfinite + kQ, sh, words);
   if (!job.smooth_k) return;
 
-  const int j = b * job.Hkv + h / (job.Hq / job.Hkv);
-  wait_ready(job.ws.ready + j);
-  const int g = segment_column(job);
+  const int g = items.column;
   float mean[kSegment];
-  const float* slice_mean = job.out.k_mean + static_cast<std::int64_t>(j) * job.D + kSegment * g;
-#pragma unroll
-  for (int e = 0; e < kSegment; ++e) mean[e] = __ldcg(slice_mean + e);
+  read_slice_stats(job, items, p, staged_stats, mean);
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
@@ -445,7 +637,7 @@ __device__ __forceinline__ void q_quantize(const Job<T>& job, std::int64_t chunk
       }
       // The lanes of one token are the D / 8 consecutive lanes of its quad.
       for (int off = 1; off < (1 << job.seg_shift); off *= 2) dot += __shfl_xor_sync(kFullWarp, dot, off);
-      const int s = item_token(job, r, i, s0, job.Sq);
+      const int s = item_token(items, r, i, s0, job.Sq);
       if (g == 0 && s >= 0)
         job.out.lse_shift[(static_cast<std::int64_t>(b) * job.Hq + h) * job.Sq + s] = job.softmax_scale * dot;
     }
@@ -453,28 +645,54 @@ __device__ __forceinline__ void q_quantize(const Job<T>& job, std::int64_t chunk
 
 // ---- the kernel -------------------------------------------------------------------
 
+// Dynamic shared memory: two staging buffers of one chunk each, then the Vᵀ
+// tile of v_quantize (quantize_fp8.cu sizes it).
 template <class T>
 __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T>) quantize_fp8_kernel(const __grid_constant__ Job<T> job) {
-  extern __shared__ __align__(16) unsigned char tile[];  // K chunk (k_stats) or Vᵀ words (v_quantize)
+  extern __shared__ __align__(16) unsigned char smem[];
   __shared__ SharedScratch sh;
-  // Thread 0 takes the next ticket while the CTA works on the current one.
-  if (threadIdx.x == 0) sh.ticket[0] = atomicAdd(job.ws.ticket, 1u);
+  const ThreadItems items = thread_items(job);
+  // Staging buffer `slot`, by arithmetic: an array of two pointers indexed
+  // by the loop's slot would live in local memory.
+  const auto stage = [&](int slot) { return reinterpret_cast<T*>(smem) + slot * kTokenBlock * job.D; };
+  auto* vt_tile = reinterpret_cast<std::uint32_t*>(smem + 2 * sizeof(T) * kTokenBlock * job.D);
+  // Thread 0 holds two tickets ahead of the work: the next unit's chunk is
+  // staged while the current one runs. Tickets are taken in increasing order
+  // and a unit waits only on smaller ones, so the smallest unfinished ticket
+  // always belongs to a running unit: holding one more cannot deadlock.
+  if (threadIdx.x == 0) {
+    sh.place[0] = place_of(job, atomicAdd(job.ws.ticket, 1u));
+    sh.place[1] = place_of(job, atomicAdd(job.ws.ticket, 1u));
+  }
   __syncthreads();
-  int buf = 0;
-  for (unsigned t = sh.ticket[0]; t < job.tickets; t = sh.ticket[buf]) {
-    unsigned next = 0;
-    if (threadIdx.x == 0) next = atomicAdd(job.ws.ticket, 1u);
-    const Unit u = job.order.unit(t);
-    switch (u.kind) {
-      case UnitKind::k_stats: k_stats(job, u.chunk, sh, reinterpret_cast<T*>(tile)); break;
-      case UnitKind::v_stats: v_stats(job, u.chunk, sh); break;
-      case UnitKind::k_quantize: k_quantize(job, u.chunk, sh); break;
-      case UnitKind::v_quantize: v_quantize(job, u.chunk, sh, reinterpret_cast<std::uint32_t*>(tile)); break;
-      case UnitKind::q_quantize: q_quantize(job, u.chunk, sh); break;
+  // The places stay in shared memory (registers are the limit at two CTAs of
+  // 512 threads per SM); the loop keeps their indices.
+  int cur = 0, next = 1;
+  if (sh.place[cur].valid) stage_unit(job, items, sh.place[cur], stage(0), sh.stats[0]);
+  wait_copies();
+  __syncthreads();
+  int slot = 0;  // staging buffers of the running unit
+  while (sh.place[cur].valid) {
+    const int fill = 3 - cur - next;  // last read right after the barrier three units ago
+    if (threadIdx.x == 0) sh.place[fill] = place_of(job, atomicAdd(job.ws.ticket, 1u));
+    if (sh.place[next].valid) stage_unit(job, items, sh.place[next], stage(slot ^ 1), sh.stats[slot ^ 1]);
+    T* staged = stage(slot);
+    const float* staged_stats = sh.stats[slot];
+    const UnitPlace& p = sh.place[cur];
+    switch (p.unit.kind) {
+      case UnitKind::k_stats: k_stats(job, items, p, sh, staged, staged); break;
+      case UnitKind::v_stats: v_stats(job, items, p, sh, staged); break;
+      case UnitKind::k_quantize: k_quantize(job, items, p, sh, staged, staged_stats); break;
+      case UnitKind::v_quantize: v_quantize(job, items, p, sh, staged, staged_stats, vt_tile); break;
+      case UnitKind::q_quantize: q_quantize(job, items, p, sh, staged, staged_stats); break;
     }
-    buf ^= 1;
-    if (threadIdx.x == 0) sh.ticket[buf] = next;
+    // The next unit's copies, started a unit ago, are in; the barrier makes
+    // them visible to every thread and ends every read of this unit's buffers
+    // before the unit after next stages into them.
+    wait_copies();
     __syncthreads();
+    cur = next, next = fill;
+    slot ^= 1;
   }
 }
 
