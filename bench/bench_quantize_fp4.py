@@ -11,7 +11,11 @@ mean); 'pass_bytes' adds that read, and pct_of_copy_passes compares the time
 with what a copy needs for the bytes of both passes.
 
 Timing as in bench_quantize.py: CUDA events, warm-up, median of --reps runs,
-two input sets alternated (each larger than L2).
+two input sets alternated (each larger than L2). Each case is timed twice:
+one call between two events ('ms', what a lone call costs, host launch
+latency included: the GPU idles until the launch arrives), and --chain calls
+back to back between two events, per call ('ms_chain': the kernels'
+throughput when launches queue ahead, as in a model's step).
 """
 import argparse
 import ctypes
@@ -96,6 +100,7 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
+    ap.add_argument("--chain", type=int, default=10, help="calls back to back per event pair for ms_chain")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
@@ -123,13 +128,20 @@ def main():
                 x = sets[i % INPUT_SETS]
                 for p in plans:
                     check(lib, lib.fp4attn_fp4_quantize(p, x.data_ptr(), DTYPE_BF16, strides, stream))
+
+            def run_chain(i):
+                for k in range(args.chain):
+                    run(i * args.chain + k)
             ms = time_ms(run, args.reps, args.warmup)
+            ms_chain = time_ms(run_chain, args.reps, args.warmup) / args.chain
             for p in plans:
                 check(lib, lib.fp4attn_fp4_check_finite(p, stream))
-            return ms
+            return ms, ms_chain
 
-        def record(name, recipe, fmt, smooth_k, nbytes, pass_bytes, ms, operand, transposed):
+        def record(name, recipe, fmt, smooth_k, nbytes, pass_bytes, times, operand, transposed):
+            ms, ms_chain = times
             tbps = nbytes / (ms * 1e-3) / 1e12
+            chain_tbps = nbytes / (ms_chain * 1e-3) / 1e12
             pass_tbps = pass_bytes / (ms * 1e-3) / 1e12
             rows.append(dict(op="quantize", impl="fp4attn", recipe=recipe, operand=operand, case=name, format=fmt,
                              v_transposed=bool(transposed) if operand in ("v", "qkv") else None,
@@ -137,10 +149,13 @@ def main():
                              tflops=None, gbps=round(tbps * 1e3, 1), smooth_k=bool(smooth_k), bytes=nbytes,
                              pass_bytes=pass_bytes, pct_of_copy=round(100 * tbps / ceiling, 1),
                              pct_of_copy_passes=round(100 * pass_tbps / ceiling, 1),
-                             pct_of_nominal=round(100 * tbps / NOMINAL_TBPS, 1)))
+                             pct_of_nominal=round(100 * tbps / NOMINAL_TBPS, 1), chain=args.chain,
+                             ms_chain=round(ms_chain, 4), pct_of_copy_chain=round(100 * chain_tbps / ceiling, 1),
+                             pct_of_copy_passes_chain=round(100 * pass_bytes / (ms_chain * 1e-3) / 1e12 / ceiling, 1)))
             line = (f"S={S:5d} B={B:2d} {fmt} {name:14s} {ms * 1e3:7.1f} us {tbps * 1e3:6.0f} GB/s "
                     f"{100 * tbps / ceiling:5.1f}% of copy ({100 * pass_tbps / ceiling:5.1f}% counting every pass) "
-                    f"{100 * tbps / NOMINAL_TBPS:5.1f}% of {NOMINAL_TBPS} TB/s")
+                    f"{100 * tbps / NOMINAL_TBPS:5.1f}% of {NOMINAL_TBPS} TB/s | chained {ms_chain * 1e3:7.1f} us "
+                    f"{100 * chain_tbps / ceiling:5.1f}% of copy")
             print(line, flush=True)
             lines.append(line)
 

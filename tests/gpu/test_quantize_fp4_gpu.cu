@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/quantize/e2m1_pairs.cuh"
 #include "cuda/quantize/quantize_fp4.hpp"
 #include "fp4attn/error.hpp"
 #include "fp4attn/quantize.hpp"
@@ -365,6 +366,73 @@ TEST(GpuQuantizeFp4, VMatchesCpuBitForBit) {
         check_all_types({Fp4Operand::v, f, rule, false, transposed, 1, 129, 2, 256, LayoutKind::dense});
       }
     }
+}
+
+// Inputs long enough that every warp of the pipelined MXFP4 kernels runs
+// several rounds of its copy pipeline (every slot reused, tails in the last
+// round); both 16-bit types, both rules, dense and strided.
+TEST(GpuQuantizeFp4, PipelinedKernelsMatchCpuOverManyRounds) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (MxScaleRule rule : kRules) {
+    for (Fp4Operand op : {Fp4Operand::q, Fp4Operand::v}) {
+      const Case c{op, TensorFormat::mxfp4, rule, false, true, 1, 2053, 8, 128, LayoutKind::dense, true};
+      check_case<__nv_bfloat16>(c);
+      if (rule == MxScaleRule::round_up) check_case<__half>(c);
+    }
+    check_case<__nv_bfloat16>({Fp4Operand::k, TensorFormat::mxfp4, rule, false, true, 3, 1031, 5, 64,
+                               LayoutKind::qkv_slot, true});
+    check_case<__nv_bfloat16>({Fp4Operand::v, TensorFormat::mxfp4, rule, false, true, 3, 1031, 5, 64,
+                               LayoutKind::qkv_slot, true});
+  }
+}
+
+// mx_codes_x8 (the packed bf16x2 / f16x2 MXFP4 encoder) on every 16-bit
+// pattern whose quotient x · 2^-k is finite and at most 8 in magnitude (all
+// that an MX block holds), for scales at both ends of mx_pairs_apply's range
+// and in between, against encode_rne_sat(e2m1, ·) of the float product.
+template <class T>
+__global__ void packed_mx_codes_all_patterns(std::uint32_t scale_code, std::uint32_t* words) {
+  const int g = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);  // patterns 8g .. 8g + 7
+  if (g >= 65536 / 8) return;
+  std::uint32_t p[4];
+  for (int j = 0; j < 4; ++j) p[j] = static_cast<std::uint32_t>(8 * g + j) | static_cast<std::uint32_t>(8 * g + j + 4) << 16;
+  words[g] = cq::fp4::mx_codes_x8<T>(p, cq::fp4::mx_pair_scale<T>(scale_code));
+}
+
+template <class T>
+void check_packed_mx_codes(std::uint32_t scale_code) {
+  DeviceArray<std::uint32_t> words(65536 / 8);
+  packed_mx_codes_all_patterns<T><<<65536 / 8 / 256, 256>>>(scale_code, words.ptr);
+  FP4ATTN_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<std::uint32_t> got = words.download();
+  const float inv = std::ldexp(1.0f, kE8M0Bias - static_cast<int>(scale_code));
+  std::size_t compared = 0, bad = 0;
+  std::string first;
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    T x;
+    const auto half_bits = static_cast<std::uint16_t>(bits);
+    std::memcpy(&x, &half_bits, sizeof(x));
+    const float q = Elem<T>::to(x) * inv;  // exact: a power of two, the float range is wider
+    if (!std::isfinite(q) || std::fabs(q) > 8.0f) continue;
+    ++compared;
+    const unsigned code = (got[bits / 8] >> (4 * (bits % 8))) & 0xFu;
+    const unsigned want = encode_rne_sat(ElemFormat::e2m1, q);
+    if (code != want && bad++ == 0)
+      first = "pattern " + std::to_string(bits) + " got " + std::to_string(code) + " want " + std::to_string(want);
+  }
+  EXPECT_GT(compared, 0u);
+  EXPECT_EQ(bad, 0u) << Elem<T>::name << " scale code " << scale_code << ": " << bad << " of " << compared
+                     << " differ, first " << first;
+}
+
+TEST(GpuQuantizeFp4, PackedMxCodesMatchTheCpuOnEveryPattern) {
+  FP4ATTN_REQUIRE_HOPPER();
+  using BfPairs = cq::fp4::Pairs<__nv_bfloat16>;
+  using HalfPairs = cq::fp4::Pairs<__half>;
+  for (std::uint32_t code : {BfPairs::kMinScaleCode, 60u, 127u, 130u, BfPairs::kMaxScaleCode})
+    check_packed_mx_codes<__nv_bfloat16>(code);
+  for (std::uint32_t code : {HalfPairs::kMinScaleCode, 120u, 127u, 129u, HalfPairs::kMaxScaleCode})
+    check_packed_mx_codes<__half>(code);
 }
 
 // Blocks whose quotients are exact E2M1 ties (ties go to the even code) or

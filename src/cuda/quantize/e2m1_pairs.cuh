@@ -6,14 +6,19 @@
 // normal number of it (mx_pairs_apply says when): a bf16 / fp16 times a power
 // of two needs no rounding, except below the normal range, where every value
 // is far under 0.25, E2M1's first rounding boundary, and gets code 0 however
-// it rounds. For a = |x · 2^-k| the E2M1 magnitude code is
-//   n0 + n1 + n2,  n0 = rint(2 · min(a, 2)),  n1 = rint(clamp(a, 2, 4) − 2),
-//                  n2 = rint((clamp(a, 4, 6) − 4) / 2)
-// (rint ties to even: the grid is 0.5 below 2, 1 up to 4, 2 up to 6, and a
-// tie of one piece is a tie of E2M1). Each rint is one fused operation with
-// an exactly representable addend M (128 for bf16, 1024 for fp16, whose ulp
-// is 1): the sum is rounded once, and its bits are those of M plus the
-// integer. clamp(a, 2, 4) − 2 and the like are exact, so M − 2 absorbs them.
+// it rounds. For a = |x · 2^-k| the E2M1 magnitude code n (the index of the
+// value in 0, 0.5, 1, 1.5, 2, 3, 4, 6) is rint(f(a)) with
+//   f(a) = min(2a, a + 2, a/2 + 4, 7),
+// the piecewise-linear map through the grid points (slopes 2, 1, 1/2: f is
+// concave, so it is the min of its pieces). rint ties to even, and the even
+// indices are the values with an even mantissa, so a tie of f is a tie of
+// E2M1 rounded the same way. rint is monotone, so rint(f) is the min of the
+// rounded pieces. Each rounded piece is one fused operation with an even
+// addend M (128 for bf16, 1024 for fp16, where the ulp is 1): fl(p + M) =
+// M + rint(p) while p + M stays below 2M (a < 8 in a block), and its bits are
+// those of M plus the integer, so the min of the pieces is an unsigned 16-bit
+// min of their bits. Per pair: one multiply, three fused adds, two integer
+// mins (the third operand is the saturation at 7).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -21,6 +26,7 @@
 
 #include <cstdint>
 
+#include "cuda/quantize/fp4_codes.cuh"
 #include "fp4attn/formats.hpp"
 
 namespace fp4attn::cuda_quantize::fp4 {
@@ -31,20 +37,22 @@ struct Pairs;
 template <>
 struct Pairs<__nv_bfloat16> {
   using H2 = __nv_bfloat162;
-  static constexpr float kRintMagic = 128.0f;  // ulp 1 in [128, 256)
+  static constexpr std::uint32_t kMagicBitsPair = 0x43004300u;  // M = 128 in both halves: ulp 1 in [128, 256)
+  static constexpr std::uint32_t kTwoBitsPair = 0x40004000u, kHalfBitsPair = 0x3F003F00u;
   static constexpr int kMantissaBits = 7;
   // E8M0 codes whose 2^-k is a normal bf16 and whose blocks hold no value
   // that a flush of bf16 subnormals could move off code 0 (k ≥ −123).
   static constexpr std::uint32_t kMinScaleCode = 4, kMaxScaleCode = 253;
   __device__ static H2 splat(float f) { return __float2bfloat162_rn(f); }
-  // Float bits of a 16-bit magnitude pattern.
+  // Float bits of a 16-bit pattern (a magnitude, or a value with its sign).
   __device__ static std::uint32_t float_bits(std::uint32_t m) { return m << 16; }
 };
 
 template <>
 struct Pairs<__half> {
   using H2 = __half2;
-  static constexpr float kRintMagic = 1024.0f;  // ulp 1 in [1024, 2048)
+  static constexpr std::uint32_t kMagicBitsPair = 0x64006400u;  // M = 1024 in both halves: ulp 1 in [1024, 2048)
+  static constexpr std::uint32_t kTwoBitsPair = 0x40004000u, kHalfBitsPair = 0x38003800u;
   static constexpr int kMantissaBits = 10;
   // 2^-k a normal fp16: −k in [−14, 15].
   static constexpr std::uint32_t kMinScaleCode = 112, kMaxScaleCode = 141;
@@ -81,30 +89,52 @@ __device__ __forceinline__ std::uint32_t pair_magnitude_max(std::uint32_t acc, s
   return __vmaxu2(acc, w & 0x7FFF7FFFu);
 }
 
-// E2M1 codes (sign included) of the two halves of w times `scale`: the low
-// half's code in bits 0-3, the high half's in bits 16-19.
+// Code bits of one pair before the final subtraction of mx_codes_x8:
+// (bits(M) + n) | sign · 8 in each half, n the E2M1 magnitude code of that
+// half's |x| · scale. bits(M) has a zero low nibble, so the sign lands in bit
+// 3 of a nibble that n (≤ 7) leaves free.
 template <class T>
-__device__ __forceinline__ std::uint32_t mx_codes_x2(std::uint32_t w, typename Pairs<T>::H2 scale) {
+__device__ __forceinline__ std::uint32_t mx_code_bits_x2(std::uint32_t w, typename Pairs<T>::H2 scale) {
   using P = Pairs<T>;
   using H2 = typename P::H2;
-  const H2 two = P::splat(2.0f), four = P::splat(4.0f), six = P::splat(6.0f), half = P::splat(0.5f);
-  const H2 magic = P::splat(P::kRintMagic), magic_less_two = P::splat(P::kRintMagic - 2.0f);
-  const H2 a = __habs2(__hmul2(as_pair<H2>(w), scale));
-  const H2 r0 = __hfma2(__hmin2(a, two), two, magic);
-  const H2 r1 = __hadd2(__hmin2(__hmax2(a, two), four), magic_less_two);
-  const H2 r2 = __hfma2(__hmin2(__hmax2(a, four), six), half, magic_less_two);
-  constexpr std::uint32_t kLowNibbles = 0x000F000Fu;  // n < 8 sits in the low bits of M + n
-  const std::uint32_t magnitude =
-      (pair_bits(r0) & kLowNibbles) + (pair_bits(r1) & kLowNibbles) + (pair_bits(r2) & kLowNibbles);
-  return magnitude | ((w >> 12) & 0x00080008u);  // the inputs' sign bits 15, 31 → code bits 3, 19
+  const H2 two = as_pair<H2>(P::kTwoBitsPair), half = as_pair<H2>(P::kHalfBitsPair);
+  const H2 magic = as_pair<H2>(P::kMagicBitsPair), magic_plus_two = as_pair<H2>(P::kMagicBitsPair + 0x00020002u),
+           magic_plus_four = as_pair<H2>(P::kMagicBitsPair + 0x00040004u);  // M + 2, M + 4: ulp 1
+  constexpr std::uint32_t kSaturated = P::kMagicBitsPair + 0x00070007u;  // bits of M + 7, both halves
+  const H2 a = __hmul2(as_pair<H2>(w & 0x7FFF7FFFu), scale);
+  const std::uint32_t n = __vimin3_u16x2(pair_bits(__hfma2(a, two, magic)), pair_bits(__hadd2(a, magic_plus_two)),
+                                         pair_bits(__hfma2(a, half, magic_plus_four)));
+  return __vminu2(n, kSaturated) | ((w >> 12) & 0x00080008u);  // the inputs' sign bits 15, 31 → bits 3, 19
 }
 
 // Eight codes, element e at nibble e, from p[j] = (element j, element j + 4):
-// the two codes of pair j land in nibbles j and j + 4 by one shift.
+// the two codes of pair j land in nibbles j and j + 4 by a shift of 4j. The
+// constant bits(M) of every half is added along and subtracted once: the sum
+// of the shifted words is linear modulo 2^32, and the codes' nibbles do not
+// overlap.
 template <class T>
 __device__ __forceinline__ std::uint32_t mx_codes_x8(const std::uint32_t* p, typename Pairs<T>::H2 scale) {
-  return mx_codes_x2<T>(p[0], scale) | mx_codes_x2<T>(p[1], scale) << 4 | mx_codes_x2<T>(p[2], scale) << 8 |
-         mx_codes_x2<T>(p[3], scale) << 12;
+  constexpr std::uint32_t kMagicSum = Pairs<T>::kMagicBitsPair * 0x1111u;  // Σ_j bits(M) pair · 16^j, mod 2^32
+  std::uint32_t acc = mx_code_bits_x2<T>(p[3], scale);
+  acc = acc * 16u + mx_code_bits_x2<T>(p[2], scale);
+  acc = acc * 16u + mx_code_bits_x2<T>(p[1], scale);
+  acc = acc * 16u + mx_code_bits_x2<T>(p[0], scale);
+  return acc - kMagicSum;
+}
+
+// The same eight codes one at a time in fp32 (fp4_codes.cuh), for blocks
+// whose scale mx_pairs_apply rejects.
+template <class T>
+__device__ __forceinline__ std::uint32_t mx_codes_x8_fp32(const std::uint32_t* p, std::uint32_t scale_code) {
+  const float inv = exp2i(kE8M0Bias - static_cast<int>(scale_code));  // 2^-k: the product is exact
+  std::uint32_t word = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float lo = __uint_as_float(Pairs<T>::float_bits(p[j] & 0xFFFFu));
+    const float hi = __uint_as_float(Pairs<T>::float_bits(p[j] >> 16));
+    word |= e2m1_code(__fmul_rn(lo, inv)) << (4 * j) | e2m1_code(__fmul_rn(hi, inv)) << (4 * (j + 4));
+  }
+  return word;
 }
 
 // The pairs mx_codes_x8 takes, from words w[0..3] holding elements (0, 1),

@@ -1,6 +1,8 @@
 // GPU quantizer for the FP4 recipes, host side: argument checks, the
 // workspace, and the launch sequence of quantize_fp4_kernel.cuh per operand:
-//   q, v, k without smooth_k  MXFP4: one quantize launch
+//   q, v, k without smooth_k  MXFP4: one quantize launch (q, k of 16-bit
+//                             data in a 16-byte aligned layout: the
+//                             pipelined fp4_rows_stream_kernel)
 //                             NVFP4: tensor amax, then quantize (backwards)
 //   k with smooth_k           chunk sums (+ max / min for NVFP4), the mean
 //                             (+ the amax of k − mean), then quantize
@@ -8,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <limits>
 #include <string>
@@ -25,6 +28,8 @@ constexpr std::size_t kDefaultSmemLimit = 48 * 1024;
 constexpr int kAmaxCtasPerSm = 8;
 constexpr std::size_t kCodeStoreAlign = 4;         // one 32-bit word per store
 constexpr std::size_t kTransposedStoreAlign = 16;  // Vᵀ: 16 bytes per store
+constexpr std::size_t kBlockStoreAlign = 16;       // fp4_rows_stream_kernel: one 16-byte store per block
+constexpr std::int64_t kWarpSizeTimesBlock = fp4::kWarpSize * kMxfp4Block;  // elements of a rows round: R = this / D
 
 void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
@@ -52,7 +57,93 @@ WorkspaceLayout workspace_layout(std::int64_t B, std::int64_t S, std::int64_t H,
   return l;
 }
 
+fp4::FastDivisor fast_divisor(unsigned d) {
+  fp4::FastDivisor f;
+  f.d = d;
+  if (d > 1) {
+    const unsigned l = static_cast<unsigned>(std::bit_width(d - 1));  // ceil(log2 d) ≥ 1
+    f.multiplier = static_cast<unsigned>(((std::uint64_t{1} << (31 + l)) + d - 1) / d);
+    f.shift = l - 1;
+  }
+  return f;
+}
 
+// The device's SMs and shared memory per SM, read once per process: they
+// only size the persistent grid, and any grid is correct.
+struct StreamGridLimits {
+  int device, sms, smem_per_sm;
+};
+const StreamGridLimits& stream_grid_limits() {
+  static const StreamGridLimits limits = [] {
+    int device = 0, smem = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+               "cudaDeviceGetAttribute");
+    return StreamGridLimits{device, sm_count(), smem};
+  }();
+  return limits;
+}
+
+// Dynamic shared memory beyond 48 KiB must be allowed per kernel and device:
+// once per process and input type for the largest size asked (a driver call
+// each launch costs about a microsecond of host time, which a lone call waits
+// for). A call on another device than the first sets it every time.
+template <class T>
+void allow_rows_stream_smem(std::size_t bytes, int first_device) {
+  static std::atomic<std::size_t> allowed{kDefaultSmemLimit};
+  int device = first_device;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (device == first_device && bytes <= allowed.load(std::memory_order_relaxed)) return;
+  check_cuda(cudaFuncSetAttribute(fp4::fp4_rows_stream_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)),
+             "cudaFuncSetAttribute");
+  if (device == first_device) allowed.store(std::max(bytes, allowed.load(std::memory_order_relaxed)));
+}
+
+constexpr std::size_t kSmemReservedPerCta = 1024;  // what the runtime keeps per resident CTA
+constexpr std::int64_t kMinRoundsPerWarp = 6;
+
+// Rows of MXFP4 q / k through fp4_rows_stream_kernel when the call allows
+// it: 16-bit data without smooth_k, rows on 16-byte boundaries (bulk
+// copies), codes on 16 (one 16-byte store per block). Returns false,
+// launching nothing, otherwise.
+template <class T>
+bool launch_rows_stream(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const Fp4Output& dst,
+                        int* nonfinite, const InputView<T>& view, cudaStream_t stream) {
+  const bool smooth = op == Fp4Operand::k && opt.smooth_k;
+  if (op == Fp4Operand::v || opt.format != TensorFormat::mxfp4 || smooth || !view.vector_loads ||
+      !aligned(dst.codes, kBlockStoreAlign))
+    return false;
+  const std::int64_t rows = x.B * x.S * x.H;
+  const std::int64_t rows_per_round = kWarpSizeTimesBlock / x.D;
+  if (rows > std::numeric_limits<int>::max() / 2) return false;  // 32-bit row indices, room for a round past the end
+
+  fp4::RowStreamJob job{};
+  job.in = static_cast<const unsigned char*>(x.data);
+  job.stride_b = x.stride_b * 2, job.stride_s = x.stride_s * 2, job.stride_h = x.stride_h * 2;
+  job.S = static_cast<int>(x.S), job.H = static_cast<int>(x.H), job.D = static_cast<int>(x.D);
+  job.rows = static_cast<int>(rows);
+  job.rounds = static_cast<int>(ceil_div(rows, rows_per_round));
+  job.by_heads = fast_divisor(static_cast<unsigned>(x.H));
+  job.by_tokens = fast_divisor(static_cast<unsigned>(x.S));
+  job.round_up = opt.mx_scale_rule == MxScaleRule::round_up;
+  job.codes = dst.codes, job.scales = dst.scales;
+  job.nonfinite = nonfinite;
+
+  const std::size_t slot_bytes = static_cast<std::size_t>(rows_per_round * (2 * x.D + fp4::kRowPadBytes));
+  const std::size_t smem = fp4::kRowBarrierBytes + std::size_t{fp4::kWarps} * fp4::kRowStages * slot_bytes;
+  const StreamGridLimits& limits = stream_grid_limits();
+  allow_rows_stream_smem<T>(smem, limits.device);
+  const int by_smem = static_cast<int>(static_cast<std::size_t>(limits.smem_per_sm) / (smem + kSmemReservedPerCta));
+  const int per_sm = std::max(1, std::min(fp4::kRowStreamCtasPerSm, by_smem));
+  // At least kMinRoundsPerWarp rounds a warp: a warp's first rounds pay the
+  // pipeline's fill, and small inputs are done by fewer, fuller warps.
+  const std::int64_t ctas = std::min<std::int64_t>(ceil_div(job.rounds, fp4::kWarps * kMinRoundsPerWarp),
+                                                   std::int64_t{limits.sms} * per_sm);
+  fp4::fp4_rows_stream_kernel<T><<<static_cast<unsigned>(ctas), fp4::kThreads, smem, stream>>>(job);
+  check_cuda(cudaGetLastError(), "quantize_fp4 launch");
+  return true;
+}
 
 template <class T>
 void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const Fp4Buffers& out, cudaStream_t stream) {
@@ -60,6 +151,9 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
   const bool nvfp4 = opt.format == TensorFormat::nvfp4;
   const bool smooth = op == Fp4Operand::k && opt.smooth_k;
   const int B = static_cast<int>(x.B), S = static_cast<int>(x.S), H = static_cast<int>(x.H), D = static_cast<int>(x.D);
+
+  if constexpr (sizeof(T) == 2)
+    if (launch_rows_stream<T>(x, op, opt, dst, out.nonfinite + static_cast<int>(op), view_of<T>(x), stream)) return;
 
   const WorkspaceLayout layout = workspace_layout(x.B, x.S, x.H, x.D);
   CallWorkspace ws(out.workspace, layout.bytes, stream);

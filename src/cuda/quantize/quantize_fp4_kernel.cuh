@@ -13,12 +13,16 @@
 //              chunk sums added in ascending order, / S in double, to float
 // The per-element and per-block rules are in fp4_codes.cuh.
 //
-// Kernels, each a plain grid of 256-thread CTAs (q, k and v CTAs ordered
-// heads fastest, see tile_of):
-//   fp4_rows_kernel     q, k: a CTA quantizes 1024 segments (8 elements of
-//                       one row) of one (b, h) slice; the lanes of one scale
-//                       block are neighbours and share the block's amax by
-//                       shuffles
+// Kernels, 256-thread CTAs (q, k and v CTAs ordered heads fastest, see
+// tile_of):
+//   fp4_rows_stream_kernel  q, k as MXFP4 of 16-bit data in a 16-byte
+//                       aligned layout: persistent, every warp a pipeline of
+//                       TMA bulk copies into its own shared-memory slots, a
+//                       lane per scale block
+//   fp4_rows_kernel     q, k otherwise: a CTA quantizes 1024 segments (8
+//                       elements of one row) of one (b, h) slice; the lanes of
+//                       one scale block are neighbours and share the block's
+//                       amax by shuffles
 //   fp4_columns_kernel  v: a CTA stages a (16384 / D tokens) × D tile in
 //                       shared memory; thread (d, strip) then walks 64 tokens
 //                       of channel d, two 32-token runs, each one MX block or
@@ -29,6 +33,8 @@
 #pragma once
 
 #include <cuda_fp8.h>
+
+#include <cuda/ptx>
 
 #include <cfloat>
 #include <cstdint>
@@ -344,6 +350,168 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
     const std::int64_t row = static_cast<std::int64_t>(slice) * job.padded_tokens + t0 + tok;
     __stcs(reinterpret_cast<unsigned*>(job.codes + row * (job.D / 2) + kSegment / 2 * g), word);
   }
+}
+
+// ---- MXFP4 of 16-bit q and k, pipelined --------------------------------------------
+
+// The common case for q and k (MXFP4 of bf16 / fp16, no smooth_k, rows that
+// start on 16-byte boundaries) runs a persistent kernel in which every warp
+// is its own pipeline: it walks rounds gw, gw + W, … (W warps in the grid)
+// and has the rows of its next kRowStages − 1 rounds copied into its shared
+// memory slots while it computes the current one, so its arithmetic runs
+// under its own loads and no CTA-wide barrier is needed. The copies are TMA
+// bulk copies (one per row, completion counted in bytes on the slot's
+// mbarrier), not loads into registers, so the bytes in flight cost no
+// occupancy. One lane owns one whole scale block: no shuffles, one scale
+// per 32 elements, one 16-byte store of codes. (cp.async, 16 bytes a lane,
+// measured 7 % slower; a columns kernel for Vᵀ on the same plan lost to
+// fp4_columns_kernel at S = 16384: NOTES-fp4.md.)
+
+// Smem slots per warp and CTAs per SM: 8 warps × 4 slots of ≤ 2.5 KiB fit 3
+// CTAs in an SM's 228 KiB (80 registers a thread). 3 slots and 4 CTAs
+// measured the same.
+inline constexpr int kRowStages = 4;
+inline constexpr int kRowStreamCtasPerSm = 3;
+inline constexpr int kRowPadBytes = 16;  // row pitch 2D + 16: the 8 lanes of an LDS.128 phase hit 8 bank groups
+inline constexpr int kRowBarrierBytes = kWarps * kRowStages * sizeof(std::uint64_t);  // ahead of the slots
+
+// q = n / d for 0 ≤ n < 2^31 by a multiply: m = ceil(2^(31 + l) / d), l =
+// ceil(log2 d), q = umulhi(n, m) >> (l − 1) (m · d − 2^(31 + l) < d, so the
+// error times n stays below 2^(31 + l)); d = 1 is passed through.
+struct FastDivisor {
+  unsigned d = 1, multiplier = 0, shift = 0;
+  __device__ __forceinline__ unsigned quotient(unsigned n) const {
+    return d == 1 ? n : __umulhi(n, multiplier) >> shift;
+  }
+};
+
+// What fp4_rows_stream_kernel reads and writes; strides in bytes.
+struct RowStreamJob {
+  const unsigned char* in;
+  std::int64_t stride_b, stride_s, stride_h;
+  int S, H, D;
+  int rows;                          // B·S·H rows of D elements
+  int rounds;                        // warp rounds: rows / R, rounded up
+  FastDivisor by_heads, by_tokens;   // row → (b·S + s, h) → (b, s)
+  bool round_up;
+  std::uint8_t* codes;
+  std::uint8_t* scales;
+  int* nonfinite;
+};
+
+__device__ __forceinline__ void wait_slot(std::uint64_t* bar, unsigned parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+// Scale code and 32 codes (four words) of one MX block given as 16 pairs
+// p[4g + j] = (element 8g + j, element 8g + j + 4); `bad` set on Inf / NaN.
+template <class T>
+__device__ __forceinline__ std::uint32_t mx_block_codes(const std::uint32_t (&p)[16], bool round_up,
+                                                        std::uint32_t (&words)[4], bool& bad) {
+  std::uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < 16; i += 2) m = __vimax3_u16x2(m, p[i] & 0x7FFF7FFFu, p[i + 1] & 0x7FFF7FFFu);
+  const std::uint32_t amax_bits = Pairs<T>::float_bits(max(m & 0xFFFFu, m >> 16));
+  bad = amax_bits >= kInfBits;
+  const std::uint32_t scale_code = mx_scale_code(amax_bits, round_up);
+  if (mx_pairs_apply<T>(scale_code)) {
+    const typename Pairs<T>::H2 factor = mx_pair_scale<T>(scale_code);
+#pragma unroll
+    for (int g = 0; g < 4; ++g) words[g] = mx_codes_x8<T>(p + 4 * g, factor);
+  } else {
+#pragma unroll
+    for (int g = 0; g < 4; ++g) words[g] = mx_codes_x8_fp32<T>(p + 4 * g, scale_code);
+  }
+  return scale_code;
+}
+
+// A round is R = 1024 / D consecutive rows of the (B, S, H) row order (heads
+// fastest: the warps at work read a contiguous stretch of a dense input);
+// lane ℓ < R copies row ℓ, and lane ℓ computes block ℓ / R of row ℓ mod R,
+// so the 8 lanes of an LDS.128 phase read 8 different rows, one bank group
+// each thanks to the pad.
+template <class T>
+__global__ void __launch_bounds__(kThreads, kRowStreamCtasPerSm) fp4_rows_stream_kernel(const __grid_constant__ RowStreamJob job) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int rows_per_round = kWarpSize * kMxfp4Block / job.D;
+  const unsigned row_bytes = 2u * static_cast<unsigned>(job.D);
+  const int pitch = static_cast<int>(row_bytes) + kRowPadBytes;
+  const int slot_bytes = rows_per_round * pitch;
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem) + warp * kRowStages;
+  unsigned char* slots = smem + kRowBarrierBytes + warp * kRowStages * slot_bytes;
+  if (lane == 0) {  // one arrival per phase: lane 0's expect_tx
+    for (int k = 0; k < kRowStages; ++k) cuda::ptx::mbarrier_init(&bars[k], 1);
+    cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  __syncwarp();
+
+  const int warps = static_cast<int>(gridDim.x) * kWarps;
+  const int first_round = static_cast<int>(blockIdx.x) * kWarps + warp;
+  // Row r of the (B, S, H) order → its (b, s, h).
+  auto split = [&](int r, int& b, int& s, int& h) {
+    const int bs = static_cast<int>(job.by_heads.quotient(static_cast<unsigned>(r)));
+    h = r - bs * job.H;
+    b = static_cast<int>(job.by_tokens.quotient(static_cast<unsigned>(bs)));
+    s = bs - b * job.S;
+  };
+  // The last round may hold fewer rows: its other lanes compute on stale
+  // slot bytes and store nothing.
+  auto issue = [&](int round, int slot) {
+    if (round >= job.rounds) return;
+    const int first = round * rows_per_round;
+    const int count = min(rows_per_round, job.rows - first);
+    if (lane == 0)
+      cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                           &bars[slot], static_cast<unsigned>(count) * row_bytes);
+    __syncwarp();
+    if (lane < count) {
+      int b, s, h;
+      split(first + lane, b, s, h);
+      cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                               slots + slot * slot_bytes + lane * pitch,
+                               job.in + b * job.stride_b + s * job.stride_s + h * job.stride_h, row_bytes, &bars[slot]);
+    }
+  };
+#pragma unroll 1
+  for (int i = 0; i < kRowStages - 1; ++i) issue(first_round + i * warps, i);
+
+  const int my_row = lane % rows_per_round, my_block = lane / rows_per_round;
+  bool bad = false;
+#pragma unroll 1
+  for (int i = 0;; ++i) {
+    const int round = first_round + i * warps;
+    if (round >= job.rounds) break;
+    // The slot of round i + stages − 1 was last read in round i − 1, by every
+    // lane before the __syncwarp that ended its reads.
+    issue(round + (kRowStages - 1) * warps, (i + kRowStages - 1) % kRowStages);
+    wait_slot(&bars[i % kRowStages], static_cast<unsigned>(i / kRowStages) & 1u);
+    const uint4* src =
+        reinterpret_cast<const uint4*>(slots + (i % kRowStages) * slot_bytes + my_row * pitch + my_block * 2 * kMxfp4Block);
+    std::uint32_t p[16];
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const uint4 v = src[g];
+      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      segment_pairs(w, *reinterpret_cast<std::uint32_t(*)[4]>(p + 4 * g));
+    }
+    __syncwarp();
+    std::uint32_t words[4];
+    bool block_bad;
+    const std::uint32_t scale_code = mx_block_codes<T>(p, job.round_up, words, block_bad);
+    const int row = round * rows_per_round + my_row;
+    if (row < job.rows) {
+      bad |= block_bad;
+      int b, s, h;
+      split(row, b, s, h);
+      const std::int64_t out_row = static_cast<std::int64_t>(b * job.H + h) * job.S + s;
+      __stcs(reinterpret_cast<uint4*>(job.codes + out_row * (job.D / 2) + my_block * 16),
+             make_uint4(words[0], words[1], words[2], words[3]));
+      job.scales[out_row * (job.D / kMxfp4Block) + my_block] = static_cast<std::uint8_t>(scale_code);
+    }
+  }
+  if (bad) *job.nonfinite = 1;
 }
 
 // ---- NVFP4 tensor amax -------------------------------------------------------------
