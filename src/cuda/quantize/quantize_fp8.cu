@@ -95,7 +95,10 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   const std::size_t stages = 2 * sizeof(T) * kTokenBlock * k.D;
   const std::size_t vt_tile = sizeof(std::uint32_t) * kVtPitchWords * k.D;
   const std::size_t smem = stages + vt_tile;
-  if (smem > kDefaultSmemLimit)
+  // The opt-in limit covers static and dynamic shared memory together; a
+  // kernel's attribute persists in the process, so a missing opt-in would
+  // only show on the first call of a type with a small D.
+  if (smem + sizeof(SharedScratch) > kDefaultSmemLimit)
     check_cuda(cudaFuncSetAttribute(quantize_fp8_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)),
                "cudaFuncSetAttribute");
