@@ -31,6 +31,9 @@ inline float fold_mx_to_e4m3(float q, int block_exp, int row_exp) {
   return round_to(ElemFormat::e4m3, q * exp2i(block_exp - row_exp + kSm90FoldHeadroom));
 }
 inline float sm90_fold_factor(int row_exp) { return exp2i(row_exp - kSm90FoldHeadroom); }
+// The R that FP4 P (recipe mxfp4) folds against on sm90: the ceiling of every
+// block exponent (p_row.cpp), so the fold needs no per-tile maximum.
+inline constexpr int kSm90PRowExponent = -2;
 
 // Block exponent of an MXFP4 scale code.
 inline int mx_exponent(std::uint8_t scale_code) { return static_cast<int>(scale_code) - kE8M0Bias; }

@@ -7,6 +7,7 @@
 #include "emulator/ex2_sm90.hpp"
 #include "emulator/operands.hpp"
 #include "fp4attn/direct_p.hpp"
+#include "fp4attn/error.hpp"
 #include "fp4attn/formats.hpp"
 #include "fp4attn/quantize.hpp"
 
@@ -73,11 +74,17 @@ PRowResult mx_row(const PConfig& cfg, std::span<const float> u, std::span<float>
     for (std::size_t j = 0; j < n; ++j) r.sum += value[j] * block_factor[j / kMxfp4Block];
     return r;
   }
-  // sm90: the row of P is folded into E4M3 like a row of Q (§3.4); blocks more
-  // than 14 binades below the tile's largest lose precision or vanish, and l
-  // counts exactly what remains.
-  const int row_exp = *std::max_element(exps, exps + blocks);
-  for (std::size_t blk = 0; blk < blocks; ++blk) block_factor[blk] = 1.0f;
+  // sm90: the row of P is folded into E4M3 (§3.4) against R = −2, the largest
+  // exponent a block can have (u ≤ 0, so E = ceil(u_max − log2 6) ≤ −2): the
+  // values are q·2^(E + 8), P's range as in FP8 P = 2^(u + 8), and the row
+  // factor 2^-8 is a constant the kernel folds into the LSE like FP8 P's
+  // offset. Blocks below E = −16 lose precision or vanish, as FP8 P does
+  // below u ≈ −17, and l counts exactly what remains.
+  const int row_exp = kSm90PRowExponent;
+  for (std::size_t blk = 0; blk < blocks; ++blk) {
+    if (exps[blk] > row_exp) throw Error("u", "an MXFP4 P block above the row maximum: the fold would clip it");
+    block_factor[blk] = 1.0f;
+  }
   for (std::size_t j = 0; j < n; ++j) {
     value[j] = fold_mx_to_e4m3(value[j], exps[j / kMxfp4Block], row_exp);
     r.sum += value[j];

@@ -15,8 +15,9 @@ enum class PCode : std::uint8_t {
   direct_p,  // bits built from a polynomial of the score: no MUFU, no F2FP (the method)
   exp2_cvt,  // ex2.approx then cvt.rn.satfinite.e4m3x2 (the comparison baseline)
   // Recipe mxfp4's FP4 P on sm90 (DESIGN §3.4): per row and 32-key block the
-  // Direct-P block exponent E and E2M1 codes, folded into E4M3 with the
-  // tile's largest E; PV and the row sum carry the factor 2^(R − 6).
+  // Direct-P block exponent E and E2M1 codes, folded into E4M3 against
+  // R = −2, the ceiling of every E: values q·2^(E + 8), P's offset 2^8 as
+  // for FP8 P.
   mxfp4_direct_p,
   // The same FP4 P by the baseline rule: ex2.approx, then the MX quantizer's
   // block scale (Fp8ForwardArgs::mx_scale_rule) and E2M1 rounding.

@@ -49,6 +49,10 @@ inline constexpr float kLn2 = 0.693147180559945309f;
 inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
 inline constexpr int kThreadsPerRow = 4;  // lanes of a quad share an accumulator row
 inline constexpr int kSm90FoldHeadroom = 6;  // the largest MX exponent R maps to 2^6 (DESIGN §3.4)
+// FP4 P folds against R = −2, the largest exponent any block can have (u ≤ 0,
+// E = ceil(u_max − log2 6)): values q·2^(E + 8), so FP4 P carries P's offset
+// 2^8 like FP8 P and needs no per-tile row factor (emulator: kSm90PRowExponent).
+inline constexpr int kPRowExponent = -2;
 
 FP4ATTN_DEVICE_INLINE float neg_inf() { return __int_as_float(0xFF800000); }
 
@@ -192,31 +196,23 @@ FP4ATTN_DEVICE_INLINE void block_max(const float (&s)[N], float (&bm)[2][N / 16]
 
 // pack_p_operand for FP4 P (PCode::mxfp4_direct_p). k32 step t covers keys
 // 32t .. 32t + 31: one MX block, whose maximum bm[r][t] gives E (u is
-// monotone in s); R = max E over the tile, then per four keys the folded
-// codes of direct_p::device::mxfp4_folded_pair (the emulator's mxfp4_code and
-// fold_mx_to_e4m3); row_factor = 2^(R − 6) multiplies PV and the row sum.
+// monotone in s), then per four keys the folded codes of
+// direct_p::device::mxfp4_folded_pair (the emulator's mxfp4_code and
+// fold_mx_to_e4m3 against R = kPRowExponent).
 template <int N>
 FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&c)[2], const float (&m)[2],
-                                             const float (&bm)[2][N / 16], std::uint32_t (&p)[N / 16][4],
-                                             float (&row_factor)[2]) {
+                                             const float (&bm)[2][N / 16], std::uint32_t (&p)[N / 16][4]) {
   constexpr int kSteps = N / 16;
   constexpr int kFoldToF16 = 10;  // mxfp4_folded_pair's fixed 2^10; the rest, 2^(10 + E − R), is `fold`
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    int block_exp[kSteps];
-    int tile_exp = direct_p::kNoBlockExponent;
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
-      block_exp[t] = direct_p::mx_block_exponent(direct_p::log2_score(bm[r][t], c[r], m[r]));
-      tile_exp = max(tile_exp, block_exp[t]);
-    }
-    row_factor[r] = exp2i(tile_exp - kSm90FoldHeadroom);
-#pragma unroll
-    for (int t = 0; t < kSteps; ++t) {
-      const float offset = direct_p::mxfp4_fixed_offset(block_exp[t]);
-      // 2^k as float bits: k = 10 + E − R ≥ 10 − 127 − R is a normal exponent,
-      // since R ≤ 0 (u ≤ 0); exp2i's subnormal branch is not needed.
-      const float fold_f32 = __uint_as_float(static_cast<std::uint32_t>(kFoldToF16 + block_exp[t] - tile_exp + 127) << 23);
+      const int block_exp = direct_p::mx_block_exponent(direct_p::log2_score(bm[r][t], c[r], m[r]));
+      const float offset = direct_p::mxfp4_fixed_offset(block_exp);
+      // 2^k as float bits: k = 10 + E − R ≥ 10 − 127 + 2 is a normal
+      // exponent, so exp2i's subnormal branch is not needed.
+      const float fold_f32 = __uint_as_float(static_cast<std::uint32_t>(kFoldToF16 + block_exp - kPRowExponent + 127) << 23);
       std::uint32_t fold;
       asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(fold) : "f"(fold_f32));
       auto u = [&](int i) { return direct_p::log2_score(s[i], c[r], m[r]); };
@@ -239,8 +235,7 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&
 // exponent (direct_p::kNoBlockExponent).
 template <int N>
 FP4ATTN_DEVICE_INLINE void pack_p_operand_mx_exp2(float (&s)[N], const float (&c)[2], const float (&m)[2],
-                                                  bool round_up, std::uint32_t (&p)[N / 16][4],
-                                                  float (&row_factor)[2]) {
+                                                  bool round_up, std::uint32_t (&p)[N / 16][4]) {
   constexpr int kSteps = N / 16;
   constexpr std::uint32_t kTwiceE2M1 = 0xC8643210u;  // 2 × the E2M1 value of code i, in nibble i
   constexpr float kIntMagic = 8388608.0f;            // 2^23: small integers to float in one FADD
@@ -248,7 +243,6 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand_mx_exp2(float (&s)[N], const float (&c
   for (int r = 0; r < 2; ++r) {
     int block_exp[kSteps];
     float inv[kSteps];
-    int tile_exp = direct_p::kNoBlockExponent;
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
       float mx = 0.0f;
@@ -266,12 +260,10 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand_mx_exp2(float (&s)[N], const float (&c
           static_cast<int>(cuda_quantize::fp4::mx_scale_code(__float_as_uint(mx), round_up)) - kE8M0Bias;
       block_exp[t] = mx > 0.0f ? scale_exp : direct_p::kNoBlockExponent;
       inv[t] = exp2i(-scale_exp);
-      tile_exp = max(tile_exp, block_exp[t]);
     }
-    row_factor[r] = exp2i(tile_exp - kSm90FoldHeadroom);
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
-      const float half_fold = 0.5f * exp2i(block_exp[t] - tile_exp + kSm90FoldHeadroom);
+      const float half_fold = 0.5f * exp2i(block_exp[t] - kPRowExponent + kSm90FoldHeadroom);
       auto value = [&](int i) {
         const std::uint32_t code = cuda_quantize::fp4::e2m1_code(__fmul_rn(s[i], inv[t]));
         const float twice = __uint_as_float(__float_as_uint(kIntMagic) | ((kTwiceE2M1 >> (4 * code)) & 0xFu)) - kIntMagic;
@@ -341,25 +333,24 @@ FP4ATTN_DEVICE_INLINE void wait_pv(float (&pv)[Cfg::kPvRegs], std::uint32_t (&p)
 // O = O·alpha + PV and l = l·alpha + Σ P in fp32; the rescale by alpha rides
 // on the adding FFMA. Element 2r of the first ones column (column N of PV)
 // holds row r's sum over the whole tile in every lane of the quad, so l is
-// the full row sum in each of them.
-// With FP4 P (kRowFactor) each PV term is first multiplied by the tile's
-// row factor 2^(R − 6), exactly, as the emulator does.
+// the full row sum in each of them. (FP4 P's values carry 2^8 like FP8 P's,
+// kPRowExponent: no factor per tile. The emulator's sm90 model multiplies PV
+// and Σ by its row factor 2^-8 instead, which scales O and l alike.)
 // Only the 8-column groups j0 .. j1 − 1 of O, and l if kRowSums.
-template <bool kRowFactor, int j0, int j1, bool kRowSums, int N, int NPv>
+template <int j0, int j1, bool kRowSums, int N, int NPv>
 FP4ATTN_DEVICE_INLINE void accumulate_o(float (&o)[N], float (&l)[2], const float (&alpha)[2],
-                                        const float (&row_factor)[2], const float (&pv)[NPv]) {
+                                        const float (&pv)[NPv]) {
   static_assert(NPv == N + 4, "PV holds O's columns, then one 8-column group of row sums");
   static_assert(0 <= j0 && j0 <= j1 && j1 <= N / 4, "column groups of O");
-  auto term = [&](int i, int r) { return kRowFactor ? pv[i] * row_factor[r] : pv[i]; };
 #pragma unroll
   for (int j = j0; j < j1; ++j)
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) o[4 * j + 2 * r + e] = fmaf(o[4 * j + 2 * r + e], alpha[r], term(4 * j + 2 * r + e, r));
+      for (int e = 0; e < 2; ++e) o[4 * j + 2 * r + e] = fmaf(o[4 * j + 2 * r + e], alpha[r], pv[4 * j + 2 * r + e]);
   if constexpr (kRowSums) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], term(N + 2 * r, r));
+    for (int r = 0; r < 2; ++r) l[r] = fmaf(l[r], alpha[r], pv[N + 2 * r]);
   }
 }
 
@@ -382,11 +373,11 @@ struct OnlineSoftmax {
   // 2^(m_old − m_new), the rescale of O and l that goes with this tile's PV. A row
   // with nothing visible yet keeps m = −inf and subtracts 0 in its place, so
   // that no −inf − (−inf) appears.
-  // c is per row (Q's factor may differ per row); row_factor is set for FP4 P only.
+  // c is per row (Q's factor may differ per row).
   // P may overwrite s (mxfp4_exp2): the scores are dead once P is packed.
   template <PCode kPCode, int N>
   __device__ void step(float (&s)[N], const float (&c)[2], bool mx_round_up, std::uint32_t (&p)[N / 16][4],
-                       float (&alpha)[2], float (&row_factor)[2]) {
+                       float (&alpha)[2]) {
     float mx[2];
     float bm[2][N / 16];  // FP4 P's block maxima (mxfp4_direct_p only)
     if constexpr (kPCode == PCode::mxfp4_direct_p) block_max(s, bm, mx);
@@ -399,8 +390,8 @@ struct OnlineSoftmax {
       alpha[r] = exp2f(m[r] - m_use[r]);
       m[r] = m_new;
     }
-    if constexpr (kPCode == PCode::mxfp4_direct_p) pack_p_operand_mx(s, c, m_use, bm, p, row_factor);
-    else if constexpr (kPCode == PCode::mxfp4_exp2) pack_p_operand_mx_exp2(s, c, m_use, mx_round_up, p, row_factor);
+    if constexpr (kPCode == PCode::mxfp4_direct_p) pack_p_operand_mx(s, c, m_use, bm, p);
+    else if constexpr (kPCode == PCode::mxfp4_exp2) pack_p_operand_mx_exp2(s, c, m_use, mx_round_up, p);
     else pack_p_operand<kPCode>(s, c, m_use, p);
   }
 };
@@ -429,10 +420,9 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
   using Cfg = Fp8Config<HeadDim>;
   constexpr int kOGroupsBeforeS = Cfg::kORegs / 4 - Cfg::kOGroupsAfterS;
-  constexpr bool kFp4P = kPCode == PCode::mxfp4_direct_p || kPCode == PCode::mxfp4_exp2;
-  // log2 of the factor P's codes carry: 2^8 for E4M3 P, none for FP4 P (its
-  // scale rides on row_factor).
-  constexpr float kPOffset = kFp4P ? 0.0f : direct_p::kFp8Offset;
+  // log2 of the factor P's codes carry: 2^8, for E4M3 P (2^(u + 8)) and FP4
+  // P (q·2^(E + 8), kPRowExponent) alike.
+  constexpr float kPOffset = direct_p::kFp8Offset;
   extern __shared__ std::uint8_t smem_raw[];
   auto& smem = *reinterpret_cast<SharedStorage<Cfg>*>(
       (reinterpret_cast<std::uintptr_t>(smem_raw) + Cfg::kSwizzleAlign - 1) & ~std::uintptr_t{Cfg::kSwizzleAlign - 1});
@@ -551,7 +541,6 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     float pv[Cfg::kPvRegs];
     std::uint32_t p[Cfg::kPvSteps][4];  // P of the tile whose PV is issued next
     float alpha[2];                     // the rescale of O that goes with that PV
-    float row_factor[2] = {1.0f, 1.0f};  // FP4 P: 2^(R − 6) of that PV's tile
     float c[2];                         // this tile's S → log2-domain multiplier, per row
     // A product that underflows to 0 (folded MX factors of an all-zero Q row
     // and K tile, each 2^-133) would make masked scores −inf·0 = NaN; the
@@ -578,7 +567,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     wgmma_wait<0>();
     fence_registers(s);
     mask_tile(s, 0);
-    softmax.step<kPCode>(s, c, mx_round_up, p, alpha, row_factor);
+    softmax.step<kPCode>(s, c, mx_round_up, p, alpha);
 
     // Turn n: PV of tile n − 1, then S of tile n. O takes in PV while S is
     // still computed; the softmax of tile n runs while the other consumer's
@@ -602,15 +591,15 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
       turn.pass(false);
       wait_pv<1, Cfg>(pv, p);  // PV is complete; S may still be running
       cuda::ptx::mbarrier_arrive(&smem.kv_empty[prev]);
-      accumulate_o<kFp4P, 0, kOGroupsBeforeS, false>(o, softmax.l, alpha, row_factor, pv);
+      accumulate_o<0, kOGroupsBeforeS, false>(o, softmax.l, alpha, pv);
       wgmma_wait<0>();
       fence_registers(s);
       mask_tile(s, n);
       // The rest of O's update, after S: its FFMAs fill the row max's
       // dependency and shuffle latency (they share a basic block).
       fence_tail<kOGroupsBeforeS>(o, pv);
-      accumulate_o<kFp4P, kOGroupsBeforeS, Cfg::kORegs / 4, true>(o, softmax.l, alpha, row_factor, pv);
-      softmax.step<kPCode>(s, c, mx_round_up, p, alpha, row_factor);
+      accumulate_o<kOGroupsBeforeS, Cfg::kORegs / 4, true>(o, softmax.l, alpha, pv);
+      softmax.step<kPCode>(s, c, mx_round_up, p, alpha);
     }
 
     // Last turn: PV of the last tile.
@@ -622,7 +611,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     wgmma_commit();
     turn.pass(true);
     wait_pv<0, Cfg>(pv, p);
-    accumulate_o<kFp4P, 0, Cfg::kORegs / 4, true>(o, softmax.l, alpha, row_factor, pv);
+    accumulate_o<0, Cfg::kORegs / 4, true>(o, softmax.l, alpha, pv);
   } else {
     load_epilogue_inputs();
   }
