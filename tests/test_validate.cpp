@@ -147,12 +147,14 @@ TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
   opt.block_k = 64;  // the kernel's tile is fixed
   EXPECT_FALSE(sm90_supports(s, opt));
   opt = {};
-  // The MX recipes fold into E4M3 for the same kernel; NVFP4 (BF16 wgmma) has no kernel.
-  for (Recipe r : {Recipe::fp8, Recipe::mxfp4, Recipe::mxfp4_train}) {
+  // The MX recipes fold into E4M3 for the same kernel; NVFP4 runs on BF16
+  // wgmma with Direct-P only (the exp2 baseline stays on the emulator).
+  for (Recipe r : {Recipe::fp8, Recipe::mxfp4, Recipe::mxfp4_train, Recipe::nvfp4}) {
     opt.recipe = r;
     EXPECT_TRUE(sm90_supports(s, opt)) << to_string(r);
   }
   opt.recipe = Recipe::nvfp4;
+  opt.direct_p = false;
   EXPECT_FALSE(sm90_supports(s, opt));
 }
 

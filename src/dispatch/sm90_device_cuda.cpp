@@ -15,6 +15,8 @@
 #include "cuda/sm90/fwd/fp8_operands.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
 #include "cuda/sm90/fwd/mx_operands.hpp"
+#include "cuda/sm90/fwd/nvfp4_fwd.hpp"
+#include "cuda/sm90/fwd/nvfp4_operands.hpp"
 #include "dispatch/device_workspace.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
@@ -62,17 +64,18 @@ std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe reci
     case Recipe::fp8: return workspace_layout(shape).bytes;
     case Recipe::mxfp4:
     case Recipe::mxfp4_train: return sm90::fwd::MxOperands::workspace_bytes(shape, recipe);
-    default: throw Error("recipe", "the sm90 device path runs recipes fp8, mxfp4 and mxfp4_train, not " +
-                                       std::string(to_string(recipe)));
+    case Recipe::nvfp4: return sm90::fwd::Nvfp4Operands::workspace_bytes(shape);
   }
+  throw Error("recipe", "the sm90 device path runs recipes fp8, mxfp4, mxfp4_train and nvfp4, not " +
+                            std::string(to_string(recipe)));
 }
 
 void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& opt, void* stream_handle) {
   const AttentionShape& s = args.shape;
   validate(s, opt);
   if (!sm90_supports(s, opt))
-    throw Error("executor", "the sm90 executor does not implement this call (it runs recipes fp8, mxfp4 and "
-                            "mxfp4_train, target sm90, 128-token tiles, D = 64 or 128)");
+    throw Error("executor", "the sm90 executor does not implement this call (it runs recipes fp8, mxfp4, "
+                            "mxfp4_train and nvfp4 with Direct-P, target sm90, 128-token tiles, D = 64 or 128)");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   if (args.o == nullptr) throw Error("o", "is a null device pointer");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
@@ -90,6 +93,18 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   const auto k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k");
   const auto v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
 
+  if (opt.recipe == Recipe::nvfp4) {
+    // NVFP4: the quantizer and the BF16 expansion write into the workspace;
+    // the kernel reads their flags (non-finite input: O and LSE NaN).
+    sm90::fwd::Nvfp4Operands nv(s, args.workspace);
+    nv.prepare(q, k, v, opt.smooth_k, scale, stream);
+    sm90::fwd::Nvfp4ForwardArgs a = nv.forward_args(opt.mask, opt.direct_p, scale, opt.smooth_k);
+    a.o = args.o;
+    a.o_stride_b = args.o_stride_b, a.o_stride_s = args.o_stride_s, a.o_stride_h = args.o_stride_h;
+    a.lse = args.lse;
+    sm90::fwd::forward_nvfp4(a, stream);
+    return;
+  }
   if (opt.recipe != Recipe::fp8) {
     // MX recipes: the MXFP4 quantizer and the fold write into the workspace;
     // the kernel reads their flags (non-finite input: O and LSE NaN).

@@ -53,12 +53,14 @@ struct DeviceForwardArgs {
 
 // Device bytes of DeviceForwardArgs::workspace for `shape` and `recipe`: the
 // quantized operands, their scales and the quantizers' scratch (the MX
-// recipes add their MXFP4 codes and the folded E4M3 operands).
+// recipes add their MXFP4 codes and the folded E4M3 operands, nvfp4 its
+// NVFP4 codes and their BF16 expansion).
 std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe = Recipe::fp8);
 
-// Forward on device pointers (recipes fp8, mxfp4_train, mxfp4), enqueued on
+// Forward on device pointers (recipes fp8, mxfp4_train, mxfp4, nvfp4), enqueued on
 // `stream` (a cudaStream_t; null is the legacy default stream): the GPU
-// quantizer(s), the MXFP4 fold for the MX recipes, then the kernel. No
+// quantizer(s), the MXFP4 fold for the MX recipes (the BF16 expansion for
+// nvfp4), then the kernel. No
 // allocation and no host synchronisation, so it may be captured in a CUDA
 // graph. Validates shape and options (fp4attn::validate) and throws
 // fp4attn::Error when the sm90 executor does not implement the call

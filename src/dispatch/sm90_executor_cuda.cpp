@@ -1,6 +1,7 @@
 // The sm90 executor in a CUDA build: device check through the CUDA runtime,
 // and the forward as upload → GPU quantizer → FP8 Direct-P kernel → download
-// (recipes mxfp4 and mxfp4_train: MXFP4 quantizer, fold into E4M3, same kernel).
+// (recipes mxfp4 and mxfp4_train: MXFP4 quantizer, fold into E4M3, same kernel;
+// recipe nvfp4: NVFP4 quantizer, expansion to BF16, the BF16 wgmma kernel).
 #if defined(FP4ATTN_HAS_CUDA)
 
 #include <cuda_runtime_api.h>
@@ -13,6 +14,8 @@
 #include "cuda/sm90/fwd/fp8_operands.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
 #include "cuda/sm90/fwd/mx_operands.hpp"
+#include "cuda/sm90/fwd/nvfp4_fwd.hpp"
+#include "cuda/sm90/fwd/nvfp4_operands.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/error.hpp"
 
@@ -73,8 +76,9 @@ bool sm90_device_present() {
 ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                            std::span<const float> v, const AttentionOptions& opt) {
   const bool mx = opt.recipe == Recipe::mxfp4 || opt.recipe == Recipe::mxfp4_train;
-  if (opt.recipe != Recipe::fp8 && !mx)
-    throw Error("recipe", "the sm90 executor implements recipes fp8, mxfp4 and mxfp4_train; " +
+  const bool nvfp4 = opt.recipe == Recipe::nvfp4;
+  if (opt.recipe != Recipe::fp8 && !mx && !nvfp4)
+    throw Error("recipe", "the sm90 executor implements recipes fp8, mxfp4, mxfp4_train and nvfp4; " +
                               std::string(to_string(opt.recipe)) + " runs on the emulator");
   if (opt.block_q != cuda_quantize::kTokenBlock || opt.block_k != cuda_quantize::kTokenBlock)
     throw Error("block_q", "the sm90 kernel's tiles (and FP8 scale blocks) are 128 tokens");
@@ -88,11 +92,23 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
   const auto q_in = contiguous(dq.get(), shape.B, shape.Sq, shape.Hq, shape.D);
   const auto k_in = contiguous(dk.get(), shape.B, shape.Sk, shape.Hkv, shape.D);
   const auto v_in = contiguous(dv.get(), shape.B, shape.Sk, shape.Hkv, shape.D);
-  // Exactly one of the two operand sets is built; it must outlive the kernel.
+  DeviceBuffer<std::uint16_t> o(shape.q_elems());
+  DeviceBuffer<float> lse(shape.lse_elems());
+  // Exactly one of the operand sets is built; it must outlive the kernel.
   std::unique_ptr<sm90::fwd::Fp8Operands> fp8_operands;
   std::unique_ptr<sm90::fwd::MxOperands> mx_operands;
+  std::unique_ptr<sm90::fwd::Nvfp4Operands> nvfp4_operands;
   sm90::fwd::Fp8ForwardArgs a;
-  if (mx) {
+  if (nvfp4) {
+    nvfp4_operands = std::make_unique<sm90::fwd::Nvfp4Operands>(shape);
+    nvfp4_operands->prepare(q_in, k_in, v_in, opt.smooth_k, scale, stream);
+    nvfp4_operands->check_finite(stream);
+    sm90::fwd::Nvfp4ForwardArgs na = nvfp4_operands->forward_args(opt.mask, opt.direct_p, scale, opt.smooth_k);
+    na.o = o.get();
+    na.o_stride_b = shape.Sq * shape.Hq * shape.D, na.o_stride_s = shape.Hq * shape.D, na.o_stride_h = shape.D;
+    na.lse = lse.get();
+    sm90::fwd::forward_nvfp4(na, stream);
+  } else if (mx) {
     mx_operands = std::make_unique<sm90::fwd::MxOperands>(shape, opt.recipe, opt.mx_scale_rule);
     mx_operands->prepare(q_in, k_in, v_in, opt.smooth_k, scale, stream);
     mx_operands->check_finite(stream);
@@ -106,12 +122,12 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
                                    scale, opt.smooth_k);
   }
 
-  DeviceBuffer<std::uint16_t> o(shape.q_elems());
-  DeviceBuffer<float> lse(shape.lse_elems());
-  a.o = o.get();
-  a.o_stride_b = a.q_stride_b, a.o_stride_s = a.q_stride_s, a.o_stride_h = a.q_stride_h;
-  a.lse = lse.get();
-  sm90::fwd::forward_fp8(a, stream);
+  if (!nvfp4) {
+    a.o = o.get();
+    a.o_stride_b = a.q_stride_b, a.o_stride_s = a.q_stride_s, a.o_stride_h = a.q_stride_h;
+    a.lse = lse.get();
+    sm90::fwd::forward_fp8(a, stream);
+  }
 
   std::vector<std::uint16_t> o_bits(shape.q_elems());
   ForwardOutput out;

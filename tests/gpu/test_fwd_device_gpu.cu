@@ -193,15 +193,16 @@ TEST(GpuForwardDeviceErrors, NamesTheWorkspaceWhenItFitsAnotherRecipe) {
   }
 }
 
-TEST(GpuForwardDeviceErrors, RefusesNvfp4ByName) {
+TEST(GpuForwardDeviceErrors, RefusesNvfp4Exp2ByName) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 2, 2, 128, 128, 64};
-  DeviceCall call(s, Recipe::fp8);
+  DeviceCall call(s, Recipe::nvfp4);
   AttentionOptions opt;
-  opt.recipe = Recipe::nvfp4;  // no sm90 kernel: the emulator runs it through the host entry point
+  opt.recipe = Recipe::nvfp4;
+  opt.direct_p = false;  // no sm90 kernel: the emulator runs it through the host entry point
   try {
     call.run(opt);
-    FAIL() << "the zero-copy path accepted recipe nvfp4";
+    FAIL() << "the zero-copy path accepted recipe nvfp4 with Direct-P off";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "executor");
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cuda/quantize/fold_mx.hpp"
+#include "cuda/sm90/fwd/workspace_regions.hpp"
 #include "fp4attn/error.hpp"
 
 namespace fp4attn::sm90::fwd {
@@ -12,27 +13,8 @@ namespace {
 
 namespace cq = cuda_quantize;
 constexpr int kNonfiniteFlags = 3;  // q, k, v
-constexpr std::size_t kRegionAlign = 256;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-// Consecutive aligned regions of one block; with a null base it only counts bytes.
-class Regions {
- public:
-  explicit Regions(unsigned char* base) : base_(base) {}
-  template <class T>
-  T* take(std::int64_t count) {
-    const std::size_t offset = at_;
-    const std::size_t bytes = std::max<std::size_t>(static_cast<std::size_t>(count) * sizeof(T), 1);
-    at_ += (bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
-    return base_ == nullptr ? nullptr : reinterpret_cast<T*>(base_ + offset);
-  }
-  std::size_t bytes() const { return at_; }
-
- private:
-  unsigned char* base_;
-  std::size_t at_ = 0;
-};
 
 struct Layout {
   cq::Fp4Buffers fp4;
@@ -43,7 +25,7 @@ struct Layout {
 // The one place that sizes and places every buffer (sizes from
 // cuda/quantize/quantize_fp4.hpp, quantize_fp8.hpp and fold_mx.hpp).
 Layout layout(const AttentionShape& s, Recipe recipe, unsigned char* base) {
-  Regions r(base);
+  WorkspaceRegions r(base);
   Layout l;
   const auto fp4_out = [&](cq::Fp4Operand op, std::int64_t S, std::int64_t H) {
     const cq::Fp4Sizes z = cq::fp4_sizes(op, TensorFormat::mxfp4, s.B, S, H, s.D);

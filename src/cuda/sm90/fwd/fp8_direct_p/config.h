@@ -4,15 +4,11 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/fwd/consumer_common.cuh"
 #include "cuda/sm90/fwd/fwd.hpp"
 #include "cuda/sm90/ptx.cuh"
 
 namespace fp4attn::sm90::fwd {
-
-inline constexpr int kWarpSize = 32;
-inline constexpr int kWarpgroupThreads = 128;
-inline constexpr int kSmemPerBlockLimit = 227 * 1024;  // sm_90 opt-in maximum per block
-inline constexpr int kRegisterFile = 64 * 1024;        // 32-bit registers per SM
 
 template <int HeadDim>
 struct Fp8Config {
@@ -80,13 +76,6 @@ struct Fp8Config {
                 "register split exceeds the register file");
 };
 
-// Hardware named-barrier ids of the kernel (16 per CTA). Each turn barrier
-// counts two warpgroups: its consumer syncs on it, the one before it arrives.
-enum BarrierId : int {
-  kBarrierSyncThreads = 0,  // reserved by __syncthreads
-  kBarrierConsumerTurn = 1,  // + c: consumer c may issue its wgmmas
-};
-inline constexpr int kTurnBarrierThreads = 2 * kWarpgroupThreads;
 static_assert(kBarrierConsumerTurn + Fp8Config<128>::kConsumers <= 16, "named barrier ids run out at 16");
 
 // Shared memory of one CTA. Tiles first (1024-byte aligned), barriers last.

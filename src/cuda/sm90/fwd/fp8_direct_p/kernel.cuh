@@ -45,49 +45,11 @@
 
 namespace fp4attn::sm90::fwd {
 
-inline constexpr float kLn2 = 0.693147180559945309f;
-inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
-inline constexpr int kThreadsPerRow = 4;  // lanes of a quad share an accumulator row
 inline constexpr int kSm90FoldHeadroom = 6;  // the largest MX exponent R maps to 2^6 (DESIGN §3.4)
 // FP4 P folds against R = −2, the largest exponent any block can have (u ≤ 0,
 // E = ceil(u_max − log2 6)): values q·2^(E + 8), so FP4 P carries P's offset
 // 2^8 like FP8 P and needs no per-tile row factor (emulator: kSm90PRowExponent).
 inline constexpr int kPRowExponent = -2;
-
-FP4ATTN_DEVICE_INLINE float neg_inf() { return __int_as_float(0xFF800000); }
-
-FP4ATTN_DEVICE_INLINE void wait_barrier(std::uint64_t* bar, std::uint32_t parity) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
-  }
-}
-
-// Where a thread's accumulator elements sit. Element 4j + 2r + e of an
-// m64nN fp32 accumulator is row (16·warp + lane/4 + 8r), column 8j + 2·(lane%4) + e.
-struct Fragment {
-  int row[2];  // rows within the consumer's 64, for r = 0, 1
-  int col;     // 2·(lane % 4)
-  __device__ explicit Fragment(int thread_in_wg) {
-    const int warp = thread_in_wg / kWarpSize, lane = thread_in_wg % kWarpSize;
-    row[0] = 16 * warp + lane / kThreadsPerRow;
-    row[1] = row[0] + 8;
-    col = 2 * (lane % kThreadsPerRow);
-  }
-};
-
-// S = −inf where key ≥ Sk or, causally, key > row + diagonal.
-template <int N>
-FP4ATTN_DEVICE_INLINE void mask_scores(float (&s)[N], const Fragment& f, int first_key, const int (&row_abs)[2], int Sk,
-                                       bool causal, int diagonal) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int limit = causal ? min(Sk - 1, row_abs[r] + diagonal) : Sk - 1;
-#pragma unroll
-    for (int j = 0; j < N / 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (first_key + 8 * j + f.col + e > limit) s[4 * j + 2 * r + e] = neg_inf();
-  }
-}
 
 // Row maxima as a tree: depth 5 per row instead of a chain of 17 dependent
 // FMNMX. Nothing of this warpgroup is in flight while it runs, so the chain's
@@ -310,16 +272,6 @@ FP4ATTN_DEVICE_INLINE void issue_pv(float (&pv)[Cfg::kPvRegs], const std::uint32
   }
 }
 
-// Pins the P operand in its registers at this point of the program. Before
-// wgmma.fence it keeps the compiler from sinking P's last writes past the
-// fence, which is what orders them before the product reads them; after the
-// wait it keeps P's registers from being reused while PV still reads them.
-template <int T>
-FP4ATTN_DEVICE_INLINE void fence_p(std::uint32_t (&p)[T][4]) {
-#pragma unroll
-  for (int t = 0; t < T; ++t) fence_registers(p[t]);
-}
-
 // Waits until at most kPending wgmma groups of this warpgroup are in flight
 // (PV being the older group, it is then complete) and hands the registers PV
 // read (P) and wrote to ordinary instructions again.
@@ -393,24 +345,6 @@ struct OnlineSoftmax {
     if constexpr (kPCode == PCode::mxfp4_direct_p) pack_p_operand_mx(s, c, m_use, bm, p);
     else if constexpr (kPCode == PCode::mxfp4_exp2) pack_p_operand_mx_exp2(s, c, m_use, mx_round_up, p);
     else pack_p_operand<kPCode>(s, c, m_use, p);
-  }
-};
-
-// Ping-pong of the consumer warpgroups at the tensor core: each waits for its
-// turn, issues its wgmmas and passes the turn to the next one (cyclically).
-template <int kConsumers>
-struct TurnOrder {
-  int consumer;
-  // Consumer 0 takes the first turn without being passed one.
-  __device__ void open_first() const {
-    if (consumer == 0) named_barrier_arrive(kBarrierConsumerTurn, kTurnBarrierThreads);
-  }
-  __device__ void wait() const { named_barrier_sync(kBarrierConsumerTurn + consumer, kTurnBarrierThreads); }
-  // After the very last turn the last consumer passes to no one, which leaves
-  // every turn barrier with as many arrivals as syncs.
-  __device__ void pass(bool final_turn) const {
-    if (final_turn && consumer == kConsumers - 1) return;
-    named_barrier_arrive(kBarrierConsumerTurn + (consumer + 1) % kConsumers, kTurnBarrierThreads);
   }
 };
 

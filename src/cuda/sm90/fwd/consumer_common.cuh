@@ -1,0 +1,95 @@
+// What the sm90 forward kernels (fp8_direct_p, nvfp4_bf16) share: the warp
+// geometry and named barriers of a producer warpgroup with ping-ponging
+// consumer warpgroups, where a thread's accumulator elements sit, the score
+// mask, and the turn order of the consumers at the tensor core.
+#pragma once
+
+#include <cuda/ptx>
+
+#include <cstdint>
+
+#include "cuda/sm90/ptx.cuh"
+
+namespace fp4attn::sm90::fwd {
+
+inline constexpr int kWarpSize = 32;
+inline constexpr int kWarpgroupThreads = 128;
+inline constexpr int kSmemPerBlockLimit = 227 * 1024;  // sm_90 opt-in maximum per block
+inline constexpr int kRegisterFile = 64 * 1024;        // 32-bit registers per SM
+
+// Hardware named-barrier ids of the kernels (16 per CTA). Each turn barrier
+// counts two warpgroups: its consumer syncs on it, the one before it arrives.
+enum BarrierId : int {
+  kBarrierSyncThreads = 0,  // reserved by __syncthreads
+  kBarrierConsumerTurn = 1,  // + c: consumer c may issue its wgmmas
+};
+inline constexpr int kTurnBarrierThreads = 2 * kWarpgroupThreads;
+
+inline constexpr float kLn2 = 0.693147180559945309f;
+inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
+inline constexpr int kThreadsPerRow = 4;  // lanes of a quad share an accumulator row
+
+FP4ATTN_DEVICE_INLINE float neg_inf() { return __int_as_float(0xFF800000); }
+
+FP4ATTN_DEVICE_INLINE void wait_barrier(std::uint64_t* bar, std::uint32_t parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+// Where a thread's accumulator elements sit. Element 4j + 2r + e of an
+// m64nN fp32 accumulator is row (16·warp + lane/4 + 8r), column 8j + 2·(lane%4) + e.
+struct Fragment {
+  int row[2];  // rows within the consumer's 64, for r = 0, 1
+  int col;     // 2·(lane % 4)
+  __device__ explicit Fragment(int thread_in_wg) {
+    const int warp = thread_in_wg / kWarpSize, lane = thread_in_wg % kWarpSize;
+    row[0] = 16 * warp + lane / kThreadsPerRow;
+    row[1] = row[0] + 8;
+    col = 2 * (lane % kThreadsPerRow);
+  }
+};
+
+// S = −inf where key ≥ Sk or, causally, key > row + diagonal.
+template <int N>
+FP4ATTN_DEVICE_INLINE void mask_scores(float (&s)[N], const Fragment& f, int first_key, const int (&row_abs)[2], int Sk,
+                                       bool causal, int diagonal) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int limit = causal ? min(Sk - 1, row_abs[r] + diagonal) : Sk - 1;
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (first_key + 8 * j + f.col + e > limit) s[4 * j + 2 * r + e] = neg_inf();
+  }
+}
+
+// Pins the P operand in its registers at this point of the program. Before
+// wgmma.fence it keeps the compiler from sinking P's last writes past the
+// fence, which is what orders them before the product reads them; after the
+// wait it keeps P's registers from being reused while PV still reads them.
+template <int T>
+FP4ATTN_DEVICE_INLINE void fence_p(std::uint32_t (&p)[T][4]) {
+#pragma unroll
+  for (int t = 0; t < T; ++t) fence_registers(p[t]);
+}
+
+// Ping-pong of the consumer warpgroups at the tensor core: each waits for its
+// turn, issues its wgmmas and passes the turn to the next one (cyclically).
+template <int kConsumers>
+struct TurnOrder {
+  int consumer;
+  // Consumer 0 takes the first turn without being passed one.
+  __device__ void open_first() const {
+    if (consumer == 0) named_barrier_arrive(kBarrierConsumerTurn, kTurnBarrierThreads);
+  }
+  __device__ void wait() const { named_barrier_sync(kBarrierConsumerTurn + consumer, kTurnBarrierThreads); }
+  // After the very last turn the last consumer passes to no one, which leaves
+  // every turn barrier with as many arrivals as syncs.
+  __device__ void pass(bool final_turn) const {
+    if (final_turn && consumer == kConsumers - 1) return;
+    named_barrier_arrive(kBarrierConsumerTurn + (consumer + 1) % kConsumers, kTurnBarrierThreads);
+  }
+};
+
+}  // namespace fp4attn::sm90::fwd

@@ -1,0 +1,469 @@
+// GPU suite for recipe nvfp4 on sm90 (BF16 wgmma, DESIGN §3.4): the BF16
+// expansion of the GPU NVFP4 quantizer's output against the emulator's sm90
+// operands bit for bit, then the NVFP4 forward kernel against
+// emulator::forward (target sm90, same inputs): known answer, random shapes
+// with odd lengths, GQA and MQA, bottom-right causal with Sq ≠ Sk (fully
+// masked rows), top-left causal, smooth_k on and off, both head dims, inputs
+// with outliers, non-finite input and the arguments the kernel refuses.
+//
+// The emulator sums both products in fp32 (it does not model the BF16 tensor
+// core's accumulation), so O is compared within the forward bounds (rel L2,
+// |ΔLSE|), not element for element; the count of differing elements is printed.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/quantize/quantize_fp4.hpp"
+#include "cuda/sm90/fwd/nvfp4_bf16/kernel.cuh"
+#include "cuda/sm90/fwd/nvfp4_fwd.hpp"
+#include "cuda/sm90/fwd/nvfp4_operands.hpp"
+#include "dispatch/sm90_executor.hpp"
+#include "emulator/operands.hpp"
+#include "fp4attn/attention.hpp"
+#include "fp4attn/direct_p.hpp"
+#include "fp4attn/emulator.hpp"
+#include "fp4attn/error.hpp"
+#include "fp4attn/metrics.hpp"
+#include "fp4attn/quantize.hpp"
+#include "gpu/forward_check.hpp"
+#include "gpu/gpu_test_util.hpp"
+
+namespace fp4attn {
+namespace {
+
+using gpu_test::DeviceArray;
+namespace cq = cuda_quantize;
+
+constexpr double kMaxRelL2 = gpu_test::kForwardMaxRelL2;
+constexpr double kMaxLseDiff = gpu_test::kForwardMaxLseDiff;
+constexpr float kOutlier = 40.0f;  // one element in a thousand: NVFP4 blocks and tensor scales far from the bulk
+
+struct Nvfp4Case {
+  AttentionShape shape;
+  MaskKind mask;
+  bool smooth_k;
+  bool outliers = false;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Nvfp4Case>& info) {
+  const Nvfp4Case& c = info.param;
+  const auto& s = c.shape;
+  static constexpr const char* kMaskNames[] = {"full", "causal", "causaltopleft"};
+  return "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" + std::to_string(s.Hkv) + "_Sq" +
+         std::to_string(s.Sq) + "_Sk" + std::to_string(s.Sk) + "_D" + std::to_string(s.D) + "_" +
+         kMaskNames[static_cast<int>(c.mask)] + (c.smooth_k ? "_smoothk" : "") + (c.outliers ? "_outliers" : "");
+}
+
+// A contiguous (B, S, H, D) tensor on the device as bf16.
+struct DeviceBf16 {
+  DeviceArray<__nv_bfloat16> data;
+  cq::StridedInput view;
+  DeviceBf16(const std::vector<float>& x, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D)
+      : data(x.size()) {
+    std::vector<__nv_bfloat16> h(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) h[i] = __float2bfloat16_rn(x[i]);
+    data.upload(h);
+    view = {data.ptr, cq::ElementType::bf16, B, S, H, D, S * H * D, H * D, D};
+  }
+};
+
+std::vector<float> download_bf16(const void* ptr, std::size_t count) {
+  std::vector<__nv_bfloat16> h(count);
+  cudaMemcpy(h.data(), ptr, count * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost);
+  std::vector<float> out(count);
+  for (std::size_t i = 0; i < count; ++i) out[i] = __bfloat162float(h[i]);
+  return out;
+}
+
+float download_float(const float* ptr) {
+  float x = 0.0f;
+  cudaMemcpy(&x, ptr, sizeof(float), cudaMemcpyDeviceToHost);
+  return x;
+}
+
+// ---- the kernel's P helpers against the shared host functions, bit for bit
+
+__global__ void p_helpers_kernel(const float* u_max, int n_scales, std::uint32_t* scale, const float* u,
+                                 const float* log2_sb, int n_codes, std::uint32_t* code) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n_scales) scale[i] = sm90::fwd::nvfp4::nvfp4_block_scale(u_max[i]);
+  if (i < n_codes) code[i] = sm90::fwd::nvfp4::nvfp4_code(u[i], log2_sb[i]);
+}
+
+TEST(GpuNvfp4PHelpers, MatchSharedFunctions) {
+  FP4ATTN_REQUIRE_HOPPER();
+  std::mt19937 rng(gpu_test::fresh_seed());
+  // Block scales: u_max over everything a row max can give (−inf, far below
+  // P's range, and dense near 0), plus exact UE4M3 rounding midpoints of
+  // 2^(u + 8) / 6 and their neighbours.
+  std::vector<float> u_max = {-INFINITY, -1e31f, -200.0f, -30.0f, -21.0f, 0.0f, 1e-7f, 0.5f};
+  std::uniform_real_distribution<float> wide(-24.0f, 0.5f);
+  for (int i = 0; i < (1 << 20); ++i) u_max.push_back(wide(rng));
+  for (int code = 1; code < 0x7E; ++code) {
+    const float mid = 0.5f * (decode(ElemFormat::ue4m3, code) + decode(ElemFormat::ue4m3, code + 1));
+    const float u0 = std::log2(6.0f * mid) - direct_p::kNvfp4Offset;
+    float u = u0;
+    for (int k = 0; k < 64; ++k) u = std::nextafter(u, -INFINITY);
+    for (int k = 0; k < 128; ++k, u = std::nextafter(u, INFINITY)) u_max.push_back(u);
+  }
+  // Element codes: every finite block scale, u around each threshold by a few ulps, and u = −inf.
+  std::vector<float> u, log2_sb;
+  for (int sc = 0; sc < 0x7F; ++sc) {
+    const float l2 = direct_p::log2_of_ue4m3(static_cast<std::uint8_t>(sc));
+    for (float b : direct_p::kE2M1Log2Bounds) {
+      float x = b + l2 - direct_p::kNvfp4Offset;
+      if (!std::isfinite(x)) x = -5.0f;
+      for (int k = 0; k < 8; ++k) x = std::nextafter(x, -INFINITY);
+      for (int k = 0; k < 16; ++k, x = std::nextafter(x, INFINITY)) u.push_back(x), log2_sb.push_back(l2);
+    }
+    u.push_back(-INFINITY), log2_sb.push_back(l2);
+    for (int k = 0; k < 64; ++k) u.push_back(wide(rng)), log2_sb.push_back(l2);
+  }
+  const int n_scales = static_cast<int>(u_max.size()), n_codes = static_cast<int>(u.size());
+  DeviceArray<float> d_u_max(u_max.size()), d_u(u.size()), d_l2(log2_sb.size());
+  DeviceArray<std::uint32_t> d_scale(u_max.size()), d_code(u.size());
+  d_u_max.upload(u_max), d_u.upload(u), d_l2.upload(log2_sb);
+  const int n = std::max(n_scales, n_codes);
+  p_helpers_kernel<<<(n + 255) / 256, 256>>>(d_u_max.ptr, n_scales, d_scale.ptr, d_u.ptr, d_l2.ptr, n_codes,
+                                             d_code.ptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got_scale = d_scale.download(), got_code = d_code.download();
+  std::size_t bad_scale = 0, bad_code = 0;
+  for (int i = 0; i < n_scales; ++i) bad_scale += got_scale[i] != direct_p::nvfp4_block_scale(u_max[i]);
+  for (int i = 0; i < n_codes; ++i) bad_code += got_code[i] != direct_p::nvfp4_code(u[i], log2_sb[i]);
+  EXPECT_EQ(bad_scale, 0u) << "of " << n_scales;
+  EXPECT_EQ(bad_code, 0u) << "of " << n_codes;
+}
+
+// ---- the BF16 expansion, bit for bit against the emulator's sm90 operands
+
+TEST(GpuNvfp4Expand, OperandsMatchEmulator) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (const AttentionShape s : {AttentionShape{2, 3, 3, 300, 77, 128}, AttentionShape{1, 2, 1, 65, 1000, 64},
+                                 AttentionShape{1, 1, 1, 5, 17, 64}}) {
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    const std::string where = "Sq=" + std::to_string(s.Sq) + " Sk=" + std::to_string(s.Sk) + " D=" +
+                              std::to_string(s.D) + " seed=" + std::to_string(seed);
+    const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng, kOutlier);
+    const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng, kOutlier);
+    const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng, kOutlier);
+    DeviceBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
+    sm90::fwd::Nvfp4Operands ops(s);
+    {
+      // Poison the BF16 operands: every element the kernel may read must be written.
+      const sm90::fwd::Nvfp4ForwardArgs a = ops.forward_args(MaskKind::none, true, 1.0f, false);
+      cudaMemset(const_cast<void*>(a.q), 0xFF, s.q_elems() * 2);
+      cudaMemset(const_cast<void*>(a.k), 0xFF, s.kv_elems() * 2);
+      cudaMemset(const_cast<void*>(a.vt), 0xFF, s.B * s.Hkv * s.D * a.vt_keys * 2);
+    }
+    ops.prepare(dq.view, dk.view, dv.view, false, 1.0f, nullptr);
+    ops.check_finite(nullptr);
+    const sm90::fwd::Nvfp4ForwardArgs a = ops.forward_args(MaskKind::none, true, 1.0f, false);
+    ASSERT_EQ(a.vt_keys, cq::fp4_padded_tokens(s.Sk));
+    const auto got_q = download_bf16(a.q, s.q_elems());
+    const auto got_k = download_bf16(a.k, s.kv_elems());
+    const auto got_vt = download_bf16(a.vt, s.B * s.Hkv * s.D * a.vt_keys);
+
+    const QuantizedTensor tq = quantize(q, s.B, s.Sq, s.Hq, s.D, TensorFormat::nvfp4, BlockAxis::along_d, {}, "q");
+    const QuantizedTensor tk = quantize(k, s.B, s.Sk, s.Hkv, s.D, TensorFormat::nvfp4, BlockAxis::along_d, {}, "k");
+    const QuantizedTensor tv = quantize(v, s.B, s.Sk, s.Hkv, s.D, TensorFormat::nvfp4, BlockAxis::along_s, {}, "v");
+    const emulator::QkOperand want_q = emulator::qk_operand(tq, Target::sm90, 1);
+    const emulator::QkOperand want_k = emulator::qk_operand(tk, Target::sm90, 128);
+    const emulator::VOperand want_v = emulator::v_operand(tv, Target::sm90);
+    // The tensor scales stay outside the operands: the emulator's factors are their reciprocals.
+    EXPECT_EQ(1.0f / download_float(a.q_tensor_scale), want_q.row_factor[0]) << where;
+    EXPECT_EQ(1.0f / download_float(a.k_tensor_scale), want_k.row_factor[0]) << where;
+    EXPECT_EQ(1.0f / download_float(a.v_tensor_scale), want_v.col_factor[0]) << where;
+
+    std::size_t bad = 0, nonzero = 0;
+    for (std::size_t i = 0; i < got_q.size(); ++i) bad += !(got_q[i] == want_q.values[i]);  // both (B, H, S, D)
+    for (std::size_t i = 0; i < got_k.size(); ++i) bad += !(got_k[i] == want_k.values[i]);
+    for (std::int64_t bh = 0; bh < s.B * s.Hkv; ++bh)
+      for (std::int64_t d = 0; d < s.D; ++d)
+        for (std::int64_t key = 0; key < a.vt_keys; ++key) {
+          const float got = got_vt[(bh * s.D + d) * a.vt_keys + key];
+          const float want = key < s.Sk ? want_v.values[(bh * s.Sk + key) * s.D + d] : 0.0f;
+          bad += !(got == want);
+          nonzero += got != 0.0f;
+        }
+    EXPECT_EQ(bad, 0u) << where;
+    EXPECT_GT(nonzero, 0u) << where;
+  }
+}
+
+// ---- the forward against the emulator
+
+struct GpuResult {
+  std::vector<float> o, lse;
+};
+
+GpuResult run_gpu(const Nvfp4Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                  const std::vector<float>& v) {
+  const AttentionShape& s = c.shape;
+  DeviceBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
+  sm90::fwd::Nvfp4Operands ops(s);
+  ops.prepare(dq.view, dk.view, dv.view, c.smooth_k, scale, nullptr);
+  ops.check_finite(nullptr);
+
+  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.q_elems()));
+  DeviceArray<float> lse(s.lse_elems());
+  o.poison();
+  lse.poison();
+  sm90::fwd::Nvfp4ForwardArgs a = ops.forward_args(c.mask, true, scale, c.smooth_k);
+  a.o = o.ptr, a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
+  a.lse = lse.ptr;
+  sm90::fwd::forward_nvfp4(a, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  GpuResult r;
+  const auto o_raw = o.download();
+  r.o.resize(o_raw.size());
+  for (std::size_t i = 0; i < o_raw.size(); ++i) r.o[i] = __bfloat162float(o_raw[i]);
+  r.lse = lse.download();
+  return r;
+}
+
+emulator::ForwardResult run_emulator(const Nvfp4Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                                     const std::vector<float>& v) {
+  AttentionOptions opt;
+  opt.recipe = Recipe::nvfp4;
+  opt.mask = c.mask;
+  opt.direct_p = true;
+  opt.smooth_k = c.smooth_k;
+  opt.target = Target::sm90;
+  return emulator::forward(c.shape, q, k, v, opt);
+}
+
+// The forward bounds of forward_check.hpp without its bit-exactness clause
+// (the BF16 tensor core's sums are not modelled): every output written,
+// non-finite values and fully masked rows where the emulator has them, O
+// within rel L2, finite LSE within the absolute bound.
+void expect_matches_emulator(const GpuResult& got, const emulator::ForwardResult& want, const std::string& where) {
+  std::size_t unwritten = 0;
+  for (float x : got.o) unwritten += std::isnan(x);
+  for (float x : got.lse) unwritten += std::isnan(x);
+  ASSERT_EQ(unwritten, 0u) << "outputs left as poison " << where;
+  const ErrorMetrics m = compare(got.o, want.o);
+  EXPECT_EQ(m.nonfinite_mismatch, 0) << where;
+  EXPECT_LE(m.rel_l2, kMaxRelL2) << "O rel L2 " << where;
+  double max_lse = 0.0;
+  std::size_t inf_mismatch = 0, masked_rows = 0, o_differ = 0;
+  for (std::size_t i = 0; i < got.lse.size(); ++i) {
+    if (std::isinf(want.lse[i]) || std::isinf(got.lse[i])) {
+      inf_mismatch += got.lse[i] != want.lse[i];
+      masked_rows += std::isinf(want.lse[i]);
+      continue;
+    }
+    max_lse = std::max(max_lse, std::fabs(static_cast<double>(got.lse[i]) - want.lse[i]));
+  }
+  for (std::size_t i = 0; i < got.o.size(); ++i) o_differ += got.o[i] != want.o[i];
+  EXPECT_EQ(inf_mismatch, 0u) << "fully masked rows differ " << where;
+  EXPECT_LE(max_lse, kMaxLseDiff) << "LSE " << where;
+  std::printf("[ nvfp4 stats ] %s: O rel L2 %.3g, O differing %zu of %zu, max |dLSE| %.3g, masked rows %zu\n",
+              where.c_str(), m.rel_l2, o_differ, got.o.size(), max_lse, masked_rows);
+}
+
+TEST(GpuForwardNvfp4, KnownAnswerZeroScoresUnitValues) {
+  FP4ATTN_REQUIRE_HOPPER();
+  // Q = K = 0, V = 1: every key weighs the same, so O = 1 exactly. P of a zero
+  // score is not 2^8 but 6 · 44: s_b = UE4M3(2^8 / 6 = 42.7) = 44 and the
+  // code of 2^8 / 44 = 5.8 is 6, so LSE = ln(Sk · 264 / 256).
+  const Nvfp4Case c{{1, 2, 1, 200, 333, 128}, MaskKind::none, true};
+  const AttentionShape& s = c.shape;
+  const std::vector<float> q(s.q_elems(), 0.0f), k(s.kv_elems(), 0.0f), v(s.kv_elems(), 1.0f);
+  const GpuResult r = run_gpu(c, q, k, v);
+  for (float x : r.o) ASSERT_EQ(x, 1.0f);
+  for (float x : r.lse) ASSERT_NEAR(x, std::log(s.Sk * 264.0 / 256.0), kMaxLseDiff);
+}
+
+TEST(GpuForwardNvfp4, NonFiniteInputPoisonsOutputs) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 2, 2, 130, 140, 64};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
+  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
+  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+  q[77] = NAN;
+  DeviceBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
+  sm90::fwd::Nvfp4Operands ops(s);
+  ops.prepare(dq.view, dk.view, dv.view, false, 0.125f, nullptr);
+  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.q_elems()));
+  DeviceArray<float> lse(s.lse_elems());
+  cudaMemset(o.ptr, 0, o.bytes());
+  cudaMemset(lse.ptr, 0, lse.bytes());
+  sm90::fwd::Nvfp4ForwardArgs a = ops.forward_args(MaskKind::causal, true, 0.125f, false);
+  a.o = o.ptr, a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
+  a.lse = lse.ptr;
+  sm90::fwd::forward_nvfp4(a, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (const auto& x : o.download()) ASSERT_TRUE(std::isnan(__bfloat162float(x)));
+  for (float x : lse.download()) ASSERT_TRUE(std::isnan(x));
+  try {
+    ops.check_finite(nullptr);
+    FAIL() << "a NaN in q was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "q");
+  }
+}
+
+TEST(GpuForwardNvfp4, RefusesWhatItDoesNotImplementByName) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 2, 2, 128, 128, 64};
+  sm90::fwd::Nvfp4Operands ops(s);
+  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.q_elems()));
+  DeviceArray<float> lse(s.lse_elems());
+  auto args = [&] {
+    sm90::fwd::Nvfp4ForwardArgs a = ops.forward_args(MaskKind::none, true, 0.125f, false);
+    a.o = o.ptr, a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
+    a.lse = lse.ptr;
+    return a;
+  };
+  auto expect_refused = [](const sm90::fwd::Nvfp4ForwardArgs& a, const char* argument) {
+    try {
+      sm90::fwd::forward_nvfp4(a, nullptr);
+      ADD_FAILURE() << "accepted a bad " << argument;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), argument);
+    }
+  };
+  auto a = args();
+  a.direct_p = false;
+  expect_refused(a, "direct_p");
+  a = args();
+  a.D = 96;
+  expect_refused(a, "D");
+  a = args();
+  a.Hkv = 3;
+  expect_refused(a, "Hkv");
+  a = args();
+  a.vt_keys = 100;
+  expect_refused(a, "vt");
+}
+
+// ---- dispatch: the public entry point and the zero-copy device path run recipe nvfp4 here
+
+TEST(GpuForwardNvfp4, PublicApiRunsNvfp4OnSm90) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{1, 4, 2, 190, 260, 128};
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
+  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
+  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+  AttentionOptions opt;
+  opt.recipe = Recipe::nvfp4;
+  opt.mask = MaskKind::causal;
+  opt.smooth_k = true;
+  const ForwardOutput got = forward(s, q, k, v, opt, Executor::automatic);
+  EXPECT_EQ(got.executor, Executor::sm90);
+  expect_matches_emulator({got.o, got.lse}, emulator::forward(s, q, k, v, opt),
+                          "public API seed=" + std::to_string(seed));
+  // Direct-P off has no NVFP4 kernel: automatic dispatch takes the emulator,
+  // and asking for the sm90 executor names the argument.
+  opt.direct_p = false;
+  EXPECT_EQ(forward(s, q, k, v, opt, Executor::automatic).executor, Executor::emulator);
+  try {
+    forward(s, q, k, v, opt, Executor::sm90);
+    ADD_FAILURE() << "the sm90 executor accepted nvfp4 with Direct-P off";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "direct_p");
+  }
+}
+
+TEST(GpuForwardNvfp4, DevicePathMatchesHostPath) {
+  FP4ATTN_REQUIRE_HOPPER();
+  // Strided bf16 views (heads-first storage) against the host path's
+  // contiguous fp32 upload of the same bf16 values: the same codes, so the
+  // same outputs bit for bit.
+  const AttentionShape s{2, 4, 2, 150, 333, 64};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
+  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
+  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+  AttentionOptions opt;
+  opt.recipe = Recipe::nvfp4;
+  opt.mask = MaskKind::causal;
+  opt.smooth_k = true;
+  const ForwardOutput host = forward(s, q, k, v, opt, Executor::sm90);
+
+  // (B, H, S, D) storage seen as (B, S, H, D) through strides.
+  auto heads_first = [](const std::vector<float>& x, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
+    std::vector<__nv_bfloat16> h(x.size());
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < S; ++t)
+        for (std::int64_t hh = 0; hh < H; ++hh)
+          for (std::int64_t d = 0; d < D; ++d)
+            h[((b * H + hh) * S + t) * D + d] = __float2bfloat16_rn(x[((b * S + t) * H + hh) * D + d]);
+    auto dev = std::make_unique<DeviceArray<__nv_bfloat16>>(x.size());
+    dev->upload(h);
+    return dev;
+  };
+  const auto dq = heads_first(q, s.B, s.Sq, s.Hq, s.D);
+  const auto dk = heads_first(k, s.B, s.Sk, s.Hkv, s.D);
+  const auto dv = heads_first(v, s.B, s.Sk, s.Hkv, s.D);
+  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.q_elems()));
+  DeviceArray<float> lse(s.lse_elems());
+  DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(s, Recipe::nvfp4));
+  o.poison();
+  lse.poison();
+  workspace.poison();
+  dispatch::DeviceForwardArgs a;
+  a.shape = s;
+  a.element = dispatch::DeviceElement::bf16;
+  a.q = {dq->ptr, s.Hq * s.Sq * s.D, s.D, s.Sq * s.D};
+  a.k = {dk->ptr, s.Hkv * s.Sk * s.D, s.D, s.Sk * s.D};
+  a.v = {dv->ptr, s.Hkv * s.Sk * s.D, s.D, s.Sk * s.D};
+  a.o = o.ptr;
+  a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
+  a.lse = lse.ptr;
+  a.workspace = workspace.ptr;
+  a.workspace_bytes = workspace.bytes();
+  dispatch::sm90_forward_device(a, opt, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto o_raw = o.download();
+  const auto got_lse = lse.download();
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < o_raw.size(); ++i) differ += !(__bfloat162float(o_raw[i]) == host.o[i]);
+  for (std::size_t i = 0; i < got_lse.size(); ++i) differ += !(got_lse[i] == host.lse[i]);
+  EXPECT_EQ(differ, 0u);
+}
+
+class GpuForwardNvfp4Grid : public ::testing::TestWithParam<Nvfp4Case> {};
+
+TEST_P(GpuForwardNvfp4Grid, MatchesEmulator) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const Nvfp4Case& c = GetParam();
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const AttentionShape& s = c.shape;
+  const float outlier = c.outliers ? kOutlier : 1.0f;
+  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng, outlier);
+  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng, outlier);
+  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng, outlier);
+  const GpuResult got = run_gpu(c, q, k, v);
+  expect_matches_emulator(got, run_emulator(c, q, k, v),
+                          case_name(::testing::TestParamInfo<Nvfp4Case>(c, 0)) + " seed=" + std::to_string(seed));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuForwardNvfp4Grid,
+    ::testing::Values(Nvfp4Case{{1, 2, 2, 128, 128, 128}, MaskKind::none, false},
+                      Nvfp4Case{{1, 2, 2, 128, 128, 64}, MaskKind::none, true},
+                      Nvfp4Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true},    // GQA, odd lengths, Sq < Sk
+                      Nvfp4Case{{2, 4, 2, 200, 333, 128}, MaskKind::causal, false},
+                      Nvfp4Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false},  // Sq > Sk: fully masked rows
+                      Nvfp4Case{{1, 2, 2, 100, 17, 64}, MaskKind::causal, true},     // Sk < one key tile and one V pad
+                      Nvfp4Case{{1, 3, 1, 77, 515, 128}, MaskKind::causal, true},    // MQA
+                      Nvfp4Case{{2, 2, 2, 513, 1000, 64}, MaskKind::none, false, true},
+                      Nvfp4Case{{1, 4, 2, 256, 512, 128}, MaskKind::none, true, true},
+                      Nvfp4Case{{1, 4, 4, 1024, 1024, 128}, MaskKind::causal, true, true},
+                      Nvfp4Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true},
+                      Nvfp4Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true},
+                      Nvfp4Case{{1, 2, 2, 129, 257, 64}, MaskKind::causal_top_left, false}),
+    case_name);
+
+}  // namespace
+}  // namespace fp4attn
