@@ -269,7 +269,8 @@ FP4ATTN_HD inline int mx_block_exponent(float u_max) {
 //     (0.5 is the subnormal 0x200, 1 the smallest normal 0x400, …, 6 is
 //     0x0E00), and within fp16's first binades the pattern is linear in the
 //     value, so rounding the pattern at bit 9 is rounding to E2M1:
-//  4. code = (bits + 2^8) >> 9 (ties up: a tie is 0.56 % from no boundary).
+//  4. code = (bits + 2^8) >> 9 (a tie rounds up; the boundary error below
+//     counts it).
 //
 // Where the code changes, u − E misses the exact log2 boundary by at most
 // 0.56 % in 2^(u − E) (bias 4038 minimises the worst of the seven; the
