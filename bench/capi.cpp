@@ -3,11 +3,11 @@
 // pointers (e.g. torch tensors' data_ptr) and a CUDA stream.
 #include <cuda_runtime_api.h>
 
-#include <cmath>
 #include <exception>
 #include <memory>
 #include <string>
 
+#include "capi_plan.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/sm90/fwd/fp8_operands.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
@@ -29,10 +29,7 @@ int fail(const std::exception& e) {
   return 1;
 }
 
-fp4attn::cuda_quantize::StridedInput input(const void* data, int dtype, long long B, long long S, long long H,
-                                           long long D, const long long* strides) {
-  return {data, static_cast<fp4attn::cuda_quantize::ElementType>(dtype), B, S, H, D, strides[0], strides[1], strides[2]};
-}
+using fp4attn::capi::strided_input;
 
 }  // namespace
 
@@ -51,7 +48,7 @@ void* fp4attn_plan_create(int B, int Hq, int Hkv, int Sq, int Sk, int D, int mas
     p->args = p->operands->forward_args(
         mask ? fp4attn::MaskKind::causal : fp4attn::MaskKind::none,
         direct_p ? fp4attn::sm90::fwd::PCode::direct_p : fp4attn::sm90::fwd::PCode::exp2_cvt,
-        softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(D)), p->smooth_k);
+        fp4attn::capi::softmax_scale_or_default(softmax_scale, D), p->smooth_k);
     return p.release();
   } catch (const std::exception& e) {
     fail(e);
@@ -78,9 +75,9 @@ int fp4attn_quantize(void* plan, const void* q, const void* k, const void* v, in
   try {
     auto* p = static_cast<Plan*>(plan);
     const auto& a = p->args;
-    fp4attn::cuda_quantize::quantize_fp8(input(q, dtype, a.B, a.Sq, a.Hq, a.D, q_strides),
-                                         input(k, dtype, a.B, a.Sk, a.Hkv, a.D, k_strides),
-                                         input(v, dtype, a.B, a.Sk, a.Hkv, a.D, v_strides), p->smooth_k,
+    fp4attn::cuda_quantize::quantize_fp8(strided_input(q, dtype, a.B, a.Sq, a.Hq, a.D, q_strides),
+                                         strided_input(k, dtype, a.B, a.Sk, a.Hkv, a.D, k_strides),
+                                         strided_input(v, dtype, a.B, a.Sk, a.Hkv, a.D, v_strides), p->smooth_k,
                                          a.softmax_scale, p->bufs(), static_cast<cudaStream_t>(stream), p->schedule);
     return 0;
   } catch (const std::exception& e) {

@@ -2,38 +2,23 @@
 // callers (bench/bench_fwd_mx.py). A plan owns one problem's MXFP4 operands
 // and their E4M3 folds (cuda/sm90/fwd/mx_operands.hpp); callers pass device
 // pointers and a CUDA stream. Errors: fp4attn_mx_last_error.
-#include <cuda_runtime_api.h>
-
-#include <cmath>
-#include <exception>
 #include <memory>
 #include <string>
 
+#include "capi_plan.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
 #include "cuda/sm90/fwd/mx_operands.hpp"
 
-
 namespace {
+
+namespace capi = fp4attn::capi;
 
 // The last error of an mx call; fp4attn_mx_last_error returns it.
 thread_local std::string g_mx_last_error;
 
-struct MxPlan {
-  std::unique_ptr<fp4attn::sm90::fwd::MxOperands> operands;
-  fp4attn::sm90::fwd::Fp8ForwardArgs args;
-  bool smooth_k = true;
-  float softmax_scale = 0.0f;
-};
+using MxPlan = capi::OperandsPlan<fp4attn::sm90::fwd::MxOperands, fp4attn::sm90::fwd::Fp8ForwardArgs>;
 
-int fail(const std::exception& e) {
-  g_mx_last_error = e.what();
-  return 1;
-}
-
-fp4attn::cuda_quantize::StridedInput input(const void* data, int dtype, long long B, long long S, long long H,
-                                           long long D, const long long* strides) {
-  return {data, static_cast<fp4attn::cuda_quantize::ElementType>(dtype), B, S, H, D, strides[0], strides[1], strides[2]};
-}
+MxPlan& plan_of(void* plan) { return *static_cast<MxPlan*>(plan); }
 
 }  // namespace
 
@@ -45,65 +30,44 @@ const char* fp4attn_mx_last_error() { return g_mx_last_error.c_str(); }
 // bottom-right. Returns null on failure (see fp4attn_mx_last_error).
 void* fp4attn_mx_plan_create(int B, int Hq, int Hkv, int Sq, int Sk, int D, int recipe, int mask, int direct_p,
                              int smooth_k, float softmax_scale) {
-  try {
-    auto p = std::make_unique<MxPlan>();
+  std::unique_ptr<MxPlan> p;
+  const int rc = capi::guarded(g_mx_last_error, [&] {
+    p = std::make_unique<MxPlan>();
     const fp4attn::AttentionShape shape{.B = B, .Hq = Hq, .Hkv = Hkv, .Sq = Sq, .Sk = Sk, .D = D};
     p->smooth_k = smooth_k != 0;
-    p->softmax_scale = softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
+    p->softmax_scale = capi::softmax_scale_or_default(softmax_scale, D);
     p->operands = std::make_unique<fp4attn::sm90::fwd::MxOperands>(shape, static_cast<fp4attn::Recipe>(recipe));
     p->args = p->operands->forward_args(mask ? fp4attn::MaskKind::causal : fp4attn::MaskKind::none, direct_p != 0,
                                         p->softmax_scale, p->smooth_k);
-    return p.release();
-  } catch (const std::exception& e) {
-    fail(e);
-    return nullptr;
-  }
+  });
+  return rc == 0 ? p.release() : nullptr;
 }
 
 void fp4attn_mx_plan_destroy(void* plan) { delete static_cast<MxPlan*>(plan); }
 
 // Bytes of E4M3 codes the kernel reads per call (folded Q, K and Vᵀ).
 long long fp4attn_mx_kernel_code_bytes(void* plan) {
-  return static_cast<long long>(static_cast<MxPlan*>(plan)->operands->kernel_code_bytes());
+  return static_cast<long long>(plan_of(plan).operands->kernel_code_bytes());
 }
 
 // MXFP4 quantization and the fold into E4M3. dtype: 0 fp32, 1 fp16, 2 bf16;
 // strides (b, s, h) in elements for each of q, k, v.
 int fp4attn_mx_prepare(void* plan, const void* q, const void* k, const void* v, int dtype, const long long* q_strides,
                        const long long* k_strides, const long long* v_strides, void* stream) {
-  try {
-    auto* p = static_cast<MxPlan*>(plan);
-    const auto& a = p->args;
-    p->operands->prepare(input(q, dtype, a.B, a.Sq, a.Hq, a.D, q_strides),
-                         input(k, dtype, a.B, a.Sk, a.Hkv, a.D, k_strides),
-                         input(v, dtype, a.B, a.Sk, a.Hkv, a.D, v_strides), p->smooth_k, p->softmax_scale,
-                         static_cast<cudaStream_t>(stream));
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e);
-  }
+  return capi::guarded(g_mx_last_error,
+                       [&] { plan_of(plan).prepare(q, k, v, dtype, q_strides, k_strides, v_strides, stream); });
 }
 
 int fp4attn_mx_check_finite(void* plan, void* stream) {
-  try {
-    static_cast<MxPlan*>(plan)->operands->check_finite(static_cast<cudaStream_t>(stream));
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e);
-  }
+  return capi::guarded(g_mx_last_error,
+                       [&] { plan_of(plan).operands->check_finite(static_cast<cudaStream_t>(stream)); });
 }
 
 // o: bf16 (B, Sq, Hq, D) with element strides o_strides (b, s, h); lse: fp32 (B, Hq, Sq).
 int fp4attn_mx_attend(void* plan, void* o, const long long* o_strides, float* lse, void* stream) {
-  try {
-    auto a = static_cast<MxPlan*>(plan)->args;
-    a.o = o, a.o_stride_b = o_strides[0], a.o_stride_s = o_strides[1], a.o_stride_h = o_strides[2];
-    a.lse = lse;
-    fp4attn::sm90::fwd::forward_fp8(a, static_cast<cudaStream_t>(stream));
-    return 0;
-  } catch (const std::exception& e) {
-    return fail(e);
-  }
+  return capi::guarded(g_mx_last_error, [&] {
+    plan_of(plan).attend(o, o_strides, lse, stream, fp4attn::sm90::fwd::forward_fp8);
+  });
 }
 
 }  // extern "C"
