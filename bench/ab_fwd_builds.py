@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--libs", required=True, help="comma-separated libfp4attn_capi.so paths, one per name")
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", default=None,
+                    help="D:S:causal triples, comma-separated (e.g. 128:4096:0,64:16384:1); default: CASES")
     args = ap.parse_args()
     names, paths = args.names.split(","), args.libs.split(",")
     if len(names) != len(paths):
@@ -41,7 +43,10 @@ def main() -> None:
     libs = [load_lib(p) for p in paths]
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     rows = []
-    for D, S, causal in CASES:
+    cases = CASES
+    if args.cases:
+        cases = [(int(d), int(s), bool(int(c))) for d, s, c in (t.split(":") for t in args.cases.split(","))]
+    for D, S, causal in cases:
         H = 16 if D == 128 else 32
         B = 32768 // S
         sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)) for _ in range(2)]

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "emulator/ex2_sm90.hpp"
+#include "emulator/p_row.hpp"
 #include "fp4attn/direct_p.hpp"
 #include "fp4attn/formats.hpp"
 
@@ -289,6 +291,57 @@ TEST(DirectP, Fp8MonotoneOverTheWholeRange) {
     last = code;
   }
   EXPECT_EQ(last, encode_rne_sat(ElemFormat::e4m3, 256.0f));
+}
+
+// The sm90 target's FP8 P row (the kernels' rule): keys from
+// kSm90Fp8MufuFirstKey of every 128 on take E4M3 of ex2.approx(s·c − (m − 8)),
+// the others the curve. Both halves keep the contract; the MUFU half is round
+// to nearest of the hardware's exp2, so it agrees with the exact code except
+// within a few float steps of a boundary.
+TEST(DirectP, Sm90Fp8RowSharesKeysWithMufuAndKeepsTheContract) {
+  constexpr int kTile = 128, kRows = 20'000;
+  const emulator::PConfig cfg{TensorFormat::fp8_e4m3, Target::sm90, true, MxScaleRule::round_up};
+  ASSERT_TRUE(emulator::fp8_mufu_share(cfg));
+  ASSERT_GT(direct_p::kSm90Fp8MufuFirstKey, 0);
+  ASSERT_LT(direct_p::kSm90Fp8MufuFirstKey, kTile);
+  std::mt19937_64 rng(20261130);
+  std::uniform_real_distribution<float> score(-3000.0f, 3000.0f);  // raw s: products of E4M3 codes
+  std::uniform_real_distribution<float> log_c(-12.0f, -8.0f);
+  Contract curve("sm90 FP8 P row, curve keys", ElemFormat::e4m3);
+  Contract mufu("sm90 FP8 P row, MUFU keys", ElemFormat::e4m3);
+  std::vector<float> s(kTile), u(kTile), x(kTile), value(kTile), block(kTile / 32 + 1);
+  std::size_t mufu_keys = 0, mufu_differs_from_curve = 0;
+  for (int row = 0; row < kRows; ++row) {
+    // Tiles of 64 keys (the emulator's block_k may be 64) start at 0 or 64 of the 128.
+    const std::int64_t first_key = row % 3 == 0 ? 0 : row % 3 == 1 ? 64 : 128 * 7;
+    const int n = first_key % kTile == 64 ? 64 : kTile;
+    const float c = std::exp2(log_c(rng));
+    float m = -INFINITY;
+    for (int j = 0; j < n; ++j) m = std::max(m, (s[j] = score(rng)) * c);
+    for (int j = 0; j < n; ++j) {
+      u[j] = direct_p::log2_score(s[j], c, m);
+      x[j] = direct_p::log2_score(s[j], c, m - kFp8Offset);
+    }
+    emulator::make_p_row(cfg, std::span<const float>(u.data(), n), std::span<const float>(x.data(), n), first_key,
+                         std::span<float>(value.data(), n), block);
+    for (int j = 0; j < n; ++j) {
+      const int code = encode_rne_sat(ElemFormat::e4m3, value[j]);
+      const double exact = std::exp2(double{s[j]} * c - m + kFp8Offset);
+      if (direct_p::sm90_fp8_key_on_mufu(first_key + j)) {
+        ++mufu_keys;
+        EXPECT_EQ(code, encode_rne_sat(ElemFormat::e4m3, emulator::ex2::sm90(x[j])));
+        mufu_differs_from_curve += code != direct_p::fp8_code(u[j]);
+        mufu.check(code, exact, u[j]);
+      } else {
+        ASSERT_EQ(code, direct_p::fp8_code(u[j])) << "key " << first_key + j;
+        curve.check(code, exact, u[j]);
+      }
+    }
+  }
+  curve.report("sm90_fp8_row_agreement_curve");
+  mufu.report("sm90_fp8_row_agreement_mufu");
+  EXPECT_GT(mufu_keys, 0u);
+  EXPECT_GT(mufu_differs_from_curve, 0u) << "the MUFU keys must not take the curve's codes";
 }
 
 // ---- FP4 P: MXFP4 --------------------------------------------------------------------

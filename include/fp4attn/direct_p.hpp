@@ -193,6 +193,25 @@ FP4ATTN_HD inline std::uint32_t fp8_codes_x4(float u0, float u1, float u2, float
 #endif
 }
 
+// FP8 P on sm90 shares the scores of every 128-key tile between two pipes
+// (DESIGN §3.3, "splitting scores between MUFU and the FMA pipe"): the
+// kernels' softmax is bound by the issue of FMA- and ALU-pipe instructions
+// while the MUFU pipe idles (src/cuda/sm90/fwd/fp8_direct_p/NOTES.md). Keys
+// whose index modulo kSm90Fp8Tile is at least kSm90Fp8MufuFirstKey take the
+// E4M3 code of ex2.approx(x), x = s·c − (m − 8) (one FFMA, one MUFU, half an
+// F2FP per score, against four issue slots for the curve above); the others
+// take fp8_codes_x4. ex2.approx is within two float steps of 2^x, so its
+// round-to-nearest code keeps the contract (the emulator's sm90 target stores
+// the hardware's result near every E4M3 boundary: emulator/ex2_sm90.hpp).
+// The share, 48 of 128 keys, is the fastest measured on the H200 (docs/perf-log.md, v10:
+// 16, 32 and 48 keys gain 3 to 11 % over none; 64 and more gain less, 96 loses).
+inline constexpr int kSm90Fp8Tile = 128;
+inline constexpr int kSm90Fp8MufuFirstKey = 80;
+static_assert(kSm90Fp8MufuFirstKey % 16 == 0 && kSm90Fp8MufuFirstKey >= 0 && kSm90Fp8MufuFirstKey <= kSm90Fp8Tile,
+              "the split runs along the 16-key halves of the P·V product's k32 steps");
+
+FP4ATTN_HD constexpr bool sm90_fp8_key_on_mufu(std::int64_t key) { return key % kSm90Fp8Tile >= kSm90Fp8MufuFirstKey; }
+
 // Σ of the four E4M3 values packed in a word: the row sum l adds what P·V
 // used. Exact in fp32 in any order: E4M3 values ≥ 2^-9 are multiples of 2^-9
 // below 2^9, so any sum of up to 128 of them has at most 24 significant bits.

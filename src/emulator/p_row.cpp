@@ -27,10 +27,18 @@ float max_of(std::span<const float> x) {
 
 // Direct-P off: ex2_for_target gives the target's exp2 (sm90: the hardware's
 // ex2.approx wherever it decides a code), so the codes match the kernel's.
-float fp8_row(const PConfig& cfg, std::span<const float> u, std::span<float> value) {
+// sm90 Direct-P: the keys on MUFU round ex2.approx(x) to E4M3, the rest
+// take the curve.
+float fp8_row(const PConfig& cfg, std::span<const float> u, std::span<const float> mufu_x, std::int64_t first_key,
+              std::span<float> value) {
+  const bool share = fp8_mufu_share(cfg);
   float sum = 0.0f;
   for (std::size_t j = 0; j < u.size(); ++j) {
-    const std::uint8_t code = cfg.direct_p ? direct_p::fp8_code(u[j]) : fp8_code_exp2(cfg.target, u[j]);
+    std::uint8_t code;
+    if (share && direct_p::sm90_fp8_key_on_mufu(first_key + static_cast<std::int64_t>(j)))
+      code = encode_rne_sat(ElemFormat::e4m3, ex2::sm90(mufu_x[j]));
+    else
+      code = cfg.direct_p ? direct_p::fp8_code(u[j]) : fp8_code_exp2(cfg.target, u[j]);
     value[j] = decode(ElemFormat::e4m3, code);
     sum += value[j];
   }
@@ -146,10 +154,14 @@ int p_block(TensorFormat p) {
   return 1;
 }
 
-PRowResult make_p_row(const PConfig& cfg, std::span<const float> u, std::span<float> value,
-                      std::span<float> block_factor) {
+bool fp8_mufu_share(const PConfig& cfg) {
+  return cfg.format == TensorFormat::fp8_e4m3 && cfg.target == Target::sm90 && cfg.direct_p;
+}
+
+PRowResult make_p_row(const PConfig& cfg, std::span<const float> u, std::span<const float> mufu_x,
+                      std::int64_t first_key, std::span<float> value, std::span<float> block_factor) {
   switch (cfg.format) {
-    case TensorFormat::fp8_e4m3: return {1.0f, fp8_row(cfg, u, value)};
+    case TensorFormat::fp8_e4m3: return {1.0f, fp8_row(cfg, u, mufu_x, first_key, value)};
     case TensorFormat::mxfp4: return mx_row(cfg, u, value, block_factor);
     case TensorFormat::nvfp4: return {1.0f, nvfp4_row(cfg, u, value)};
   }

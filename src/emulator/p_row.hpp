@@ -3,6 +3,7 @@
 // by exp2 followed by the ordinary quantizer of that format.
 #pragma once
 
+#include <cstdint>
 #include <span>
 
 #include "fp4attn/recipe.hpp"
@@ -32,11 +33,18 @@ struct PRowResult {
   float sum = 0.0f;         // Σ of the values the product used: this tile's share of l
 };
 
-// u: the tile's scores (-inf where masked). Writes `value` (what the P·V
+// Whether the row's FP8 P codes are shared between the curve and MUFU ex2
+// (the sm90 kernels' rule: direct_p::sm90_fp8_key_on_mufu).
+bool fp8_mufu_share(const PConfig& cfg);
+
+// u: the tile's scores (-inf where masked). When fp8_mufu_share(cfg),
+// mufu_x holds x = s·c − (m − 8) for every key (what the kernel feeds
+// ex2.approx) and first_key is the absolute index of the tile's first key;
+// otherwise both are unused. Writes `value` (what the P·V
 // instruction multiplies, one per key) and, for block-scaled MXFP4 on sm100,
 // `block_factor` (2^E per 32 keys; 1 otherwise). Blocks start at the tile's
 // first key: block_k is a multiple of 32, so a block never straddles tiles.
-PRowResult make_p_row(const PConfig& cfg, std::span<const float> u, std::span<float> value,
-                      std::span<float> block_factor);
+PRowResult make_p_row(const PConfig& cfg, std::span<const float> u, std::span<const float> mufu_x,
+                      std::int64_t first_key, std::span<float> value, std::span<float> block_factor);
 
 }  // namespace fp4attn::emulator

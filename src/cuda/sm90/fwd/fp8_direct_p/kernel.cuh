@@ -86,6 +86,18 @@ FP4ATTN_DEVICE_INLINE std::uint32_t exp2_code_pair(float s0, float s1, float c, 
   return pair;
 }
 
+// E4M3 codes of two scores from ex2.approx of x = s·c − m8, m8 = m − 8: the
+// MUFU share of Direct-P FP8 P (direct_p::sm90_fp8_key_on_mufu), the offset
+// 2^8 folded into the row maximum so that x costs one FFMA.
+FP4ATTN_DEVICE_INLINE std::uint32_t mufu_code_pair(float s0, float s1, float c, float m8) {
+  float p0, p1;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p0) : "f"(direct_p::log2_score(s0, c, m8)));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p1) : "f"(direct_p::log2_score(s1, c, m8)));
+  std::uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(p1), "f"(p0));  // first source → high byte
+  return pair;
+}
+
 // E4M3 codes of four scores of one row, s0 in the low byte. Direct-P is
 // direct_p::fp8_codes_x4 (DESIGN §3.3), bit for bit the codes the CPU emulator
 // computes: after u, three instructions per score and no MUFU.
@@ -108,9 +120,15 @@ FP4ATTN_DEVICE_INLINE std::uint32_t p_code_word(float s0, float s1, float s2, fl
 // means operand slot k carries key σ(k) = 16h + 2·(lane%4) + {0, 1, 8, 9}[k%4];
 // the quantizer stores Vᵀ with its keys in the same order σ inside every group
 // of 32, so P·V sums over matching keys and P never leaves its thread.
+//
+// Direct-P shares the tile's keys between the pipes: the words of step t
+// and half h hold keys 32t + 16h .. 32t + 16h + 15 (in σ's order), and those
+// at or past direct_p::kSm90Fp8MufuFirstKey take their codes from MUFU ex2.
 template <PCode kPCode, int N>
 FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], const float (&c)[2], const float (&m)[2],
                                           std::uint32_t (&p)[N / 16][4]) {
+  static_assert(2 * N == direct_p::kSm90Fp8Tile, "the MUFU share is defined on 128-key tiles");
+  const float m8[2] = {m[0] - direct_p::kFp8Offset, m[1] - direct_p::kFp8Offset};
   // N accumulator registers hold 2N keys of two rows: 2N / 32 = N / 16 k32 steps.
 #pragma unroll
   for (int t = 0; t < N / 16; ++t)
@@ -119,8 +137,12 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand(const float (&s)[N], const float (&c)[
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int j = 4 * t + 2 * h;  // first of the two 8-column chunks
-        p[t][2 * h + r] = p_code_word<kPCode>(s[4 * j + 2 * r], s[4 * j + 2 * r + 1], s[4 * j + 4 + 2 * r],
-                                              s[4 * j + 5 + 2 * r], c[r], m[r]);
+        if (kPCode == PCode::direct_p && 32 * t + 16 * h >= direct_p::kSm90Fp8MufuFirstKey)
+          p[t][2 * h + r] = mufu_code_pair(s[4 * j + 2 * r], s[4 * j + 2 * r + 1], c[r], m8[r]) |
+                            (mufu_code_pair(s[4 * j + 4 + 2 * r], s[4 * j + 5 + 2 * r], c[r], m8[r]) << 16);
+        else
+          p[t][2 * h + r] = p_code_word<kPCode>(s[4 * j + 2 * r], s[4 * j + 2 * r + 1], s[4 * j + 4 + 2 * r],
+                                                s[4 * j + 5 + 2 * r], c[r], m[r]);
       }
 }
 
