@@ -6,7 +6,9 @@ Recipe fp8 with Direct-P from pre-quantized inputs (bench_fwd.py's plan), B·S =
 32k tokens, H = 16 at D = 128 and 32 at D = 64. Builds and cuDNN BF16 are timed
 in interleaved rounds (10 timed calls after 2 warm-up calls each), so that the
 GPU's drift between rounds hits every build alike; a figure is the TFLOP/s of
-the median round, `spread` is (max − min) / median over the rounds. Inputs are
+the median round, `spread` is (max − min) / median over the rounds, and
+`paired_vs_first` the median over rounds of each build's speed relative to the
+first build's in the same round (the comparison that drift disturbs least). Inputs are
 random, two sets rotated. Writes OUT/ab.json and prints one line per case.
 """
 
@@ -61,11 +63,15 @@ def main() -> None:
             times["cudnn"].append(time_ms(cudnn, 10, 2))
         f = flops(B, H, S, D, causal)
         row = {k: f / (statistics.median(v) * 1e-3) / 1e12 for k, v in times.items()}
-        row.update(D=D, S=S, causal=causal,
+        # Paired: each build's speed over the first build's in the same round,
+        # median over rounds; drift between rounds cancels in the ratio.
+        paired = {n: statistics.median(t0 / t for t0, t in zip(times[names[0]], times[n])) for n in names[1:]}
+        row.update(D=D, S=S, causal=causal, paired_vs_first=paired,
                    spread={k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()})
         rows.append(row)
         print(f"D={D} S={S} causal={int(causal)}  " + "  ".join(f"{k} {row[k]:.1f}" for k in times) + "  | " +
-              "  ".join(f"{k}/cudnn {row[k] / row['cudnn']:.3f}" for k in names), flush=True)
+              "  ".join(f"{k}/cudnn {row[k] / row['cudnn']:.3f}" for k in names) + "  | paired " +
+              "  ".join(f"{k}/{names[0]} {v:.3f}" for k, v in paired.items()), flush=True)
         for o in ours:
             o.close()
         del sets, ours

@@ -63,8 +63,9 @@ struct Fp8Config {
   // 8-column groups of O updated after S = Q·Kᵀ is complete rather than
   // while it runs: they interleave with the row max (see the consumer loop).
   // 6 of 16 at D = 128 measured +2 % over none (v8b, docs/perf-log.md);
-  // S completes ≈ 80 cycles after the other 10 groups.
-  static constexpr int kOGroupsAfterS = HeadDim / 8 * 3 / 8;
+  // since the shorter issue block of v11, 4 of 16 (2 of 8 at D = 64)
+  // measured best of 2, 4, 6 and 10.
+  static constexpr int kOGroupsAfterS = HeadDim / 8 * 2 / 8;
 
   // setmaxnreg split: the producer only issues TMA; a consumer holds, at its
   // peak, O, the PV tile in flight, S and P: at D = 128 that is 64 + 68 + 64

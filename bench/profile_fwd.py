@@ -1,0 +1,44 @@
+#!/usr/bin/env python3
+"""One forward configuration, a few calls: the driver to run under ncu.
+
+    ncu --clock-control none --set full --import-source yes -k regex:fp8_forward_kernel \
+        --launch-skip 2 --launch-count 1 -o OUT/prof python3 bench/profile_fwd.py --lib build/libfp4attn_capi.so
+
+Recipe fp8 on pre-quantized random inputs through bench_fwd.py's plan (Direct-P
+unless --exp2), B·S = 32k tokens, H = 16 at D = 128 and 32 at D = 64.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fwd import Ours  # noqa: E402
+from capi_lib import load_lib  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--D", type=int, default=128)
+    ap.add_argument("--S", type=int, default=16384)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--exp2", action="store_true", help="Direct-P off")
+    ap.add_argument("--calls", type=int, default=4)
+    args = ap.parse_args()
+    lib, ll3 = load_lib(args.lib)
+    H = 16 if args.D == 128 else 32
+    B = 32768 // args.S
+    torch.manual_seed(1)
+    sets = [tuple(torch.randn(B, args.S, H, args.D, device="cuda", dtype=torch.bfloat16) for _ in range(3))]
+    ours = Ours(lib, ll3, sets, B, H, args.S, args.D, args.causal)
+    ours.set_direct_p(not args.exp2)
+    for _ in range(args.calls):
+        ours.attend(0)
+    torch.cuda.synchronize()
+    ours.close()
+
+
+if __name__ == "__main__":
+    main()
