@@ -29,14 +29,43 @@ __device__ __forceinline__ std::uint32_t fold_nibble(std::uint32_t nib, int e, i
   return encode_rne_sat(ElemFormat::e4m3, decode(ElemFormat::e2m1, nib) * exp2i(e - r + kFoldHeadroom));
 }
 
-// Eight E4M3 bytes of the eight nibbles of `codes` (element 2i in the low nibble of byte i).
-__device__ __forceinline__ uint2 fold_word(std::uint32_t codes, int e, int r) {
+// The E4M3 bytes that the eight E2M1 magnitudes 0 .. 7 fold to in a block of
+// exponent e within a group of exponent r (magnitude i in byte i: 0 .. 3 in
+// .x, 4 .. 7 in .y). For k = e − r + 6 ≥ −5 every nonzero value q·2^k is an
+// E4M3 normal, whose byte is the byte of q plus k in the exponent field: one
+// add on four bytes at once (no byte leaves [0x08, 0x7C], so none borrows or
+// carries into its neighbour). Blocks further below r round through the
+// exact conversion, as in the emulator (fold_mx_to_e4m3).
+__device__ __forceinline__ uint2 fold_table(int e, int r) {
+  constexpr std::uint32_t kE4m3OfE2m1Lo = 0x3C383000u;  // 1.5, 1, 0.5, 0
+  constexpr std::uint32_t kE4m3OfE2m1Hi = 0x4C484440u;  // 6, 4, 3, 2
+  constexpr int kMinFastShift = -5;
+  const int k = e - r + kFoldHeadroom;
+  if (k >= kMinFastShift) {
+    const std::uint32_t step = static_cast<std::uint32_t>(k) * 0x08u;  // k in the exponent field (bits 3 .. 6)
+    return make_uint2(kE4m3OfE2m1Lo + (step << 8) * 0x010101u, kE4m3OfE2m1Hi + step * 0x01010101u);
+  }
   std::uint32_t lo = 0, hi = 0;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    lo |= fold_nibble((codes >> (4 * i)) & 0xFu, e, r) << (8 * i);
-    hi |= fold_nibble((codes >> (16 + 4 * i)) & 0xFu, e, r) << (8 * i);
+    lo |= fold_nibble(i, e, r) << (8 * i);
+    hi |= fold_nibble(4 + i, e, r) << (8 * i);
   }
+  return make_uint2(lo, hi);
+}
+
+// The signs of four nibbles (bits 3, 7, 11, 15 of t) moved to bit 7 of bytes 0 .. 3.
+__device__ __forceinline__ std::uint32_t nibble_signs_to_bytes(std::uint32_t t) {
+  return ((t & 0x8u) << 4) | ((t & 0x80u) << 8) | ((t & 0x800u) << 12) | ((t & 0x8000u) << 16);
+}
+
+// Eight E4M3 bytes of the eight nibbles of `codes` (element 2i in the low
+// nibble of byte i) by table: a byte permute picks each magnitude's byte
+// from the block's fold_table, then the nibble's sign is set.
+__device__ __forceinline__ uint2 fold_word(std::uint32_t codes, uint2 table) {
+  const std::uint32_t mag = codes & 0x77777777u;  // selectors 0 .. 7: plain byte picks
+  const std::uint32_t lo = __byte_perm(table.x, table.y, mag) | nibble_signs_to_bytes(codes & 0x8888u);
+  const std::uint32_t hi = __byte_perm(table.x, table.y, mag >> 16) | nibble_signs_to_bytes(codes >> 16 & 0x8888u);
   return make_uint2(lo, hi);
 }
 
@@ -81,7 +110,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_qk_kernel(const std::uint8_
     const std::int64_t src_row = head_row0 + s0 + row;
     const std::uint32_t word = *reinterpret_cast<const std::uint32_t*>(codes + src_row * (D / 2) + d0 / 2);
     const int e = mx_exponent(scales[src_row * blocks + d0 / kMxBlock]);
-    const uint2 bytes = fold_word(word, e, row_exp[row]);
+    const uint2 bytes = fold_word(word, fold_table(e, row_exp[row]));
     const std::int64_t dst = ((static_cast<std::int64_t>(b) * S + s0 + row) * H + h) * D + d0;
     *reinterpret_cast<uint2*>(out + dst) = bytes;
   }
@@ -110,11 +139,11 @@ __global__ void __launch_bounds__(kFoldThreads) fold_v_kernel(const std::uint8_t
     std::uint8_t key_byte[kVtKeyGroup];  // folded bytes in key order
     if (g < sblocks) {
       const uint4 w = *reinterpret_cast<const uint4*>(row + g * (kVtKeyGroup / 2));
-      const int e = mx_exponent(head_scales[g * D + d]);
+      const uint2 table = fold_table(mx_exponent(head_scales[g * D + d]), r);
       const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint2 f = fold_word(words[i], e, r);
+        const uint2 f = fold_word(words[i], table);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           key_byte[8 * i + j] = static_cast<std::uint8_t>(f.x >> (8 * j));
