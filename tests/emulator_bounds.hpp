@@ -12,7 +12,7 @@ namespace fp4attn::emulator::testing {
 // {recipe, target, direct_p, smooth_k, kernel {rel L2, rel L1, 1 − cos, max abs, LSE}, recipe {same}}
 // clang-format off
 inline constexpr Bounds kBounds[] = {
-    {Recipe::fp8, Target::sm90, true, true, {3.55e-02, 3.62e-02, 3.15e-04, 8.41e-02, 4.28e-02}, {1.82e-01, 1.58e-01, 8.29e-03, 7.82e-01, 9.32e-01}},
+    {Recipe::fp8, Target::sm90, true, true, {3.55e-02, 3.62e-02, 3.15e-04, 8.41e-02, 4.28e-02}, {1.82e-01, 1.58e-01, 8.29e-03, 7.82e-01, 9.33e-01}},
     {Recipe::fp8, Target::sm90, true, false, {3.57e-02, 3.66e-02, 3.19e-04, 8.60e-02, 4.56e-02}, {2.20e-01, 1.96e-01, 1.19e-02, 9.29e-01, 1.00e+00}},
     {Recipe::fp8, Target::sm90, false, true, {3.52e-02, 3.60e-02, 3.09e-04, 8.07e-02, 4.66e-02}, {1.83e-01, 1.58e-01, 8.28e-03, 7.82e-01, 9.33e-01}},
     {Recipe::fp8, Target::sm90, false, false, {3.54e-02, 3.63e-02, 3.13e-04, 8.27e-02, 3.77e-02}, {2.20e-01, 1.96e-01, 1.18e-02, 9.33e-01, 9.99e-01}},
