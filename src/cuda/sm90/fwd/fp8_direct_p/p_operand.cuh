@@ -20,70 +20,25 @@ inline constexpr int kSm90FoldHeadroom = 6;  // the largest MX exponent R maps t
 // 2^8 like FP8 P and needs no per-tile row factor (emulator: kSm90PRowExponent).
 inline constexpr int kPRowExponent = -2;
 
-// Row maxima. Read as signed integers, the bits of floats ≥ +0 are ordered
-// as the floats and every negative float (−0 and −inf included) lies below
-// them, so when a thread's values of a row include one ≥ +0, the integer
-// maximum of their bits is exactly their float maximum: 16 three-input
-// integer maxima (VIMNMX3) per row instead of 31 FMNMX, in a tree of depth 4
-// (the FMNMX tree's 5). If any thread of the warp has a row of 32 negative
-// values (a masked tile, or scores all below zero), the whole warp takes the
-// float tree instead (one vote, a uniform branch), so the result is exact
-// either way and the emulator's m is unchanged. NaN never reaches it
-// (non-finite input poisons O).
-FP4ATTN_DEVICE_INLINE int max3(int a, int b, int c) { return max(max(a, b), c); }
-
-// Element k (0 .. 31) of this thread's scores of row r: elements 2r, 2r + 1
-// of every 4-register group of the accumulator.
-template <int N>
-FP4ATTN_DEVICE_INLINE float row_score(const float (&s)[N], int r, int k) {
-  return s[8 * (k / 4) + (k % 4 < 2 ? 0 : 4) + 2 * r + k % 2];
-}
-
-template <int N>
-FP4ATTN_DEVICE_INLINE int row_max_bits(const float (&s)[N], int r) {
-  static_assert(N == 64, "a thread holds 32 scores of each of its two rows");
-  int y[12];  // 32 → 12: ten triples, two carried over
-#pragma unroll
-  for (int i = 0; i < 10; ++i)
-    y[i] = max3(__float_as_int(row_score(s, r, 3 * i)), __float_as_int(row_score(s, r, 3 * i + 1)),
-                __float_as_int(row_score(s, r, 3 * i + 2)));
-  y[10] = __float_as_int(row_score(s, r, 30));
-  y[11] = __float_as_int(row_score(s, r, 31));
-  int z[4];  // 12 → 4
-#pragma unroll
-  for (int i = 0; i < 4; ++i) z[i] = max3(y[3 * i], y[3 * i + 1], y[3 * i + 2]);
-  return max(max3(z[0], z[1], z[2]), z[3]);
-}
-
-template <int N>
-FP4ATTN_DEVICE_INLINE float row_max_float(const float (&s)[N], int r) {
-  float v[N / 8];
-#pragma unroll
-  for (int j = 0; j < N / 8; ++j)
-    v[j] = fmaxf(fmaxf(row_score(s, r, 4 * j), row_score(s, r, 4 * j + 1)),
-                 fmaxf(row_score(s, r, 4 * j + 2), row_score(s, r, 4 * j + 3)));
-#pragma unroll
-  for (int w = N / 16; w >= 1; w /= 2)
-#pragma unroll
-    for (int j = 0; j < w; ++j) v[j] = fmaxf(v[j], v[j + w]);
-  return v[0];
-}
-
+// Row maxima as a tree: depth 5 per row instead of a chain of 17 dependent
+// FMNMX. Nothing of this warpgroup is in flight while it runs, so the chain's
+// latency was on the consumer's critical path (ncu, NOTES.md). The max is
+// exact in any order; NaN never reaches it (non-finite input poisons O).
 template <int N>
 FP4ATTN_DEVICE_INLINE void row_max(const float (&s)[N], float (&mx)[2]) {
-  const int bits0 = row_max_bits(s, 0), bits1 = row_max_bits(s, 1);
-  float m[2];
-  if (__all_sync(kFullWarp, (bits0 | bits1) >= 0)) {
-    m[0] = __int_as_float(bits0);
-    m[1] = __int_as_float(bits1);
-  } else {
-    m[0] = row_max_float(s, 0);
-    m[1] = row_max_float(s, 1);
-  }
+  static_assert(N % 8 == 0 && ((N / 8) & (N / 8 - 1)) == 0, "the tree halves a power of two");
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float q = fmaxf(m[r], __shfl_xor_sync(kFullWarp, m[r], 1));
-    mx[r] = fmaxf(q, __shfl_xor_sync(kFullWarp, q, 2));
+    float v[N / 8];  // element 2r, 2r + 1 of two 8-column chunks each
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j)
+      v[j] = fmaxf(fmaxf(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]), fmaxf(s[8 * j + 4 + 2 * r], s[8 * j + 5 + 2 * r]));
+#pragma unroll
+    for (int w = N / 16; w >= 1; w /= 2)
+#pragma unroll
+      for (int j = 0; j < w; ++j) v[j] = fmaxf(v[j], v[j + w]);
+    const float m = fmaxf(v[0], __shfl_xor_sync(kFullWarp, v[0], 1));
+    mx[r] = fmaxf(m, __shfl_xor_sync(kFullWarp, m, 2));
   }
 }
 
