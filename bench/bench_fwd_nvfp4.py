@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Forward benchmark of recipe nvfp4 on the sm90 BF16 wgmma kernel against
-cuDNN BF16 SDPA (PyTorch sdpa_kernel backend), in one process (DESIGN §8).
+cuDNN BF16 SDPA and FlashAttention-2 BF16 (PyTorch sdpa_kernel backends), in
+one process (DESIGN §8). Head dims 128 (H = 16) and 64 (H = 32), B·S = 32k.
 
 Recipe nvfp4 runs through bench/capi_nvfp4.cpp: the NVFP4 quantizer, then the
 expansion pre-pass to BF16 (cuda/sm90/fwd/nvfp4_bf16/expand.hpp), then the
@@ -24,7 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from capi_lib import time_ms
 
 TOKENS = 32768  # B·S
-H, D = 16, 128
+HEADS = {128: 16, 64: 32}  # DESIGN §8's grid: H = 16 at D = 128, 32 at D = 64
 GRID_S = [4096, 8192]
 DTYPE_BF16 = 2
 INPUT_SETS = 2
@@ -52,7 +53,7 @@ def check(lib, rc):
 class Runner:
     """One plan per input set."""
 
-    def __init__(self, lib, ll3, sets, B, S, causal):
+    def __init__(self, lib, ll3, sets, B, H, S, D, causal):
         self.lib, self.ll3, self.sets = lib, ll3, sets
         self.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.plans = []
@@ -89,10 +90,10 @@ class Runner:
             self.lib.fp4attn_nvfp4_plan_destroy(p)
 
 
-def cudnn(sets, causal):
+def sdpa(backend, sets, causal):
     def run(i):
         q, k, v = sets[i % len(sets)]
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   is_causal=causal)
     return run
@@ -106,6 +107,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seqs", default=",".join(map(str, GRID_S)))
     ap.add_argument("--causal", type=int, default=0)
+    ap.add_argument("--dims", default="128")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
     args = ap.parse_args()
@@ -115,16 +117,17 @@ def main():
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     causal = bool(args.causal)
     rows, log = [], []
-    for S in map(int, args.seqs.split(",")):
-        B = TOKENS // S
+    for D, S in [(d, s) for d in map(int, args.dims.split(",")) for s in map(int, args.seqs.split(","))]:
+        B, H = TOKENS // S, HEADS[D]
         sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 for _ in range(INPUT_SETS)]
         flops = 4.0 * B * H * D * S * S / (2 if causal else 1)
         tf = lambda ms: flops / (ms * 1e-3) / 1e12
-        ref_fn = cudnn(sets, causal)
+        ref_fn = sdpa(SDPBackend.CUDNN_ATTENTION, sets, causal)
         ms_cudnn = time_ms(ref_fn, args.reps, args.warmup)
+        ms_fa2 = time_ms(sdpa(SDPBackend.FLASH_ATTENTION, sets, causal), args.reps, args.warmup)
         ref = ref_fn(0).transpose(1, 2)
-        r = Runner(lib, ll3, sets, B, S, causal)
+        r = Runner(lib, ll3, sets, B, H, S, D, causal)
         ms = time_ms(r.attend, args.reps, args.warmup)
         ms_e2e = time_ms(r.e2e, args.reps, args.warmup)
         r.e2e(0)
@@ -133,12 +136,15 @@ def main():
         base = dict(causal=causal, B=B, H=H, Hkv=H, Sq=S, Sk=S, D=D)
         rows.append(dict(op="fwd", impl="cudnn_bf16", recipe="bf16", ms=round(ms_cudnn, 4),
                          tflops=round(tf(ms_cudnn), 1), **base))
+        rows.append(dict(op="fwd", impl="fa2_bf16", recipe="bf16", ms=round(ms_fa2, 4), tflops=round(tf(ms_fa2), 1),
+                         **base))
         for op, t in (("fwd", ms), ("fwd_e2e", ms_e2e)):
             rows.append(dict(op=op, impl="fp4attn", recipe="nvfp4", direct_p=True, ms=round(t, 4),
                              tflops=round(tf(t), 1), kernel_bytes=lib.fp4attn_nvfp4_kernel_operand_bytes(r.plans[0]),
                              rel_l2_vs_cudnn=round(err, 5), **base))
-        line = (f"S={S:5d} B={B:2d} causal={int(causal)} cudnn {tf(ms_cudnn):6.1f} TFLOP/s  nvfp4 {tf(ms):6.1f} "
-                f"(x{ms_cudnn / ms:.2f} cudnn, e2e {tf(ms_e2e):6.1f}, relL2 vs cudnn {err:.4f})")
+        line = (f"D={D:3d} S={S:5d} B={B:2d} H={H} causal={int(causal)} cudnn {tf(ms_cudnn):6.1f} "
+                f"fa2 {tf(ms_fa2):6.1f} TFLOP/s  nvfp4 {tf(ms):6.1f} (x{ms_cudnn / ms:.2f} cudnn, "
+                f"x{ms_fa2 / ms:.2f} fa2, e2e {tf(ms_e2e):6.1f}, relL2 vs cudnn {err:.4f})")
         print(line, flush=True)
         log.append(line)
         r.close()

@@ -466,5 +466,132 @@ TEST(DirectP, Nvfp4ContractAcrossEveryThreshold) {
   contract.report("nvfp4_agreement_thresholds");
 }
 
+// The curve behind nvfp4_code for every finite UE4M3 scale, over every
+// fixed-point input from below the smallest boundary up to the precondition
+// w = u + 8 − log2 s_b ≤ 18: the code never decreases, never skips, ends at 7
+// (the min at 6·2^-14 holds it there; the kernel has no other clamp), the
+// GPU's round-up add never carries out of its fp16 half, and each of the
+// seven code changes sits within the contract's 1 % of the exact boundary.
+TEST(DirectP, Nvfp4CurveBoundariesEveryScale) {
+  constexpr double kUnitsPerLog2 = 1 << direct_p::kFp8FixedFractionBits;
+  constexpr float kHighestW = 18.0f;
+  double worst = 0.0;
+  int scales = 0;
+  for (std::uint8_t sb_code = 1; sb_code <= spec_of(ElemFormat::ue4m3).max_code; ++sb_code) {
+    const double log2_sb = std::log2(double{decode(ElemFormat::ue4m3, sb_code)});
+    const float offset = direct_p::nvfp4_fixed_offset(direct_p::log2_of_ue4m3(sb_code));
+    const double offset_units = float_bits(offset);
+    // The addend is the bias plus 2^10·(8 − log2 s_b) to the nearest unit.
+    ASSERT_LE(std::fabs(offset_units - direct_p::kNvfp4FixedBias - kUnitsPerLog2 * (kNvfp4Offset - log2_sb)), 0.5)
+        << int(sb_code);
+    const std::uint32_t x_max =
+        direct_p::fixed_point(static_cast<float>(kHighestW + log2_sb) - kNvfp4Offset, offset);
+    std::uint32_t last = 0;
+    int changes = 0;
+    for (std::uint32_t x = 0; x <= x_max; ++x) {
+      const std::uint32_t rounded = direct_p::nvfp4_rounded_bits(x);
+      ASSERT_LE(rounded, direct_p::kE2M1MaxValueBits + direct_p::kE2M1CodeRound) << x;  // no carry out of the half
+      const std::uint32_t code = rounded >> direct_p::kE2M1CodeShift;
+      ASSERT_GE(code, last) << "not monotone at x = " << x << ", scale " << int(sb_code);
+      if (code != last) {
+        ASSERT_EQ(code, last + 1) << "skipped a code at x = " << x << ", scale " << int(sb_code);
+        // w whose fixed point is x − ½, i.e. where the code switches.
+        const double switch_w = (x - 0.5 - offset_units) / kUnitsPerLog2 + kNvfp4Offset - log2_sb;
+        const double err = std::fabs(std::exp2(switch_w - double{direct_p::kE2M1Log2Bounds[changes]}) - 1.0);
+        worst = std::max(worst, err);
+        ++changes;
+      }
+      last = code;
+    }
+    EXPECT_EQ(changes, 7) << int(sb_code);
+    EXPECT_EQ(last, 7u) << int(sb_code);
+    ++scales;
+  }
+  EXPECT_EQ(scales, 126);
+  std::cout << "NVFP4 curve: largest boundary error " << 100 * worst << " % over " << scales << " scales\n";
+  RecordProperty("nvfp4_curve_boundary_error", std::to_string(worst));
+  EXPECT_LT(worst, kBoundaryBand);
+  EXPECT_GT(worst, 1e-3);  // an approximation: if it were exact, this test would measure nothing
+  // A zero scale: offset 0, so every u ≤ 0 has x = 0 and code 0.
+  EXPECT_EQ(direct_p::nvfp4_fixed_offset(kNegInf), 0.0f);
+  EXPECT_EQ(direct_p::nvfp4_code(0.0f, kNegInf), 0);
+  EXPECT_EQ(direct_p::nvfp4_rounded_bits(direct_p::fixed_point(0.0f, 0.0f)) >> direct_p::kE2M1CodeShift, 0u);
+}
+
+// The BF16 operand q·s_b from the fp16 pattern c·2^9 of q·2^-14, for every
+// E2M1 code and every UE4M3 scale, against the product computed directly.
+TEST(DirectP, Nvfp4Bf16ValueIsCodeTimesScale) {
+  for (std::uint32_t c = 0; c <= direct_p::kE2M1MaxCode; ++c)
+    for (std::uint8_t sb_code = 0; sb_code <= spec_of(ElemFormat::ue4m3).max_code; ++sb_code) {
+      const float sb = decode(ElemFormat::ue4m3, sb_code);
+      const float want = decode(ElemFormat::e2m1, c) * sb;  // exact: at most 6 significant bits
+      ASSERT_EQ(float_bits(want) & 0xFFFFu, 0u) << c << " " << int(sb_code);
+      const float scale = sb * exp2i(direct_p::kNvfp4Bf16ScaleExp);
+      ASSERT_EQ(direct_p::nvfp4_bf16_value_bits(c << direct_p::kE2M1CodeShift, scale), float_bits(want) >> 16)
+          << c << " " << int(sb_code);
+    }
+}
+
+// Host model of the GPU's packed sequence for two scores of one block
+// (device::nvfp4_q_pair, device::nvfp4_bf16_pair): the integer steps act on
+// the whole 32-bit word as the GPU's do, so a carry or a shifted bit crossing
+// between the halves would show here. Both halves must equal the scalar
+// nvfp4_code and nvfp4_bf16_value_bits.
+struct Nvfp4PackedModel {
+  std::uint32_t q, value;
+};
+Nvfp4PackedModel nvfp4_packed_model(float lo, float hi, float offset, float scale_2pow116) {
+  const auto per_half = [](std::uint32_t w, auto f) { return f(w & 0xFFFFu) | (f(w >> 16) << 16); };
+  const std::uint32_t x = direct_p::fixed_point(lo, offset) | (direct_p::fixed_point(hi, offset) << 16);
+  const std::uint32_t shifted = per_half(x, [](std::uint32_t h) { return (h + direct_p::kFp8HalfStep) & 0xFFFFu; });
+  std::uint32_t v = 0;
+  for (int half = 0; half < 2; ++half) {
+    const std::uint32_t xh = (x >> (16 * half)) & 0xFFFFu, sh = (shifted >> (16 * half)) & 0xFFFFu;
+    v |= direct_p::f16_bits_rne(fmaf(direct_p::f16_value(sh), direct_p::f16_value(direct_p::kF16InvSqrt2Bits),
+                                     direct_p::f16_value(xh)))
+         << (16 * half);
+  }
+  std::uint32_t sub = per_half(v, [](std::uint32_t h) {
+    return direct_p::f16_bits_rne(direct_p::f16_value(h) * direct_p::f16_value(direct_p::kF16TwoPowMinus4Bits));
+  });
+  sub = per_half(sub, [](std::uint32_t h) { return std::min(h, direct_p::kE2M1MaxValueBits); });
+  const std::uint32_t round_up = direct_p::kE2M1CodeRound * 0x10001u;
+  const std::uint32_t mask = (~((direct_p::kE2M1CodeRound << 1) - 1u) & 0xFFFFu) * 0x10001u;
+  const std::uint32_t q = (sub + round_up) & mask;
+  const std::uint32_t p = per_half(q, [](std::uint32_t h) {
+    return direct_p::f16_bits_rne(direct_p::f16_value(h) * direct_p::f16_value(direct_p::kF16TwoPow10Bits));
+  });
+  const std::uint32_t b = p >> direct_p::kF16ToBf16Shift;  // one shift of the whole word
+  const std::uint32_t value = per_half(b, [scale_2pow116](std::uint32_t h) {
+    const float product = bits_float(h << 16) * bits_float(float_bits(scale_2pow116) & 0xFFFF0000u);
+    return float_bits(product) >> 16;  // exact products: the bf16 multiply does not round
+  });
+  return {q, value};
+}
+
+TEST(DirectP, Nvfp4PackedMatchesScalar) {
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<float> block_max(-15.0f, 0.0f), below(0.0f, 10.0f);
+  std::size_t checked = 0;
+  for (int i = 0; i < 200'000; ++i) {
+    const float u_max = block_max(rng);
+    const std::uint8_t sb_code = direct_p::nvfp4_block_scale(u_max);
+    if (sb_code == 0) continue;
+    const float log2_sb = direct_p::log2_of_ue4m3(sb_code);
+    const float offset = direct_p::nvfp4_fixed_offset(log2_sb);
+    const float scale = decode(ElemFormat::ue4m3, sb_code) * exp2i(direct_p::kNvfp4Bf16ScaleExp);
+    const float u[2] = {i % 2 ? u_max : u_max - below(rng), i % 3 ? u_max - below(rng) : kNegInf};
+    const Nvfp4PackedModel m = nvfp4_packed_model(u[0], u[1], offset, scale);
+    for (int half = 0; half < 2; ++half) {
+      const std::uint32_t q = (m.q >> (16 * half)) & 0xFFFFu;
+      const std::uint32_t code = direct_p::nvfp4_code(u[half], log2_sb);
+      ASSERT_EQ(q, code << direct_p::kE2M1CodeShift) << u[half] << " scale " << int(sb_code);
+      ASSERT_EQ((m.value >> (16 * half)) & 0xFFFFu, direct_p::nvfp4_bf16_value_bits(q, scale)) << u[half];
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100'000u);
+}
+
 }  // namespace
 }  // namespace fp4attn

@@ -240,22 +240,14 @@ FP4ATTN_HD inline float fp8_decoded_sum_x4(std::uint32_t codes) {
 
 // ---- FP4 P -----------------------------------------------------------------
 // log2 of the E2M1 rounding boundaries 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5:
-// code k is chosen when v = u − E has crossed k of them (NVFP4 P's rule).
+// exact round-to-nearest gives code k where v = u − E has crossed k of them;
+// the curves of mxfp4_code and nvfp4_code place their code changes within
+// the contract's 1 % of these (tests/test_direct_p.cpp).
 inline constexpr float kE2M1Log2Bounds[7] = {
     -2.0f, -0.415037499278843818f, 0.321928094887362348f, 0.807354922057604107f,
     1.321928094887362348f, 1.807354922057604107f, 2.321928094887362348f};
 inline constexpr float kLog2Of6 = 2.584962500721156181f;
 inline constexpr int kNoBlockExponent = -127;  // block that holds only masked scores
-
-// E2M1 code of 2^v by seven comparisons (v = -inf gives 0).
-FP4ATTN_HD inline std::uint8_t e2m1_code_of_exp2(float v) {
-  std::uint8_t code = 0;
-#if defined(__CUDACC__)
-#pragma unroll
-#endif
-  for (int i = 0; i < 7; ++i) code += v >= kE2M1Log2Bounds[i] ? 1 : 0;
-  return code;
-}
 
 // MXFP4 P block exponent: E = ceil(u_max − log2 6), so the block maximum 2^u_max
 // maps to (3, 6] and is never clipped. Clamped to E8M0's range.
@@ -368,11 +360,111 @@ FP4ATTN_HD inline float log2_of_ue4m3(std::uint8_t code) {
   return static_cast<float>(ef - 7) + kLog2OnePlusEighths[m];
 }
 
-// NVFP4 P element code: E2M1 rounding of 2^(u + 8) / s_b, by thresholds.
-// A zero block scale (log2 = -inf) gives code 0: the block underflowed.
+// NVFP4 P element code: the E2M1 rounding of 2^w, w = u + 8 − log2 s_b, by
+// MXFP4 P's curve (mxfp4_code) instead of seven threshold compares (DESIGN
+// §3.3 contract; measured in tests/test_direct_p.cpp):
+//
+//  1. x = round(2^10·u + kNvfp4FixedBias + round(2^10·(8 − log2 s_b))): the
+//     block's scale goes into the FFMA's addend, as MXFP4's block exponent
+//     does. s_b is a UE4M3 value, not a power of two, so 2^10·(8 − log2 s_b)
+//     is rounded to an integer once per block (nvfp4_fixed_offset): that moves
+//     w by at most 2^-11, 0.034 % in 2^w, on top of MXFP4's boundary error.
+//  2. The two-phase fp16 curve, HMUL2 by 2^-4 onto fp16's subnormal grid and
+//     the round-up add at bit 9, exactly as mxfp4_rounded_bits; in between, a
+//     min with 6·2^-14 (HMNMX2, the pattern 0x0E00): with a subnormal UE4M3
+//     scale the block maximum can reach w = log2 9 (s_b rounds 2^(u_max + 8)/6
+//     down by up to a third), where the pattern would round to a code 8.
+//     Normal scales keep w ≤ log2(6 · 17/16) and never reach the min.
+//
+// Where the code changes, w misses the exact log2 boundary by at most 0.54 %
+// in 2^w over every UE4M3 scale (tests/test_direct_p.cpp,
+// Nvfp4CurveBoundariesEveryScale), inside the contract's 1 %. The bias is
+// MXFP4's less one unit: 4037 minimises the worst of the seven boundaries
+// over all 126 finite scales (0.53 %; 4038 gives 0.59 %, 4036 0.60 %), since
+// step 1's rounding of log2 s_b shifts each scale's boundaries by its own
+// fraction of a unit.
+// Precondition: w < 26 (x + 2^9 stays below fp16's infinity); with u ≤ 1 and
+// a finite scale ≥ 2^-9, w ≤ 18.
+inline constexpr std::uint32_t kNvfp4FixedBias = 4037;
+inline constexpr std::uint32_t kE2M1MaxValueBits = 0x0E00u;  // 6 · 2^-14 as fp16: code 7 after the round-up add
+
+// The FFMA addend of step 1: a float subnormal whose bits are kNvfp4FixedBias
+// + round(2^10·(8 − log2 s_b)). One FFMA and one magic add, rounding to
+// nearest even on both host and device. A zero scale (log2 −inf) gets offset
+// 0, whose x is 0 for every u ≤ 0 (code 0, as nvfp4_code's early return).
+FP4ATTN_HD inline float nvfp4_fixed_offset(float log2_block_scale) {
+  constexpr float kUnitsPerLog2 = 1 << kFp8FixedFractionBits;
+  if (!(log2_block_scale > -1e30f)) return 0.0f;
+  const float units = fmaf(-log2_block_scale, kUnitsPerLog2, kNvfp4Offset * kUnitsPerLog2 + kNvfp4FixedBias);
+  return bits_float(float_bits(units + kRoundMagic) - float_bits(kRoundMagic));
+}
+
+// Step 2 for one fixed-point x: fp16 bits of q·2^-14 before the code is cut
+// out (what the GPU holds after its round-up add; code = bits >> 9 ≤ 7).
+FP4ATTN_HD inline std::uint32_t nvfp4_rounded_bits(std::uint32_t x) {
+  const std::uint32_t sub = f16_bits_rne(f16_value(fp8_two_phase(x)) * f16_value(kF16TwoPowMinus4Bits));
+  // Non-negative fp16 values order as their bit patterns: HMNMX2 is this min.
+  return (sub < kE2M1MaxValueBits ? sub : kE2M1MaxValueBits) + kE2M1CodeRound;
+}
+
+// A zero block scale (log2 = −inf) gives code 0: the block underflowed.
 FP4ATTN_HD inline std::uint8_t nvfp4_code(float u, float log2_block_scale) {
   if (!(log2_block_scale > -1e30f)) return 0;
-  return e2m1_code_of_exp2(u + kNvfp4Offset - log2_block_scale);
+  return static_cast<std::uint8_t>(nvfp4_rounded_bits(fixed_point(u, nvfp4_fixed_offset(log2_block_scale))) >>
+                                   kE2M1CodeShift);
 }
+
+// The BF16 operand q·s_b of the P·V product from the fp16 pattern of q·2^-14
+// (the round-up add's result, masked to bits 9..15), as the GPU builds it
+// (device::nvfp4_bf16_pair), modelled on one half:
+//  1. × 2^10 (exact): q·2^-4, a normal fp16 for every q > 0 (also 0.5, a
+//     subnormal on the 2^-14 grid).
+//  2. >> 3: a normal fp16 pattern shifted right by 3 is the bf16 pattern with
+//     the same exponent field and the top 7 mantissa bits (q has 2
+//     significant bits, so none is lost): q·2^-4·2^(15 − 127) = q·2^-116.
+//  3. × s_b·2^116 in bf16: exact (q·s_b has at most 6 significant bits, bf16
+//     8; s_b·2^116 ≤ 448·2^116 is finite).
+inline constexpr int kNvfp4Bf16ScaleExp = 116;  // 4 (step 1) + 112 (fp16 → bf16 exponent bias)
+inline constexpr std::uint32_t kF16TwoPow10Bits = 0x6400u;
+inline constexpr std::uint32_t kF16ToBf16Shift = 3;  // 10 − 7 mantissa bits
+
+// Bits of the bf16 value q·s_b for the masked fp16 pattern q_bits (one half of
+// the pair) and the float s_b·2^116 (exact, the kernel's table entry).
+FP4ATTN_HD inline std::uint32_t nvfp4_bf16_value_bits(std::uint32_t q_bits, float scale_2pow116) {
+  const std::uint32_t bf16_bits = f16_bits_rne(f16_value(q_bits) * f16_value(kF16TwoPow10Bits)) >> kF16ToBf16Shift;
+  const float product = bits_float(bf16_bits << 16) * bits_float(float_bits(scale_2pow116) & 0xFFFF0000u);
+  return float_bits(product) >> 16;  // exact, so no rounding to bf16 is needed
+}
+
+#if defined(__CUDACC__)
+namespace device {
+// Steps 1 and 2 of nvfp4_code for two scores of one block (lo in bits 0..15):
+// the fp16 patterns of q·2^-14, c·2^9 for E2M1 code c. `offset` =
+// nvfp4_fixed_offset(log2 s_b). After the curve: HMUL2, HMNMX2, the round-up
+// add and the mask: 6 instructions per pair beyond curve_pair's 5.
+__device__ inline std::uint32_t nvfp4_q_pair(float lo, float hi, float offset) {
+  constexpr std::uint32_t kScaleDown = kF16TwoPowMinus4Bits | (kF16TwoPowMinus4Bits << 16);
+  constexpr std::uint32_t kMaxValue = kE2M1MaxValueBits | (kE2M1MaxValueBits << 16);
+  constexpr std::uint32_t kRoundUp = kE2M1CodeRound | (kE2M1CodeRound << 16);
+  constexpr std::uint32_t kValueMask = ~((kE2M1CodeRound << 1) - 1u) & 0xFFFFu;
+  std::uint32_t sub;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(sub) : "r"(curve_pair(lo, hi, offset)), "r"(kScaleDown));
+  asm("min.f16x2 %0, %1, %2;" : "=r"(sub) : "r"(sub), "r"(kMaxValue));
+  // Both halves stay at most 0x0F00 after the add: no carry into the high half.
+  return (sub + kRoundUp) & (kValueMask | (kValueMask << 16));
+}
+
+// nvfp4_bf16_value_bits for both halves of nvfp4_q_pair's result: HMUL2, one
+// shift of the whole word (the high half's low 3 bits are zero, so nothing
+// leaks into the low half), HMUL2.BF16. `scale` = bf16x2 of s_b·2^116.
+__device__ inline std::uint32_t nvfp4_bf16_pair(std::uint32_t q, std::uint32_t scale) {
+  constexpr std::uint32_t kTwoPow10 = kF16TwoPow10Bits | (kF16TwoPow10Bits << 16);
+  std::uint32_t p, v;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(q), "r"(kTwoPow10));
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(v) : "r"(p >> kF16ToBf16Shift), "r"(scale));
+  return v;
+}
+}  // namespace device
+#endif
 
 }  // namespace fp4attn::direct_p

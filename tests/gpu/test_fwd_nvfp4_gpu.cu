@@ -137,6 +137,29 @@ TEST(GpuNvfp4PHelpers, MatchSharedFunctions) {
   EXPECT_EQ(bad_code, 0u) << "of " << n_codes;
 }
 
+// The kernel's BF16 operand of P: for every E2M1 code and UE4M3 scale, the
+// packed sequence's bits against q·s_b computed on the host (exact in bf16).
+__global__ void p_value_kernel(std::uint32_t* value) {
+  const int code = threadIdx.x, scale_code = blockIdx.x;
+  value[scale_code * blockDim.x + code] = sm90::fwd::nvfp4::nvfp4_p_value_bits(code, scale_code);
+}
+
+TEST(GpuNvfp4PHelpers, ValuesAreCodeTimesScale) {
+  FP4ATTN_REQUIRE_HOPPER();
+  constexpr int kCodes = 8, kScales = 128;
+  DeviceArray<std::uint32_t> d_value(kCodes * kScales);
+  p_value_kernel<<<kScales, kCodes>>>(d_value.ptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = d_value.download();
+  std::size_t bad = 0;
+  for (int sc = 0; sc < 0x7F; ++sc)  // 0x7F is UE4M3's NaN
+    for (int c = 0; c < kCodes; ++c) {
+      const float want = decode(ElemFormat::e2m1, c) * decode(ElemFormat::ue4m3, sc);
+      bad += got[sc * kCodes + c] != (float_bits(want) >> 16) || (float_bits(want) & 0xFFFFu) != 0;
+    }
+  EXPECT_EQ(bad, 0u);
+}
+
 // ---- the BF16 expansion, bit for bit against the emulator's sm90 operands
 
 TEST(GpuNvfp4Expand, OperandsMatchEmulator) {

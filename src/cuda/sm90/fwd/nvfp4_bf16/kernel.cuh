@@ -20,8 +20,9 @@
 //       per row and 16-key block b: the block max gives u_max and the UE4M3
 //         block scale s_b (direct_p::nvfp4_block_scale's rule); the row max
 //         m' = max(m, max_b block max · c), c = softmax scale · log2 e
-//       Pₙ = q · s_b with q = direct_p::nvfp4_code(s·c − m', log2 s_b), BF16
-//         exactly; l = l·2^(m − m') + Σ Pₙ (fp32, per thread until the end)
+//       Pₙ = q · s_b with q = direct_p::nvfp4_code(s·c − m', log2 s_b) (the
+//         fixed point + fp16 curve, s_b in the FFMA's addend), BF16 exactly;
+//         l = l·2^(m − m') + Σ Pₙ (fp32, per thread until the end)
 //       O = O · 2^(m − m') before the next PV adds to it
 //     turn N: O += P·V of the last tile
 //   epilogue: l summed over the quad; O / l / S_v → bf16,
@@ -39,6 +40,7 @@
 
 #include <cuda.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cuda/ptx>
 
@@ -50,7 +52,6 @@
 namespace fp4attn::sm90::fwd::nvfp4 {
 
 inline constexpr int kUe4m3Codes = 128;   // a UE4M3 code has 7 bits
-static_assert(kUe4m3Codes * sizeof(float2) == kStaticSmemBytes, "config.h budgets the block-scale table");
 
 // Maxima of every 16-key block (NVFP4 P's scale blocks) of both rows, and the
 // row maxima as their max. Block t is accumulator columns 16t .. 16t + 15:
@@ -87,32 +88,40 @@ FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_block_scale(float u_max) {
   return u_max > -1e30f ? pair & 0xFFu : 0u;
 }
 
-// direct_p::nvfp4_code: the number of E2M1 thresholds at or below
-// v = u + 8 − log2 s_b, the same expression on the same constants (the shared
-// function's threshold array is namespace-scope, which device code cannot
-// read), counted by a three-level binary search over the sorted thresholds
-// (3 compares instead of 7). A zero scale (log2 = −inf) gives code 0 only
-// with kZeroScaleCheck: the kernel leaves it out, since its value q · s_b is 0
-// for any code when s_b = 0 (u = −inf gives v = −inf or NaN: code 0).
-template <bool kZeroScaleCheck = true>
-FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_code(float u, float log2_block_scale) {
-  constexpr float b0 = direct_p::kE2M1Log2Bounds[0], b1 = direct_p::kE2M1Log2Bounds[1],
-                  b2 = direct_p::kE2M1Log2Bounds[2], b3 = direct_p::kE2M1Log2Bounds[3],
-                  b4 = direct_p::kE2M1Log2Bounds[4], b5 = direct_p::kE2M1Log2Bounds[5],
-                  b6 = direct_p::kE2M1Log2Bounds[6];
-  static_assert(b0 < b1 && b1 < b2 && b2 < b3 && b3 < b4 && b4 < b5 && b5 < b6, "the search needs sorted thresholds");
-  const float v = u + direct_p::kNvfp4Offset - log2_block_scale;
-  const bool hi = v >= b3;                                        // code ≥ 4
-  const bool mid = v >= (hi ? b5 : b1);                           // code ≥ 6 or ≥ 2
-  const bool lo = v >= (hi ? (mid ? b6 : b4) : (mid ? b2 : b0));  // the odd step
-  const std::uint32_t code = (hi ? 4u : 0u) + (mid ? 2u : 0u) + (lo ? 1u : 0u);
-  if constexpr (kZeroScaleCheck) return log2_block_scale > -1e30f ? code : 0u;
-  return code;
+// P's per-block constants, one table entry per UE4M3 code of s_b (shared
+// memory, filled in the prologue by the shared functions themselves):
+// offset = direct_p::nvfp4_fixed_offset(log2 s_b), the FFMA addend of the
+// element code; scale = s_b · 2^116 (exact), whose upper 16 bits are the bf16
+// multiplier of device::nvfp4_bf16_pair and which, times 2^-102, weighs the
+// row sum. Code 0 (a block of masked or underflowing scores) has offset 0,
+// so its codes are 0 for every u ≤ 0, and scale 0.
+struct PScaleEntry {
+  float offset, scale;
+};
+static_assert(kUe4m3Codes * sizeof(PScaleEntry) == kStaticSmemBytes, "config.h budgets the block-scale table");
+inline constexpr float kRowSumFromTableScale = 0x1p-102f;  // the row sum adds q·2^-14 times s_b·2^14
+static_assert(direct_p::kNvfp4Bf16ScaleExp - 14 == 102, "kRowSumFromTableScale follows the table's exponent");
+
+FP4ATTN_DEVICE_INLINE PScaleEntry p_scale_entry(int code) {
+  const float log2_sb = direct_p::log2_of_ue4m3(static_cast<std::uint8_t>(code));
+  return {direct_p::nvfp4_fixed_offset(log2_sb), decode(ElemFormat::ue4m3, code) * exp2i(direct_p::kNvfp4Bf16ScaleExp)};
 }
 
-FP4ATTN_DEVICE_INLINE std::uint32_t bf16_pair(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo → bits 0..15
-  return *reinterpret_cast<const std::uint32_t*>(&v);
+// bf16x2 of s_b·2^116 in both halves: the table float's upper 16 bits (exact).
+FP4ATTN_DEVICE_INLINE std::uint32_t bf16_multiplier(float scale) { return __byte_perm(__float_as_uint(scale), 0, 0x3232); }
+
+// direct_p::nvfp4_code by the kernel's packed sequence (the GPU tests compare
+// the two bit for bit): the low half of device::nvfp4_q_pair is c·2^9.
+FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_code(float u, float log2_block_scale) {
+  const std::uint32_t q = direct_p::device::nvfp4_q_pair(u, u, direct_p::nvfp4_fixed_offset(log2_block_scale));
+  return log2_block_scale > -1e30f ? (q & 0xFFFFu) >> direct_p::kE2M1CodeShift : 0u;
+}
+
+// The BF16 bits of q·s_b for E2M1 code `code` and UE4M3 scale `scale_code` as
+// the kernel builds them (device::nvfp4_bf16_pair on the pattern c·2^9).
+FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_p_value_bits(std::uint32_t code, int scale_code) {
+  const std::uint32_t q = code << direct_p::kE2M1CodeShift;
+  return direct_p::device::nvfp4_bf16_pair(q, bf16_multiplier(p_scale_entry(scale_code).scale)) & 0xFFFFu;
 }
 
 // Online softmax of one consumer's two rows per thread, in the log2 domain.
@@ -124,14 +133,11 @@ struct OnlineSoftmax {
   // of PV's k16 steps, and alpha = 2^(m_old − m_new), the rescale of O that
   // goes with it (l is rescaled here). A row with nothing visible yet keeps
   // m = −inf and subtracts 0 in its place, so that no −inf − (−inf) appears.
-  // scale_table: per UE4M3 code, half its value and its log2 (shared memory).
+  // scale_table: P's per-block constants by UE4M3 code (PScaleEntry).
   template <int N>
-  __device__ void step(const float (&s)[N], float c, const float2* scale_table, std::uint32_t (&p)[N / 8][4],
+  __device__ void step(const float (&s)[N], float c, const PScaleEntry* scale_table, std::uint32_t (&p)[N / 8][4],
                        float (&alpha)[2]) {
     constexpr int kBlocks = N / 8;
-    // 2 × the E2M1 value of code i in byte i of the pair (codes 0-3, 4-7): one PRMT looks it up.
-    constexpr std::uint32_t kTwiceE2M1Lo = 0x03020100u, kTwiceE2M1Hi = 0x0C080604u;
-    constexpr float kIntMagic = 8388608.0f;  // 2^23: small integers to float in one FADD
     float bm[2][kBlocks], mx[2], m_use[2];
     block_max(s, bm, mx);
 #pragma unroll
@@ -148,24 +154,22 @@ struct OnlineSoftmax {
       for (int t = 0; t < kBlocks; ++t) {
         // u is monotone in s (c > 0), so the block's largest u is that of its largest score.
         const std::uint32_t scale = nvfp4_block_scale(direct_p::log2_score(bm[r][t], c, m_use[r]));
-        // A zero scale has log2 −inf; its values are 0 whatever nvfp4_code<false> returns.
-        const float2 entry = scale_table[scale];
-        const float half_scale = entry.x, log2_scale = entry.y;
+        const PScaleEntry entry = scale_table[scale];
+        const std::uint32_t multiplier = bf16_multiplier(entry.scale);
+        auto u = [&](int i) { return direct_p::log2_score(s[i], c, m_use[r]); };
+        std::uint32_t q[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float value[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const std::uint32_t code =
-                nvfp4_code<false>(direct_p::log2_score(s[8 * t + 4 * h + 2 * r + e], c, m_use[r]), log2_scale);
-            // 2q as a float, times s_b / 2: q · s_b exactly (≤ 6 significant bits), a BF16 value.
-            const std::uint32_t twice_bits = __byte_perm(kTwiceE2M1Lo, kTwiceE2M1Hi, code);
-            const float twice = __uint_as_float(__float_as_uint(kIntMagic) | twice_bits) - kIntMagic;
-            value[e] = twice * half_scale;
-            l[r] += value[e];
-          }
-          p[t][2 * h + r] = bf16_pair(value[0], value[1]);
+          const int i = 8 * t + 4 * h + 2 * r;
+          q[h] = direct_p::device::nvfp4_q_pair(u(i), u(i + 1), entry.offset);
+          p[t][2 * h + r] = direct_p::device::nvfp4_bf16_pair(q[h], multiplier);
         }
+        // l adds what P·V uses: Σ q·2^-14 of the block's four elements here is
+        // exact in fp16 (multiples of 2^-15 below 2^-10), then one FFMA with s_b·2^14.
+        const __half2 pair_sum =
+            __hadd2(*reinterpret_cast<const __half2*>(&q[0]), *reinterpret_cast<const __half2*>(&q[1]));
+        const float q_sum = __half2float(__hadd(__low2half(pair_sum), __high2half(pair_sum)));
+        l[r] = fmaf(q_sum, entry.scale * kRowSumFromTableScale, l[r]);
       }
   }
 };
@@ -235,14 +239,11 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
-  // Per UE4M3 code of P's block scale, half its value (exact) and its log2,
-  // from the shared functions themselves, so that log2 s_b is the emulator's
-  // float bit for bit. A static shared array, so that lookups are one LDS.64
-  // each, not generic loads.
-  __shared__ float2 p_scale_table[kUe4m3Codes];
-  for (int code = threadIdx.x; code < kUe4m3Codes; code += blockDim.x)
-    p_scale_table[code] = make_float2(0.5f * decode(ElemFormat::ue4m3, code),
-                                      direct_p::log2_of_ue4m3(static_cast<std::uint8_t>(code)));
+  // P's per-block constants by UE4M3 code, from the shared functions
+  // themselves, so that the offsets are the emulator's bit for bit. A static
+  // shared array, so that lookups are one LDS.64 each, not generic loads.
+  __shared__ PScaleEntry p_scale_table[kUe4m3Codes];
+  for (int code = threadIdx.x; code < kUe4m3Codes; code += blockDim.x) p_scale_table[code] = p_scale_entry(code);
   __syncthreads();
 
   if (wg == 0) {
