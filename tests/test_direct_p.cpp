@@ -518,13 +518,13 @@ TEST(DirectP, Nvfp4CurveBoundariesEveryScale) {
   EXPECT_EQ(direct_p::nvfp4_rounded_bits(direct_p::fixed_point(0.0f, 0.0f)) >> direct_p::kE2M1CodeShift, 0u);
 }
 
-// The BF16 operand q·s_b from the fp16 pattern c·2^9 of q·2^-14, for every
-// E2M1 code and every UE4M3 scale, against the product computed directly.
+// The BF16 operand q·s_b·2^-8 from the fp16 pattern c·2^9 of q·2^-14, for
+// every E2M1 code and every UE4M3 scale, against the product computed directly.
 TEST(DirectP, Nvfp4Bf16ValueIsCodeTimesScale) {
   for (std::uint32_t c = 0; c <= direct_p::kE2M1MaxCode; ++c)
     for (std::uint8_t sb_code = 0; sb_code <= spec_of(ElemFormat::ue4m3).max_code; ++sb_code) {
       const float sb = decode(ElemFormat::ue4m3, sb_code);
-      const float want = decode(ElemFormat::e2m1, c) * sb;  // exact: at most 6 significant bits
+      const float want = decode(ElemFormat::e2m1, c) * sb / direct_p::kNvfp4OperandUnscale;  // exact: ≤ 6 bits
       ASSERT_EQ(float_bits(want) & 0xFFFFu, 0u) << c << " " << int(sb_code);
       const float scale = sb * exp2i(direct_p::kNvfp4Bf16ScaleExp);
       ASSERT_EQ(direct_p::nvfp4_bf16_value_bits(c << direct_p::kE2M1CodeShift, scale), float_bits(want) >> 16)
@@ -558,10 +558,7 @@ Nvfp4PackedModel nvfp4_packed_model(float lo, float hi, float offset, float scal
   const std::uint32_t round_up = direct_p::kE2M1CodeRound * 0x10001u;
   const std::uint32_t mask = (~((direct_p::kE2M1CodeRound << 1) - 1u) & 0xFFFFu) * 0x10001u;
   const std::uint32_t q = (sub + round_up) & mask;
-  const std::uint32_t p = per_half(q, [](std::uint32_t h) {
-    return direct_p::f16_bits_rne(direct_p::f16_value(h) * direct_p::f16_value(direct_p::kF16TwoPow10Bits));
-  });
-  const std::uint32_t b = p >> direct_p::kF16ToBf16Shift;  // one shift of the whole word
+  const std::uint32_t b = q >> direct_p::kF16ToBf16Shift;  // one shift of the whole word
   const std::uint32_t value = per_half(b, [scale_2pow116](std::uint32_t h) {
     const float product = bits_float(h << 16) * bits_float(float_bits(scale_2pow116) & 0xFFFF0000u);
     return float_bits(product) >> 16;  // exact products: the bf16 multiply does not round

@@ -414,25 +414,25 @@ FP4ATTN_HD inline std::uint8_t nvfp4_code(float u, float log2_block_scale) {
                                    kE2M1CodeShift);
 }
 
-// The BF16 operand q·s_b of the P·V product from the fp16 pattern of q·2^-14
+// The BF16 operand of the P·V product from the fp16 pattern c·2^9 of q·2^-14
 // (the round-up add's result, masked to bits 9..15), as the GPU builds it
-// (device::nvfp4_bf16_pair), modelled on one half:
-//  1. × 2^10 (exact): q·2^-4, a normal fp16 for every q > 0 (also 0.5, a
-//     subnormal on the 2^-14 grid).
-//  2. >> 3: a normal fp16 pattern shifted right by 3 is the bf16 pattern with
-//     the same exponent field and the top 7 mantissa bits (q has 2
-//     significant bits, so none is lost): q·2^-4·2^(15 − 127) = q·2^-116.
-//  3. × s_b·2^116 in bf16: exact (q·s_b has at most 6 significant bits, bf16
-//     8; s_b·2^116 ≤ 448·2^116 is finite).
-inline constexpr int kNvfp4Bf16ScaleExp = 116;  // 4 (step 1) + 112 (fp16 → bf16 exponent bias)
-inline constexpr std::uint32_t kF16TwoPow10Bits = 0x6400u;
-inline constexpr std::uint32_t kF16ToBf16Shift = 3;  // 10 − 7 mantissa bits
+// (device::nvfp4_bf16_pair), modelled on one half: >> 3 gives c·2^6, the bf16
+// pattern of q·2^-126 (E2M1's code bits are the top bits of both formats'
+// subnormal grids: 0.5 is the bf16 subnormal 0x0040, 1 the smallest normal
+// 0x0080, 6 is 0x01C0), then one bf16 multiply by s_b·2^118, exact (q·s_b has
+// at most 6 significant bits, bf16 8). The operand is thus P·2^-8 = q·s_b·2^-8:
+// s_b·2^126 would overflow bf16 for s_b ≥ 4, s_b·2^118 ≤ 448·2^118 does not,
+// and the kernel takes 2^8 back once, in the epilogue's O factor (a power of
+// two: O/l rounds as it would without it). q·s_b·2^-8 ≥ 2^-18 stays normal.
+inline constexpr int kNvfp4Bf16ScaleExp = 118;    // 126 (bf16 pattern c·2^6 is q·2^-126) − 8
+inline constexpr float kNvfp4OperandUnscale = 256.0f;  // 2^(126 − kNvfp4Bf16ScaleExp): the epilogue's factor
+inline constexpr std::uint32_t kF16ToBf16Shift = 3;   // c·2^9 → c·2^6: E2M1 code bits below fp16's / bf16's exponent
 
-// Bits of the bf16 value q·s_b for the masked fp16 pattern q_bits (one half of
-// the pair) and the float s_b·2^116 (exact, the kernel's table entry).
-FP4ATTN_HD inline std::uint32_t nvfp4_bf16_value_bits(std::uint32_t q_bits, float scale_2pow116) {
-  const std::uint32_t bf16_bits = f16_bits_rne(f16_value(q_bits) * f16_value(kF16TwoPow10Bits)) >> kF16ToBf16Shift;
-  const float product = bits_float(bf16_bits << 16) * bits_float(float_bits(scale_2pow116) & 0xFFFF0000u);
+// Bits of the bf16 value q·s_b·2^-8 for the masked fp16 pattern q_bits (one
+// half of the pair) and the float s_b·2^118 (exact, the kernel's table entry).
+FP4ATTN_HD inline std::uint32_t nvfp4_bf16_value_bits(std::uint32_t q_bits, float scale_2pow118) {
+  const float q_bf16 = bits_float((q_bits >> kF16ToBf16Shift) << 16);  // a float subnormal for code 1, as in bf16
+  const float product = q_bf16 * bits_float(float_bits(scale_2pow118) & 0xFFFF0000u);
   return float_bits(product) >> 16;  // exact, so no rounding to bf16 is needed
 }
 
@@ -454,14 +454,15 @@ __device__ inline std::uint32_t nvfp4_q_pair(float lo, float hi, float offset) {
   return (sub + kRoundUp) & (kValueMask | (kValueMask << 16));
 }
 
-// nvfp4_bf16_value_bits for both halves of nvfp4_q_pair's result: HMUL2, one
-// shift of the whole word (the high half's low 3 bits are zero, so nothing
-// leaks into the low half), HMUL2.BF16. `scale` = bf16x2 of s_b·2^116.
+// nvfp4_bf16_value_bits for both halves of nvfp4_q_pair's result: one shift
+// of the whole word (the high half's bits 16..18 are masked to 0, so nothing
+// leaks into the low half) and HMUL2.BF16, which keeps the subnormal
+// pattern of code 1 (bf16 arithmetic has no flush-to-zero; the GPU test
+// GpuNvfp4PHelpers.ValuesAreCodeTimesScale checks every code and scale).
+// `scale` = bf16x2 of s_b·2^118.
 __device__ inline std::uint32_t nvfp4_bf16_pair(std::uint32_t q, std::uint32_t scale) {
-  constexpr std::uint32_t kTwoPow10 = kF16TwoPow10Bits | (kF16TwoPow10Bits << 16);
-  std::uint32_t p, v;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(q), "r"(kTwoPow10));
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(v) : "r"(p >> kF16ToBf16Shift), "r"(scale));
+  std::uint32_t v;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(v) : "r"(q >> kF16ToBf16Shift), "r"(scale));
   return v;
 }
 }  // namespace device

@@ -138,7 +138,8 @@ TEST(GpuNvfp4PHelpers, MatchSharedFunctions) {
 }
 
 // The kernel's BF16 operand of P: for every E2M1 code and UE4M3 scale, the
-// packed sequence's bits against q·s_b computed on the host (exact in bf16).
+// packed sequence's bits against q·s_b·2^-8 computed on the host (exact in
+// bf16; code 1 enters the bf16 multiply as a subnormal).
 __global__ void p_value_kernel(std::uint32_t* value) {
   const int code = threadIdx.x, scale_code = blockIdx.x;
   value[scale_code * blockDim.x + code] = sm90::fwd::nvfp4::nvfp4_p_value_bits(code, scale_code);
@@ -154,7 +155,8 @@ TEST(GpuNvfp4PHelpers, ValuesAreCodeTimesScale) {
   std::size_t bad = 0;
   for (int sc = 0; sc < 0x7F; ++sc)  // 0x7F is UE4M3's NaN
     for (int c = 0; c < kCodes; ++c) {
-      const float want = decode(ElemFormat::e2m1, c) * decode(ElemFormat::ue4m3, sc);
+      const float want =
+          decode(ElemFormat::e2m1, c) * decode(ElemFormat::ue4m3, sc) / direct_p::kNvfp4OperandUnscale;
       bad += got[sc * kCodes + c] != (float_bits(want) >> 16) || (float_bits(want) & 0xFFFFu) != 0;
     }
   EXPECT_EQ(bad, 0u);

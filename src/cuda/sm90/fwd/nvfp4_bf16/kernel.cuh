@@ -21,11 +21,12 @@
 //         block scale s_b (direct_p::nvfp4_block_scale's rule); the row max
 //         m' = max(m, max_b block max · c), c = softmax scale · log2 e
 //       Pₙ = q · s_b with q = direct_p::nvfp4_code(s·c − m', log2 s_b) (the
-//         fixed point + fp16 curve, s_b in the FFMA's addend), BF16 exactly;
-//         l = l·2^(m − m') + Σ Pₙ (fp32, per thread until the end)
+//         fixed point + fp16 curve, s_b in the FFMA's addend); the operand
+//         is Pₙ·2^-8 in BF16, exactly; l = l·2^(m − m') + Σ Pₙ (fp32, per
+//         thread until the end)
 //       O = O · 2^(m − m') before the next PV adds to it
 //     turn N: O += P·V of the last tile
-//   epilogue: l summed over the quad; O / l / S_v → bf16,
+//   epilogue: l summed over the quad; O / l · 2^8 / S_v → bf16,
 //     LSE = (m + log2 l − 8) · ln 2 (+ smooth_k shift)
 //
 // Ping-pong: consumer c issues its wgmmas only after the other consumer has
@@ -79,35 +80,41 @@ FP4ATTN_DEVICE_INLINE void block_max(const float (&s)[N], float (&bm)[2][N / 8],
 // x ≥ 0 the UE4M3 and E4M3 codes coincide (same exponent, mantissa, bias and
 // saturation), and the H200's cvt.rn.satfinite.e4m3x2 equals encode_rne_sat
 // for every float (DESIGN §3.1). kInv6 is the shared function's constant.
-// Branch-free: exp2_poly clamps its argument, so x is finite for every u_max.
+// Branch- and select-free: exp2_poly clamps its argument at −12, so a block
+// of masked scores (u_max = −inf) gets x = 2^-12 / 6 < 2^-10, which rounds to
+// scale 0 as the shared function's early return does; the high byte is the
+// code of 0.0, 0.
+static_assert(direct_p::kMinExp2Arg <= -8.0f, "a masked block's x = 2^kMinExp2Arg / 6 must round to scale 0");
 FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_block_scale(float u_max) {
   constexpr float kInv6 = 1.0f / 6.0f;
   const float x = direct_p::exp2_poly(u_max + direct_p::kNvfp4Offset) * kInv6;
-  std::uint16_t pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));  // second source → low byte
-  return u_max > -1e30f ? pair & 0xFFu : 0u;
+  std::uint32_t pair;
+  asm("{\n .reg .b16 p;\n cvt.rn.satfinite.e4m3x2.f32 p, %1, %2;\n cvt.u32.u16 %0, p;\n}"
+      : "=r"(pair)
+      : "f"(0.0f), "f"(x));  // second source → low byte
+  return pair;
 }
 
 // P's per-block constants, one table entry per UE4M3 code of s_b (shared
 // memory, filled in the prologue by the shared functions themselves):
 // offset = direct_p::nvfp4_fixed_offset(log2 s_b), the FFMA addend of the
-// element code; scale = s_b · 2^116 (exact), whose upper 16 bits are the bf16
-// multiplier of device::nvfp4_bf16_pair and which, times 2^-102, weighs the
-// row sum. Code 0 (a block of masked or underflowing scores) has offset 0,
+// element code; scale = s_b · 2^118 (exact), whose upper 16 bits are the bf16
+// multiplier of device::nvfp4_bf16_pair (P·V gets P·2^-8, taken back in the
+// epilogue) and which, times 2^-104, weighs the row sum. Code 0 (a block of masked or underflowing scores) has offset 0,
 // so its codes are 0 for every u ≤ 0, and scale 0.
 struct PScaleEntry {
   float offset, scale;
 };
 static_assert(kUe4m3Codes * sizeof(PScaleEntry) == kStaticSmemBytes, "config.h budgets the block-scale table");
-inline constexpr float kRowSumFromTableScale = 0x1p-102f;  // the row sum adds q·2^-14 times s_b·2^14
-static_assert(direct_p::kNvfp4Bf16ScaleExp - 14 == 102, "kRowSumFromTableScale follows the table's exponent");
+inline constexpr float kRowSumFromTableScale = 0x1p-104f;  // the row sum adds q·2^-14 times s_b·2^14
+static_assert(direct_p::kNvfp4Bf16ScaleExp - 14 == 104, "kRowSumFromTableScale follows the table's exponent");
 
 FP4ATTN_DEVICE_INLINE PScaleEntry p_scale_entry(int code) {
   const float log2_sb = direct_p::log2_of_ue4m3(static_cast<std::uint8_t>(code));
   return {direct_p::nvfp4_fixed_offset(log2_sb), decode(ElemFormat::ue4m3, code) * exp2i(direct_p::kNvfp4Bf16ScaleExp)};
 }
 
-// bf16x2 of s_b·2^116 in both halves: the table float's upper 16 bits (exact).
+// bf16x2 of s_b·2^118 in both halves: the table float's upper 16 bits (exact).
 FP4ATTN_DEVICE_INLINE std::uint32_t bf16_multiplier(float scale) { return __byte_perm(__float_as_uint(scale), 0, 0x3232); }
 
 // direct_p::nvfp4_code by the kernel's packed sequence (the GPU tests compare
@@ -117,8 +124,9 @@ FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_code(float u, float log2_block_scale) 
   return log2_block_scale > -1e30f ? (q & 0xFFFFu) >> direct_p::kE2M1CodeShift : 0u;
 }
 
-// The BF16 bits of q·s_b for E2M1 code `code` and UE4M3 scale `scale_code` as
-// the kernel builds them (device::nvfp4_bf16_pair on the pattern c·2^9).
+// The BF16 bits of the operand q·s_b·2^-8 for E2M1 code `code` and UE4M3
+// scale `scale_code` as the kernel builds them (device::nvfp4_bf16_pair on
+// the pattern c·2^9).
 FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_p_value_bits(std::uint32_t code, int scale_code) {
   const std::uint32_t q = code << direct_p::kE2M1CodeShift;
   return direct_p::device::nvfp4_bf16_pair(q, bf16_multiplier(p_scale_entry(scale_code).scale)) & 0xFFFFu;
@@ -325,7 +333,9 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
   float lse_shift[2] = {0.0f, 0.0f};
   bool poisoned = false;
   auto load_epilogue_inputs = [&] {
-    v_factor = 1.0f / *args.v_tensor_scale;
+    // P·V used P·2^-8 (direct_p::nvfp4_bf16_value_bits): 2^8 back with V's
+    // factor, exactly, so O / l rounds as the emulator's.
+    v_factor = (1.0f / *args.v_tensor_scale) * direct_p::kNvfp4OperandUnscale;
     poisoned = args.nonfinite != nullptr && (args.nonfinite[0] | args.nonfinite[1] | args.nonfinite[2]) != 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r)
