@@ -374,9 +374,10 @@ FP4ATTN_HD inline float log2_of_ue4m3(std::uint8_t code) {
 //     min with 6·2^-14 (HMNMX2, the pattern 0x0E00): with a subnormal UE4M3
 //     scale the block maximum can reach w = log2 9 (s_b rounds 2^(u_max + 8)/6
 //     down by up to a third), where the pattern would round to a code 8.
-//     Normal scales keep w ≤ log2(6 · 17/16) and never reach the min.
+//     Normal scales keep w below log2(6 · 1.07), where the pattern rounds to
+//     7 with or without the min.
 //
-// Where the code changes, w misses the exact log2 boundary by at most 0.54 %
+// Where the code changes, w misses the exact log2 boundary by at most 0.53 %
 // in 2^w over every UE4M3 scale (tests/test_direct_p.cpp,
 // Nvfp4CurveBoundariesEveryScale), inside the contract's 1 %. The bias is
 // MXFP4's less one unit: 4037 minimises the worst of the seven boundaries
