@@ -19,9 +19,9 @@ import json
 import os
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
+from bench_fwd import sdpa
 from capi_lib import time_ms
 
 TOKENS = 32768  # B·S
@@ -88,15 +88,6 @@ class Runner:
     def close(self):
         for p in self.plans:
             self.lib.fp4attn_nvfp4_plan_destroy(p)
-
-
-def sdpa(backend, sets, causal):
-    def run(i):
-        q, k, v = sets[i % len(sets)]
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                  is_causal=causal)
-    return run
 
 
 def main():
