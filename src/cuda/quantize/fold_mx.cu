@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "cuda/quantize/fold_table.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"  // vt_key_of_slot, kVtKeyGroup
 #include "fp4attn/error.hpp"
 #include "fp4attn/formats.hpp"
@@ -13,7 +14,6 @@ namespace fp4attn::cuda_quantize {
 namespace {
 
 constexpr int kMxBlock = 32;
-constexpr int kFoldHeadroom = 6;  // R maps to 2^6: 6 · 2^6 = 384 ≤ 448 (emulator::kSm90FoldHeadroom)
 constexpr int kFoldThreads = 128;
 constexpr int kRowsPerCta = 128;
 constexpr int kNoExponent = -127;  // below every E8M0 exponent
@@ -24,36 +24,6 @@ void check_cuda(cudaError_t err, const char* what) {
 
 __device__ __forceinline__ int mx_exponent(std::uint8_t code) { return static_cast<int>(code) - kE8M0Bias; }
 
-// E4M3 byte of E2M1 nibble `nib` in a block of exponent e folded into a group of exponent r.
-__device__ __forceinline__ std::uint32_t fold_nibble(std::uint32_t nib, int e, int r) {
-  return encode_rne_sat(ElemFormat::e4m3, decode(ElemFormat::e2m1, nib) * exp2i(e - r + kFoldHeadroom));
-}
-
-// The E4M3 bytes that the eight E2M1 magnitudes 0 .. 7 fold to in a block of
-// exponent e within a group of exponent r (magnitude i in byte i: 0 .. 3 in
-// .x, 4 .. 7 in .y). For k = e − r + 6 ≥ −5 every nonzero value q·2^k is an
-// E4M3 normal, whose byte is the byte of q plus k in the exponent field: one
-// add on four bytes at once (no byte leaves [0x08, 0x7C], so none borrows or
-// carries into its neighbour). Blocks further below r round through the
-// exact conversion, as in the emulator (fold_mx_to_e4m3).
-__device__ __forceinline__ uint2 fold_table(int e, int r) {
-  constexpr std::uint32_t kE4m3OfE2m1Lo = 0x3C383000u;  // 1.5, 1, 0.5, 0
-  constexpr std::uint32_t kE4m3OfE2m1Hi = 0x4C484440u;  // 6, 4, 3, 2
-  constexpr int kMinFastShift = -5;
-  const int k = e - r + kFoldHeadroom;
-  if (k >= kMinFastShift) {
-    const std::uint32_t step = static_cast<std::uint32_t>(k) * 0x08u;  // k in the exponent field (bits 3 .. 6)
-    return make_uint2(kE4m3OfE2m1Lo + (step << 8) * 0x010101u, kE4m3OfE2m1Hi + step * 0x01010101u);
-  }
-  std::uint32_t lo = 0, hi = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    lo |= fold_nibble(i, e, r) << (8 * i);
-    hi |= fold_nibble(4 + i, e, r) << (8 * i);
-  }
-  return make_uint2(lo, hi);
-}
-
 // The signs of four nibbles (bits 3, 7, 11, 15 of t) moved to bit 7 of bytes 0 .. 3.
 __device__ __forceinline__ std::uint32_t nibble_signs_to_bytes(std::uint32_t t) {
   return ((t & 0x8u) << 4) | ((t & 0x80u) << 8) | ((t & 0x800u) << 12) | ((t & 0x8000u) << 16);
@@ -61,11 +31,11 @@ __device__ __forceinline__ std::uint32_t nibble_signs_to_bytes(std::uint32_t t) 
 
 // Eight E4M3 bytes of the eight nibbles of `codes` (element 2i in the low
 // nibble of byte i) by table: a byte permute picks each magnitude's byte
-// from the block's fold_table, then the nibble's sign is set.
-__device__ __forceinline__ uint2 fold_word(std::uint32_t codes, uint2 table) {
+// from the block's fold_table (fold_table.hpp), then the nibble's sign is set.
+__device__ __forceinline__ uint2 fold_word(std::uint32_t codes, FoldTable table) {
   const std::uint32_t mag = codes & 0x77777777u;  // selectors 0 .. 7: plain byte picks
-  const std::uint32_t lo = __byte_perm(table.x, table.y, mag) | nibble_signs_to_bytes(codes & 0x8888u);
-  const std::uint32_t hi = __byte_perm(table.x, table.y, mag >> 16) | nibble_signs_to_bytes(codes >> 16 & 0x8888u);
+  const std::uint32_t lo = __byte_perm(table.lo, table.hi, mag) | nibble_signs_to_bytes(codes & 0x8888u);
+  const std::uint32_t hi = __byte_perm(table.lo, table.hi, mag >> 16) | nibble_signs_to_bytes(codes >> 16 & 0x8888u);
   return make_uint2(lo, hi);
 }
 
@@ -139,7 +109,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_v_kernel(const std::uint8_t
     std::uint8_t key_byte[kVtKeyGroup];  // folded bytes in key order
     if (g < sblocks) {
       const uint4 w = *reinterpret_cast<const uint4*>(row + g * (kVtKeyGroup / 2));
-      const uint2 table = fold_table(mx_exponent(head_scales[g * D + d]), r);
+      const FoldTable table = fold_table(mx_exponent(head_scales[g * D + d]), r);
       const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
