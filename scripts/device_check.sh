@@ -4,8 +4,11 @@
 # short table last.
 #   usage: scripts/device_check.sh [build-dir]   (default build)
 #   env:   STAGES picks stages (default "tests sanitize python bench");
-#          bench-bwd and bench-quant-fp4 are further stages;
-#          BENCH_ARGS adds options to bench/bench_fwd.py
+#          bench-bwd, bench-quant-fp4, bench-mx, bench-nvfp4 and accuracy-gpu
+#          (the H200 columns of examples/accuracy; needs the python stage's
+#          package) are further stages;
+#          BENCH_ARGS adds options to bench/bench_fwd.py; COMMIT names the
+#          library's commit where the copy has no git
 set -uo pipefail
 BUILD=${1:-build}
 OUT=${OUT:-/tmp/fp4attn-device}
@@ -76,6 +79,28 @@ if has_stage bench-quant-fp4; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_quantize_fp4.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
     2>&1 | tee "$OUT/bench-quant-fp4-stdout.log" | grep -v "^$" | tail -15
   summary+=("bench quantize fp4: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-mx; then
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_fwd_mx.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
+    --seqs 4096,16384 2>&1 | tee "$OUT/bench-mx-stdout.log" | grep -v "^$" | tail -4
+  summary+=("bench mx: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-nvfp4; then
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_fwd_nvfp4.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
+    --seqs 4096,16384 --dims 128,64 2>&1 | tee "$OUT/bench-nvfp4-stdout.log" | grep -v "^$" | tail -6
+  summary+=("bench nvfp4: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage accuracy-gpu; then
+  # The python stage installed the CUDA package into /tmp/fp4attn-site.
+  PYTHONPATH=/tmp/fp4attn-site timeout 300 python3 examples/accuracy/gpu_columns.py \
+    --out "$OUT/gpu-columns.json" ${COMMIT:+--commit "$COMMIT"} >"$OUT/accuracy-gpu.log" 2>&1
+  rc=$?
+  tail -5 "$OUT/accuracy-gpu.log"
+  summary+=("accuracy gpu columns: rc=$rc")
+  [[ $rc -eq 0 ]] || status=1
 fi
 
 echo "==== summary"
