@@ -18,9 +18,10 @@ Inputs:
   (b, c) the saved MiniLM Q, K, V of layers 0 and 5 (data/*.npy, D = 32),
       zero-padded to D = 64 for the kernels (pad_head_dim says why that is
       exact, and the script checks it on the emulator).
-Recipes: those with an sm90 kernel (fp8, mxfp4_train, mxfp4) x Direct-P on/off
-x smooth_k on/off. nvfp4 has no GPU kernel: its figures are the emulator's,
-in docs/accuracy-study.md.
+Recipes: fp8, mxfp4_train, mxfp4 and nvfp4 x Direct-P on/off x smooth_k on/off.
+Every one runs on the GPU except nvfp4 with Direct-P off: the sm90 executor has
+no NVFP4 kernel for the exp2 baseline (sm90_supports, src/dispatch/validate.cpp),
+so those settings get the emulator columns and an empty GPU column.
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ MINILM_HEAD_DIM = 32
 # The head dims the sm90 kernels take; MiniLM's 32 is padded to the smallest.
 KERNEL_HEAD_DIMS = (64, 128)
 PADDED_HEAD_DIM = 64
-GPU_RECIPES = ("fp8", "mxfp4_train", "mxfp4")
-EMULATOR_ONLY_RECIPES = ("nvfp4",)
+RECIPES = ("fp8", "mxfp4_train", "mxfp4", "nvfp4")
 TARGETS = ("sm90", "sm100")
 ON_OFF = (True, False)
 FIGURES = ("cosine", "rel_l2", "max_abs")
@@ -78,7 +78,15 @@ class Problem(NamedTuple):
 
 
 def settings() -> list[Setting]:
-    return [Setting(*c) for c in itertools.product(GPU_RECIPES, ON_OFF, ON_OFF)]
+    return [Setting(*c) for c in itertools.product(RECIPES, ON_OFF, ON_OFF)]
+
+
+def no_gpu_kernel(s: Setting) -> str | None:
+    """Why the sm90 executor does not implement s (None where it does): the GPU
+    column of such a setting stays empty, its emulator columns are computed."""
+    if s.recipe == "nvfp4" and not s.direct_p:
+        return "no sm90 kernel: nvfp4 runs on the H200 with Direct-P only (the exp2 baseline has no NVFP4 kernel)"
+    return None
 
 
 def pad_head_dim(x: np.ndarray, head_dim: int) -> np.ndarray:
@@ -104,7 +112,14 @@ def pad_head_dim(x: np.ndarray, head_dim: int) -> np.ndarray:
       multiplies only its own (zero) products.
     * MXFP4 V: blocks run along the sequence per channel, so a zero channel's
       blocks (and its sm90 column fold factor) touch only its own column.
-    * P (E4M3, or MXFP4 per key-tile row) comes from the unchanged scores.
+    * NVFP4 Q and K: 16-element blocks along D, so again the padded channels
+      form whole all-zero blocks, whose BF16 expansion is zero; the fp32
+      tensor scale comes from the tensor's max |x|, which zeros never change.
+      The BF16 wgmma only adds zero products for the padded channels.
+    * NVFP4 V: blocks run along the sequence per channel, with the tensor
+      scale from max |V| as for Q and K; a zero channel touches only its own
+      column.
+    * P (E4M3, or MXFP4 / NVFP4 per key block) comes from the unchanged scores.
     The script checks this on the emulator (padding_check in the JSON).
     """
     pad = head_dim - x.shape[-1]
@@ -267,13 +282,17 @@ def run_problem(p: Problem, device, pool) -> list[dict]:
     rows = []
     for s in settings():
         row = {"part": p.part} | p.labels | {"D_kernel": dk} | s._asdict()
-        try:
-            o_gpu, lse_gpu = device.run(s, p.scale)
-            repeat = device.run(s, p.scale)
-        except Exception as e:  # noqa: BLE001 - one failed setting must not cost the others' figures
-            o_gpu = None
-            row["gpu_error"] = f"{type(e).__name__}: {e}"
-            print(f"  {s}: no GPU figure: {row['gpu_error']}", file=sys.stderr, flush=True)
+        o_gpu = None
+        if no_gpu_kernel(s):
+            row["gpu_not_run"] = no_gpu_kernel(s)
+        else:
+            try:
+                o_gpu, lse_gpu = device.run(s, p.scale)
+                repeat = device.run(s, p.scale)
+            except Exception as e:  # noqa: BLE001 - one failed setting must not cost the others' figures
+                o_gpu = None
+                row["gpu_error"] = f"{type(e).__name__}: {e}"
+                print(f"  {s}: no GPU figure: {row['gpu_error']}", file=sys.stderr, flush=True)
         emu = {t: jobs[s, t, "kernel_d"].result() for t in TARGETS}
         if o_gpu is not None:
             row["gpu"] = metrics.errors(o_gpu[..., :d], ref)
@@ -345,6 +364,8 @@ def select(rows, **match):
 
 def gpu_cells(sel: list[dict]) -> list[str]:
     """GPU figures and agreement of rows pooled; a setting that did not run on the GPU says so."""
+    if all("gpu_not_run" in r for r in sel):
+        return ["no sm90 kernel"] + ["–"] * 2, ["–"] * 3
     failed = [r for r in sel if "gpu" not in r]
     if failed:
         return [f"not run on the GPU ({len(failed)} of {len(sel)})"] + ["–"] * 2, ["–"] * 3
@@ -378,15 +399,13 @@ def report(doc: dict) -> str:
                 + figure_cells(summarize(sel, "emulator_sm100"))
                 + agree
             )
-        for r in EMULATOR_ONLY_RECIPES:
-            body.append([r, "–", "–"] + ["no GPU kernel"] + ["–"] * 11)
         out.append(table(head + fig_head(gpu, agg) + fig_head("emu sm90", agg) + fig_head("emu sm100", agg) + agree_head, body))
         out.append("")
         # Per variant, as the study's headline table (Direct-P on).
         body = []
         for variant, sk in itertools.product(synthetic.VARIANTS, ON_OFF):
             cells = [variant, on_off(sk)]
-            for recipe in GPU_RECIPES:
+            for recipe in RECIPES:
                 sel = select(synth, variant=variant, recipe=recipe, direct_p=True, smooth_k=sk)
                 if not sel:
                     break
@@ -396,7 +415,7 @@ def report(doc: dict) -> str:
                 body.append(cells)
         if body:
             out.append("(a) rel L2 of O per variant, mean over its problems (Direct-P on):\n")
-            vh = ["variant", "smooth_k"] + [f"{r} {w}" for r in GPU_RECIPES for w in (gpu, "emu sm90")]
+            vh = ["variant", "smooth_k"] + [f"{r} {w}" for r in RECIPES for w in (gpu, "emu sm90")]
             out.append(table(vh, body))
             out.append("")
 
@@ -419,7 +438,7 @@ def report(doc: dict) -> str:
         out.append("")
         out.append("Padding check, emulator: padded D = 64 against the original D = 32 (both layers, every setting):\n")
         body = []
-        for recipe in GPU_RECIPES:
+        for recipe in RECIPES:
             sel = select(layers, recipe=recipe)
             cells = [recipe]
             for t in TARGETS:
@@ -431,9 +450,10 @@ def report(doc: dict) -> str:
         out.append(table(ph + [f"padded O channels all zero ({gpu} and emulator)"], body))
         out.append("")
     ran = [r for r in rows if "gpu" in r]
+    no_kernel = sum("gpu_not_run" in r for r in rows)
     repeat = all(r["gpu_repeat_identical"] for r in ran)
     out.append(f"{gpu} run twice per setting: {'bit-identical in every setting' if repeat else 'NOT always identical'}"
-               f" ({len(ran)} of {len(rows)} problem settings ran on it).")
+               f" ({len(ran)} of {len(rows)} problem settings ran on it; {no_kernel} have no sm90 kernel).")
     if not doc.get("complete", True):
         out.append("\n**Incomplete: the run stopped before every problem was done.**")
     return "\n".join(out)
@@ -479,8 +499,9 @@ def main() -> None:
         "command": "python3 examples/accuracy/gpu_columns.py" + "".join(f" {a}" for a in sys.argv[1:]),
         "fp4attn": fp4attn.backend_info(),
         "versions": {"python": platform.python_version(), "numpy": np.__version__} | device.versions,
-        "recipes_on_gpu": list(GPU_RECIPES),
-        "emulator_only": {r: "no sm90 kernel; its figures are in accuracy-study.json" for r in EMULATOR_ONLY_RECIPES},
+        "recipes_on_gpu": list(RECIPES),
+        "emulator_only": {f"{s.recipe}, Direct-P {on_off(s.direct_p)}, smooth_k {on_off(s.smooth_k)}": no_gpu_kernel(s)
+                          for s in settings() if no_gpu_kernel(s)},
         "synthetic": {"shape": {"B": synthetic.BATCH, "S": synthetic.SEQ, "H": synthetic.HEADS},
                       "D": list(synthetic.HEAD_DIMS), "seeds": args.seeds},
         "minilm": {"layers": list(MINILM_LAYERS), "files": "data/minilm_gpl3_layer{L}_{q,k,v}.npy",
