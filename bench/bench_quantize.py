@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
-"""Bandwidth of the GPU FP8 quantizer (recipe fp8, bf16 inputs, one fused
-launch) through libfp4attn_capi.so, against a device-to-device copy measured
-in the same process.
+"""Bandwidth of the GPU FP8 quantizer (recipe fp8, bf16 inputs) through
+libfp4attn_capi.so, against a device-to-device copy measured in the same
+process.
 
 Bytes counted are the fewest the quantizer must move: Q, K and V read once;
-codes, scales, k_mean and lse_shift written once. The kernel reads K and V a
-second time, served partly by L2: what L2 misses shows as lost bandwidth.
+codes, scales, k_mean and lse_shift written once. The quantizer reads K and V
+a second time (their statistics come first), served partly by L2: what L2
+misses shows as lost bandwidth.
 
 Timing as in bench_fwd.py: CUDA events, warm-up, median of --reps runs, two
-input sets alternated (each larger than L2). The work order is swept
-(lag in kv chunks, CTAs per SM); 'default' is what the library picks.
+input sets alternated (each larger than L2). --lib takes several libraries
+(comma-separated, named by --names): each case times them in turn, --rounds
+times, and reports the median of the rounds, so builds compare in one process.
 """
 import argparse
 import ctypes
 import datetime
 import json
 import os
+import statistics
 
 import torch
 
@@ -28,8 +31,6 @@ DTYPE_BF16 = 2           # fp4attn_quantize's code for bf16
 TOKEN_BLOCK = 128
 COPY_BYTES = 2**30       # device-to-device copy for the bandwidth ceiling
 NOMINAL_COPY_TBPS = 4.3  # H200 copy measured here before (read + write)
-DEFAULT = (-1, 0)        # (lag_chunks, ctas_per_sm): the library's choice
-ALL_STATS_FIRST = 1 << 30  # a lag past every chunk: statistics pass, then quantize pass
 
 
 def required_bytes(B, S, H, D, smooth_k):
@@ -58,19 +59,22 @@ def main():
     ap.add_argument("--seqs", default="4096,16384")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--lags", default=f"0,64,128,256,512,{ALL_STATS_FIRST}", help="kv chunks; swept beside the default")
-    ap.add_argument("--ctas", default="0,1", help="CTAs per SM (0: the kernel's own), swept beside the default")
+    ap.add_argument("--names", default="", help="one name per --lib (default: lib0, lib1, ...)")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    lib, ll3 = load_lib(args.lib)
+    paths = args.lib.split(",")
+    names = args.names.split(",") if args.names else [f"lib{i}" for i in range(len(paths))]
+    assert len(names) == len(paths), "--names needs one name per --lib"
+    libs = [load_lib(path) for path in paths]
+    ll3 = libs[0][1]
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     gpu = torch.cuda.get_device_name()
     ceiling = copy_tbps(args.reps, args.warmup)
     print(f"device-to-device copy: {ceiling:.2f} TB/s (read + write)", flush=True)
-    schedules = [DEFAULT] + [(int(l), int(c)) for c in args.ctas.split(",") for l in args.lags.split(",")]
     H, D = args.heads, args.dim
     rows, lines = [], []
 
@@ -83,35 +87,41 @@ def main():
             sets.append((q, k, v))
         assert 3 * sets[0][0].numel() * 2 > L2_BYTES
         for smooth_k in (True, False):
-            plans = [lib.fp4attn_plan_create(B, H, H, S, S, D, 0, 1, int(smooth_k), 0.0) for _ in sets]
-            if not all(plans):
-                raise RuntimeError(lib.fp4attn_last_error().decode())
+            plans = []
+            for lib, _ in libs:
+                plans.append([lib.fp4attn_plan_create(B, H, H, S, S, D, 0, 1, int(smooth_k), 0.0) for _ in sets])
+                if not all(plans[-1]):
+                    raise RuntimeError(lib.fp4attn_last_error().decode())
 
-            def quantize(i):
-                q, k, v = sets[i % INPUT_SETS]
-                st = lambda t: ll3(t.stride(0), t.stride(1), t.stride(2))
-                check(lib, lib.fp4attn_quantize(plans[i % INPUT_SETS], q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                DTYPE_BF16, st(q), st(k), st(v), stream))
+            def quantizer(lib, lib_plans):
+                def quantize(i):
+                    q, k, v = sets[i % INPUT_SETS]
+                    st = lambda t: ll3(t.stride(0), t.stride(1), t.stride(2))
+                    check(lib, lib.fp4attn_quantize(lib_plans[i % INPUT_SETS], q.data_ptr(), k.data_ptr(),
+                                                    v.data_ptr(), DTYPE_BF16, st(q), st(k), st(v), stream))
+                return quantize
 
             nbytes = required_bytes(B, S, H, D, smooth_k)
-            for lag, ctas in schedules:
-                for p in plans:
-                    lib.fp4attn_plan_set_quantize_schedule(p, lag, ctas)
-                ms = time_ms(quantize, args.reps, args.warmup)
-                check(lib, lib.fp4attn_check_finite(plans[0], stream))
+            rounds = [[] for _ in libs]
+            for _ in range(args.rounds):
+                for n, ((lib, _), lib_plans) in enumerate(zip(libs, plans)):
+                    rounds[n].append(time_ms(quantizer(lib, lib_plans), args.reps, args.warmup))
+                    check(lib, lib.fp4attn_check_finite(lib_plans[0], stream))
+            for n, ((lib, _), lib_plans) in enumerate(zip(libs, plans)):
+                ms = statistics.median(rounds[n])
                 tbps = nbytes / (ms * 1e-3) / 1e12
-                name = "default" if (lag, ctas) == DEFAULT else f"lag={lag} ctas/SM={ctas}"
                 rows.append(dict(op="quantize", impl="fp4attn", recipe="fp8", direct_p=None, causal=False, B=B, H=H,
                                  Hkv=H, Sq=S, Sk=S, D=D, ms=round(ms, 4), tflops=None, gbps=round(tbps * 1e3, 1),
-                                 smooth_k=smooth_k, schedule=name, bytes=nbytes,
+                                 smooth_k=smooth_k, build=names[n], bytes=nbytes,
+                                 rounds_ms=[round(x, 4) for x in rounds[n]],
                                  pct_of_copy=round(100 * tbps / ceiling, 1)))
-                line = (f"S={S:5d} B={B:2d} H={H} D={D} smooth_k={int(smooth_k)} {name:24s} {ms * 1e3:7.1f} us "
+                line = (f"S={S:5d} B={B:2d} H={H} D={D} smooth_k={int(smooth_k)} {names[n]:12s} {ms * 1e3:7.1f} us "
                         f"{tbps * 1e3:6.0f} GB/s  {100 * tbps / ceiling:5.1f}% of copy  "
                         f"{100 * tbps / NOMINAL_COPY_TBPS:5.1f}% of {NOMINAL_COPY_TBPS} TB/s")
                 print(line, flush=True)
                 lines.append(line)
-            for p in plans:
-                lib.fp4attn_plan_destroy(p)
+                for p in lib_plans:
+                    lib.fp4attn_plan_destroy(p)
         del sets
         torch.cuda.empty_cache()
 
@@ -122,14 +132,10 @@ def main():
         json.dump(result, f, indent=1)
     with open(os.path.join(args.out, "bench-quantize.log"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("==== quantizer, default schedule")
+    print(f"==== quantizer ({ceiling:.2f} TB/s copy)")
     for r in rows:
-        if r["schedule"] == "default":
-            print(f"S={r['Sq']} smooth_k={int(r['smooth_k'])}: {r['ms'] * 1e3:.1f} us, {r['gbps']:.0f} GB/s, "
-                  f"{r['pct_of_copy']}% of copy ({ceiling:.2f} TB/s)")
-    best = max(rows, key=lambda r: r["gbps"])
-    print(f"best: {best['schedule']} S={best['Sq']} smooth_k={int(best['smooth_k'])} {best['gbps']:.0f} GB/s")
-
+        print(f"S={r['Sq']} smooth_k={int(r['smooth_k'])} {r['build']}: {r['ms'] * 1e3:.1f} us, {r['gbps']:.0f} GB/s, "
+              f"{r['pct_of_copy']}% of copy")
 
 if __name__ == "__main__":
     main()

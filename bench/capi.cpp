@@ -19,7 +19,6 @@ thread_local std::string g_last_error;
 struct Plan {
   std::unique_ptr<fp4attn::sm90::fwd::Fp8Operands> operands;
   fp4attn::sm90::fwd::Fp8ForwardArgs args;
-  fp4attn::cuda_quantize::Fp8Schedule schedule;
   bool smooth_k = true;
   const fp4attn::cuda_quantize::Fp8Buffers& bufs() const { return operands->buffers(); }
 };
@@ -63,12 +62,6 @@ void fp4attn_plan_set_direct_p(void* plan, int direct_p) {
       direct_p ? fp4attn::sm90::fwd::PCode::direct_p : fp4attn::sm90::fwd::PCode::exp2_cvt;
 }
 
-// Work order of the quantizer (bench/bench_quantize.py sweeps it): lag_chunks < 0
-// and ctas_per_sm = 0 pick the defaults.
-void fp4attn_plan_set_quantize_schedule(void* plan, int lag_chunks, int ctas_per_sm) {
-  static_cast<Plan*>(plan)->schedule = {lag_chunks, ctas_per_sm};
-}
-
 // dtype: 0 fp32, 1 fp16, 2 bf16; strides: (b, s, h) in elements for each of q, k, v.
 int fp4attn_quantize(void* plan, const void* q, const void* k, const void* v, int dtype, const long long* q_strides,
                      const long long* k_strides, const long long* v_strides, void* stream) {
@@ -78,7 +71,7 @@ int fp4attn_quantize(void* plan, const void* q, const void* k, const void* v, in
     fp4attn::cuda_quantize::quantize_fp8(strided_input(q, dtype, a.B, a.Sq, a.Hq, a.D, q_strides),
                                          strided_input(k, dtype, a.B, a.Sk, a.Hkv, a.D, k_strides),
                                          strided_input(v, dtype, a.B, a.Sk, a.Hkv, a.D, v_strides), p->smooth_k,
-                                         a.softmax_scale, p->bufs(), static_cast<cudaStream_t>(stream), p->schedule);
+                                         a.softmax_scale, p->bufs(), static_cast<cudaStream_t>(stream));
     return 0;
   } catch (const std::exception& e) {
     return fail(e);

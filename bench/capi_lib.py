@@ -15,7 +15,6 @@ def load_lib(path):
     lib.fp4attn_plan_create.argtypes = [ctypes.c_int] * 9 + [ctypes.c_float]
     lib.fp4attn_plan_destroy.argtypes = [ctypes.c_void_p]
     lib.fp4attn_plan_set_direct_p.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.fp4attn_plan_set_quantize_schedule.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     ll3 = ctypes.c_longlong * 3
     lib.fp4attn_quantize.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ll3, ll3, ll3, ctypes.c_void_p]
     lib.fp4attn_check_finite.argtypes = [ctypes.c_void_p, ctypes.c_void_p]

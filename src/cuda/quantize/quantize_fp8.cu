@@ -1,5 +1,5 @@
-// GPU quantizer for recipe fp8, host side: argument checks, the workspace,
-// the work order and the launch of the fused kernel (quantize_fp8_kernel.cuh).
+// GPU quantizer for recipe fp8, host side: argument checks, the workspace and
+// the three launches (quantize_fp8_kernel.cuh).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -16,8 +16,7 @@
 namespace fp4attn::cuda_quantize {
 namespace {
 
-// Dynamic shared memory a kernel may use without opting in.
-constexpr std::size_t kDefaultSmemLimit = 48 * 1024;
+constexpr std::int64_t kMaxGridY = 65535;
 constexpr std::size_t kCodeStoreAlign = 8;  // Q and K codes: 8 per store
 constexpr std::size_t kVtStoreAlign = 4;    // Vᵀ: one 32-bit word per store
 constexpr int kNonfiniteFlags = 3;
@@ -28,39 +27,32 @@ void check_cuda(cudaError_t err, const char* what) {
 
 std::int64_t blocks_of(std::int64_t S) { return (S + kTokenBlock - 1) / kTokenBlock; }
 
-// Byte offsets inside the workspace. Everything before `reset_bytes` starts
-// each call at zero; the chunk sums are written before they are read.
+// Byte offsets inside the workspace: V's channel amax, which each call resets
+// to zero, then K's chunk sums, written before they are read.
 struct WorkspaceLayout {
-  std::size_t ticket, arrivals, ready, v_amax, reset_bytes, k_partial, bytes;
+  std::size_t v_amax, k_partial, bytes;
 };
 
 WorkspaceLayout workspace_layout(std::int64_t slices, std::int64_t chunks_per_slice, std::int64_t D) {
   WorkspaceLayout l{};
   std::size_t at = 0;
-  l.ticket = at, at += sizeof(unsigned);
-  l.arrivals = at, at += sizeof(unsigned) * slices;
-  l.ready = at, at += sizeof(unsigned) * slices;
   l.v_amax = at, at += sizeof(unsigned) * slices * D;
-  l.reset_bytes = at;
   at = (at + alignof(double) - 1) / alignof(double) * alignof(double);
   l.k_partial = at, at += sizeof(double) * slices * chunks_per_slice * D;
   l.bytes = at;
   return l;
 }
 
-
 template <class T>
 void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k, float softmax_scale,
-            const Fp8Buffers& out, cudaStream_t stream, const Fp8Schedule& schedule) {
+            const Fp8Buffers& out, cudaStream_t stream) {
   Job<T> job{};
   job.q = view_of<T>(q), job.k = view_of<T>(k), job.v = view_of<T>(v);
   job.B = static_cast<int>(q.B), job.Hq = static_cast<int>(q.H), job.Hkv = static_cast<int>(k.H);
   job.Sq = static_cast<int>(q.S), job.Sk = static_cast<int>(k.S), job.D = static_cast<int>(q.D);
   job.seg_shift = std::countr_zero(static_cast<unsigned>(q.D / kSegment));
   job.q_blocks = static_cast<int>(blocks_of(q.S)), job.k_blocks = static_cast<int>(blocks_of(k.S));
-  const bool v_only = out.q == nullptr;  // recipe mxfp4_train: no Q units, K units do nothing
-  // smooth_k: every K and V chunk reports; otherwise only the V chunks (K has no slice statistics).
-  job.arrivals_per_slice = static_cast<unsigned>((smooth_k ? 2 : 1) * job.k_blocks);
+  job.v_only = out.q == nullptr;  // recipe mxfp4_train: Vᵀ and its scales alone
   job.smooth_k = smooth_k;
   job.softmax_scale = softmax_scale;
   job.out = out;
@@ -68,43 +60,28 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   const std::int64_t slices = k.B * k.H;
   const WorkspaceLayout layout = workspace_layout(slices, job.k_blocks, k.D);
   CallWorkspace ws(out.workspace, layout.bytes, stream);
-  job.ws = {reinterpret_cast<unsigned*>(ws.bytes() + layout.ticket),
-            reinterpret_cast<unsigned*>(ws.bytes() + layout.arrivals),
-            reinterpret_cast<unsigned*>(ws.bytes() + layout.ready),
-            reinterpret_cast<unsigned*>(ws.bytes() + layout.v_amax),
+  job.ws = {reinterpret_cast<unsigned*>(ws.bytes() + layout.v_amax),
             reinterpret_cast<double*>(ws.bytes() + layout.k_partial)};
 
-  const int sms = sm_count();
-  job.order.kv_chunks = slices * job.k_blocks;
-  job.order.q_chunks = v_only ? 0 : q.B * q.H * job.q_blocks;
-  job.order.smooth_k = smooth_k;
-  const std::int64_t tickets = job.order.tickets();
-  if (tickets > std::numeric_limits<int>::max()) throw Error("q", "too many token blocks for one launch");
-  const int ctas_per_sm = schedule.ctas_per_sm > 0 ? schedule.ctas_per_sm : kMinCtasPerSm<T>;
-  const int grid = static_cast<int>(std::min<std::int64_t>(static_cast<std::int64_t>(sms) * ctas_per_sm, tickets));
-  // Default: every slice's statistics before the first quantize unit. While
-  // the kernel is latency-bound, a quantize unit that waits costs more than the
-  // L2 misses of a long window (docs/perf-log.md, quantizer q1).
-  job.order.lead = schedule.lag_chunks >= 0
-                       ? std::min<std::int64_t>(job.order.kv_chunks, job.k_blocks + std::int64_t{schedule.lag_chunks})
-                       : job.order.kv_chunks;
-  job.tickets = static_cast<unsigned>(tickets);
-
-  // Two chunk staging buffers (the K tile of the mean's sums is one of
-  // them), then v_quantize's Vᵀ tile; the kernel carves them in this order.
-  const std::size_t stages = 2 * sizeof(T) * kTokenBlock * k.D;
-  const std::size_t vt_tile = sizeof(std::uint32_t) * kVtPitchWords * k.D;
-  const std::size_t smem = stages + vt_tile;
-  // The opt-in limit covers static and dynamic shared memory together; a
-  // kernel's attribute persists in the process, so a missing opt-in would
-  // only show on the first call of a type with a small D.
-  if (smem + sizeof(SharedScratch) > kDefaultSmemLimit)
-    check_cuda(cudaFuncSetAttribute(quantize_fp8_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)),
-               "cudaFuncSetAttribute");
-  check_cuda(cudaMemsetAsync(ws.bytes(), 0, layout.reset_bytes, stream), "cudaMemsetAsync");
-  quantize_fp8_kernel<T><<<grid, kThreads, smem, stream>>>(job);
-  check_cuda(cudaGetLastError(), "quantize_fp8 launch");
+  // Statistics: V always, K with smooth_k.
+  const int channel_blocks = static_cast<int>((k.H * (k.D / kSegment) + kStatsThreads - 1) / kStatsThreads);
+  const std::int64_t stats_x = static_cast<std::int64_t>(job.k_blocks) * channel_blocks;
+  const std::int64_t kv_blocks = slices * job.k_blocks;
+  const std::int64_t blocks =
+      (job.v_only ? 1 : 2) * kv_blocks + (job.v_only ? 0 : q.B * q.H * static_cast<std::int64_t>(job.q_blocks));
+  if (stats_x > std::numeric_limits<int>::max() || blocks > std::numeric_limits<int>::max() ||
+      k.B > kMaxGridY)
+    throw Error("k", "too many token blocks for one launch");
+  check_cuda(cudaMemsetAsync(ws.bytes() + layout.v_amax, 0, sizeof(unsigned) * slices * k.D, stream),
+             "cudaMemsetAsync");
+  const dim3 stats_grid(static_cast<unsigned>(stats_x), static_cast<unsigned>(k.B), smooth_k ? 2u : 1u);
+  fp8_stats_kernel<T><<<stats_grid, kStatsThreads, 0, stream>>>(job, channel_blocks);
+  check_cuda(cudaGetLastError(), "fp8_stats_kernel launch");
+  const std::int64_t channels = slices * k.D;
+  fp8_finalize_kernel<T><<<static_cast<unsigned>((channels + kThreads - 1) / kThreads), kThreads, 0, stream>>>(job);
+  check_cuda(cudaGetLastError(), "fp8_finalize_kernel launch");
+  fp8_quantize_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(job);
+  check_cuda(cudaGetLastError(), "fp8_quantize_kernel launch");
 }
 
 void check_shape(const StridedInput& x, const char* name) {
@@ -125,7 +102,7 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 }
 
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
-                  float softmax_scale, const Fp8Buffers& out, cudaStream_t stream, const Fp8Schedule& schedule) {
+                  float softmax_scale, const Fp8Buffers& out, cudaStream_t stream) {
   check_shape(q, "q");
   check_shape(k, "k");
   check_shape(v, "v");
@@ -144,9 +121,9 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
   if (!aligned(out.q, kCodeStoreAlign) || !aligned(out.k, kCodeStoreAlign) || !aligned(out.vt, kVtStoreAlign))
     throw Error("out", "code buffers must be 8-byte (q, k) and 4-byte (vt) aligned");
   switch (q.type) {
-    case ElementType::f32: return launch<float>(q, k, v, smooth_k, softmax_scale, out, stream, schedule);
-    case ElementType::f16: return launch<__half>(q, k, v, smooth_k, softmax_scale, out, stream, schedule);
-    case ElementType::bf16: return launch<__nv_bfloat16>(q, k, v, smooth_k, softmax_scale, out, stream, schedule);
+    case ElementType::f32: return launch<float>(q, k, v, smooth_k, softmax_scale, out, stream);
+    case ElementType::f16: return launch<__half>(q, k, v, smooth_k, softmax_scale, out, stream);
+    case ElementType::bf16: return launch<__nv_bfloat16>(q, k, v, smooth_k, softmax_scale, out, stream);
   }
 }
 

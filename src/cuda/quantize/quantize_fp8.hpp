@@ -12,8 +12,9 @@
 //   lse_shift : (B, Hq, Sq) softmax_scale · Σ_d q_deq · k_mean, the LSE
 //               correction that smooth_k makes necessary
 //
-// One fused launch (work_order.hpp) reads Q once and K and V twice; a short
-// schedule lag serves the second read from L2 (Fp8Schedule).
+// Three launches (quantize_fp8_kernel.cuh): the statistics of K and V, then
+// k_mean and the V scales, then every block's codes. Q is read once, K and V
+// twice (the statistics must be final before the first code).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -52,15 +53,6 @@ struct Fp8Buffers {
   void* workspace = nullptr;
 };
 
-// How the fused kernel orders its work (work_order.hpp). The defaults are the
-// best measured on the H200 (docs/perf-log.md); bench/bench_quantize.py sweeps them.
-struct Fp8Schedule {
-  // kv chunks of statistics the kernel schedules ahead of the quantize pass,
-  // beyond one (b, h) slice; negative: all of them (two passes).
-  int lag_chunks = -1;
-  int ctas_per_sm = 0;  // 0: as many as the kernel's launch bounds promise
-};
-
 inline constexpr int kTokenBlock = 128;  // FP8 Q/K scale block, the kernel's tile
 inline constexpr int kVtKeyGroup = 32;   // keys per wgmma k-step; the permutation repeats per group
 
@@ -84,7 +76,7 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 // v_scale; smooth_k must be off): recipe mxfp4_train quantizes Q and K to
 // MXFP4 elsewhere, and q, k then serve only to check the shapes.
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
-                  float softmax_scale, const Fp8Buffers& out, cudaStream_t stream, const Fp8Schedule& schedule = {});
+                  float softmax_scale, const Fp8Buffers& out, cudaStream_t stream);
 
 // Synchronizes `stream` and throws fp4attn::Error naming q, k or v if the
 // quantizer saw a non-finite value in it; clears the flags.

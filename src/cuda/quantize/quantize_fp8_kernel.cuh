@@ -1,80 +1,87 @@
-// The fused FP8 quantizer kernel: a persistent grid running the units of
-// work_order.hpp. Every arithmetic step mirrors the CPU quantizer so codes,
-// scales and the smooth_k mean agree bit for bit:
+// The FP8 quantizer's kernels, three launches on one stream:
+//   fp8_stats_kernel     K's chunk sums (smooth_k) and V's channel amax: one
+//                        read of K and V
+//   fp8_finalize_kernel  k_mean and v_scale per (slice, channel)
+//   fp8_quantize_kernel  one CTA per 128-token block of Q, K or V: codes,
+//                        block scales, Vᵀ, the smooth_k LSE correction
+// Every arithmetic step mirrors the CPU quantizer so codes, scales and the
+// smooth_k mean agree bit for bit:
 //   amax     max |x| over a 128-token block (Q, K) or over the sequence per
 //            channel (V), order-free; taken on the float bits, so Inf and NaN
 //            show up as the largest magnitudes and are reported
 //   scale    amax / 448 in fp32 (1 when zero)
 //   code     RNE-satfinite E4M3 of the IEEE quotient x / scale (e4m3_quotient.cuh)
 //   mean     fp4attn::sequence_mean's order: a double sum per 128-token chunk
-//            (one k_stats unit each), the chunk sums added in ascending order
-//            by the unit that completes the slice, / S in double, to float
+//            in ascending s, the chunk sums added in ascending order, / S in
+//            double, to float
 //   smooth   k − mean in fp32
 //
-// Thread layout of a chunk (128 tokens × D): 512 threads; thread t owns the
-// channels [8g, 8g + 8), g = t mod (D / 8), of token quad t / (D / 8) (one
-// quad per thread at D = 128; at smaller D the high threads idle). A quad is
-// the four tokens that one 32-bit word of Vᵀ holds (vt_key_of_slot), so V
-// codes go to shared memory a word at a time, and Q / K rows are written
-// 8 codes per thread.
-//
-// Staging: a CTA holds two tickets, the unit it runs and the next one, and
-// copies the next unit's chunk into shared memory (cp.async, 16 bytes per
-// segment, into the same (token, channel) places its own threads will read)
-// while it runs the current one, so every CTA always has a chunk in flight.
-// The slice statistics a quantize unit reads (K's mean, V's scales) travel
-// with its chunk when they were final at decode time. Layouts that do not
-// allow 16-byte loads skip the chunk's staging and load from global memory.
+// Why plain launches: the statistics of a whole (b, h) slice (K's mean, V's
+// per-channel scale) must be final before its first code, so K and V are read
+// twice whatever the schedule. Kernel order on the stream is the grid-wide
+// barrier; every CTA of the quantize kernel then loads, reduces and stores
+// one block with no wait, and the SM's resident CTAs keep loads in flight
+// for one another. The quantize kernel takes the K and V blocks in the
+// reverse of the statistics kernel's order, so its first blocks are those
+// the statistics kernel read last, still in L2.
 #pragma once
 
-#include <cuda/atomic>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/quantize/e4m3_quotient.cuh"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/quantize/segment.cuh"
-#include "cuda/quantize/work_order.hpp"
 #include "fp4attn/formats.hpp"
 #include "fp4attn/quantize.hpp"
 
 namespace fp4attn::cuda_quantize {
 
-static_assert(kSequenceMeanChunk == kTokenBlock, "one k_stats unit sums exactly one chunk of the mean");
+static_assert(kSequenceMeanChunk == kTokenBlock, "a statistics CTA sums exactly one chunk of the mean");
 
-inline constexpr int kThreads = 512;
 inline constexpr int kWarpSize = 32;
-inline constexpr int kWarps = kThreads / kWarpSize;
 inline constexpr int kMaxHeadDim = 128;
 inline constexpr int kMinHeadDim = 2 * kSegment;  // the narrowest layout the lane arithmetic covers
-inline constexpr int kQuadTokens = 4;             // keys of one 32-bit word of Vᵀ
-inline constexpr int kQuadsPerChunk = kTokenBlock / kQuadTokens;
-inline constexpr int kMaxItems = kQuadsPerChunk * (kMaxHeadDim / kSegment) / kThreads;  // (quad, segment) per thread
-inline constexpr int kVtPitchWords = kQuadsPerChunk + 1;  // the pad word spreads the staging writes over banks
 inline constexpr std::uint32_t kMagnitudeMask = 0x7FFFFFFFu;
 inline constexpr std::uint32_t kInfBits = 0x7F800000u;  // |x| bits at or above this: Inf or NaN
 inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
-inline constexpr unsigned kSpinSleepNs = 128;  // back-off while a slice's statistics complete
-inline constexpr int kSumBatch = 16;            // tokens read ahead of the mean's double-add chain
 enum NonfiniteSlot : int { kQ = 0, kK = 1, kV = 2 };
 
-// Two CTAs of 512 threads per SM leave 64 registers a thread: enough for a
-// 16-bit chunk (16 registers of data); fp32 data takes twice as many.
-template <class T>
-inline constexpr int kMinCtasPerSm = sizeof(T) == 2 ? 2 : 1;
+// ---- statistics ---------------------------------------------------------------------
+// A thread walks one segment (8 channels) down the 128 tokens of a chunk, so
+// each channel's sum is one dependent chain in ascending s, as the CPU adds.
+inline constexpr int kStatsThreads = 128;
+inline constexpr int kStatsBatch = 8;  // tokens loaded ahead of the double-add chains
 
-static_assert(kMaxItems * kThreads == kQuadsPerChunk * (kMaxHeadDim / kSegment), "items must tile the chunk");
+// ---- quantize -----------------------------------------------------------------------
+// Thread layout of a block (128 tokens × D): thread t owns the channels
+// [8g, 8g + 8), g = t mod (D / 8), of the token quads t / (D / 8) + r·(256 / (D / 8)).
+// A quad is the four tokens that one 32-bit word of Vᵀ holds (vt_key_of_slot),
+// so V codes go to shared memory a word at a time, and Q / K rows are written
+// 8 codes per store. A token's D / 8 segments sit in consecutive lanes: a
+// warp's load covers whole rows.
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / kWarpSize;
+inline constexpr int kQuadTokens = 4;  // keys of one 32-bit word of Vᵀ
+inline constexpr int kQuadsPerBlock = kTokenBlock / kQuadTokens;
+inline constexpr int kMaxItems = kQuadsPerBlock * (kMaxHeadDim / kSegment) / kThreads;  // (quad, segment) per thread
+inline constexpr int kVtPitchWords = kQuadsPerBlock + 1;  // the pad word spreads the staging writes over banks
+
+// Four CTAs per SM leave 64 registers a thread: a 16-bit block is 16 of
+// them. fp32 blocks take twice as many.
+template <class T>
+inline constexpr int kQuantizeCtasPerSm = sizeof(T) == 2 ? 3 : 2;
+
+static_assert(kMaxItems * kThreads == kQuadsPerBlock * (kMaxHeadDim / kSegment), "items must tile the block");
 static_assert(kThreads % (kMaxHeadDim / kSegment) == 0, "a thread keeps one segment column for every item");
 
 // Device view of Fp8Buffers::workspace (layout in quantize_fp8.cu).
 struct Workspace {
-  unsigned* ticket;      // next ticket
-  unsigned* arrivals;    // per slice: statistics units done
-  unsigned* ready;       // per slice: 1 once k_mean and v_scale are final
-  unsigned* v_amax;      // per slice and channel: max |v| as float bits
-  double* k_partial;     // per kv chunk and channel: double sum of the chunk
+  unsigned* v_amax;   // per slice and channel: max |v| as float bits (reset by the call)
+  double* k_partial;  // per slice, chunk and channel: the chunk's double sum
 };
 
 template <class T>
@@ -83,55 +90,116 @@ struct Job {
   int B, Hq, Hkv, Sq, Sk, D;
   int seg_shift;  // log2(D / kSegment)
   int q_blocks, k_blocks;
-  unsigned arrivals_per_slice;
   bool smooth_k;
+  bool v_only;  // out.q and out.k are null: recipe mxfp4_train's call
   float softmax_scale;
   Fp8Buffers out;
   Workspace ws;
-  WorkOrder order;
-  unsigned tickets;
 };
 
-// A unit and the place of its chunk, decoded from its ticket once per unit by
-// thread 0: the decode is 64-bit arithmetic, which, done by all 512 threads
-// of every unit, cost a measurable share of the kernel (perf-log q2).
-struct UnitPlace {
-  Unit unit;
-  int j, b, h, blk;   // the kv slice j (for Q: its K/V head's), batch, head, token block
-  bool valid;         // false past the last ticket
-  bool stats_staged;  // the slice statistics it reads were final when decoded: staged with the chunk
-};
+__device__ __forceinline__ std::uint32_t magnitude_bits(float x) { return __float_as_uint(x) & kMagnitudeMask; }
 
-struct SharedScratch {
-  std::uint32_t warp_max[kWarps];
-  std::uint32_t channel_max[kWarps][kMaxHeadDim];
-  UnitPlace place[3];  // the running unit, the staged one and the one after (rotating)
-  alignas(kVectorBytes) float stats[2][kMaxHeadDim];  // staged k_mean or v_scale of the running and the next unit
-  int last_arrival;
-};
-
-template <class T>
-struct Chunk {
-  Segment<T> seg[kMaxItems][kQuadTokens];
-};
-
-// ---- chunk geometry -------------------------------------------------------------
-
-// Token (0..127) of element i of quad q: the keys of Vᵀ's slots 4q .. 4q + 3.
-__device__ __forceinline__ int quad_token(int q, int i) {
-  const int slot = kQuadTokens * q + i;
-  return slot / kVtKeyGroup * kVtKeyGroup + vt_key_of_slot(slot % kVtKeyGroup);
+__device__ __forceinline__ float fp8_scale_of(float amax) {
+  const float scale = __fdiv_rn(amax, kE4M3Max);  // same rule as fp4attn::fp8_block_scale
+  return scale > 0.0f ? scale : 1.0f;
 }
 
-// A thread's place in the chunk layout, the same for every unit: computed
-// once per kernel. Recomputed per unit and element (signed divisions, the Vᵀ
-// key permutation, 64-bit products), this index arithmetic was about half of
-// the kernel's instructions (perf-log q2).
+// ---- fp8_stats_kernel -----------------------------------------------------------------
+// Grid: x = chunk · (channel blocks) + channel block, y = b, z = tensor (0: V,
+// 1: K, present with smooth_k). A channel block is 128 segments of the
+// (h, d) channels of one token.
+
+template <class T>
+__global__ void __launch_bounds__(kStatsThreads) fp8_stats_kernel(const __grid_constant__ Job<T> job,
+                                                                  int channel_blocks) {
+  const bool k_tensor = blockIdx.z == 1;
+  const InputView<T> in = k_tensor ? job.k : job.v;
+  const int chunk = static_cast<int>(blockIdx.x) / channel_blocks;
+  const int seg = (static_cast<int>(blockIdx.x) % channel_blocks) * kStatsThreads + static_cast<int>(threadIdx.x);
+  const int b = static_cast<int>(blockIdx.y);
+  if (seg >= (job.Hkv << job.seg_shift)) return;
+  const int h = seg >> job.seg_shift, d0 = kSegment * (seg & ((1 << job.seg_shift) - 1));
+  const int s0 = chunk * kTokenBlock, tokens = min(kTokenBlock, job.Sk - s0);
+  const T* p = in.segment(b, s0, h, d0);
+
+  double sum[kSegment] = {};
+  std::uint32_t mag[kSegment] = {};
+  const auto take = [&](const Segment<T>& x) {
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) {
+      const float f = element(x, e);
+      mag[e] = max(mag[e], magnitude_bits(f));
+      if (k_tensor) sum[e] += static_cast<double>(f);
+    }
+  };
+  // K and V are read again by the quantize kernel: keep them in L2.
+  int t = 0;
+  for (; t + kStatsBatch <= tokens; t += kStatsBatch) {
+    Segment<T> x[kStatsBatch];
+#pragma unroll
+    for (int u = 0; u < kStatsBatch; ++u) load_segment<L2Reuse::keep>(p + (t + u) * in.stride_s, in.vector_loads, x[u]);
+#pragma unroll
+    for (int u = 0; u < kStatsBatch; ++u) take(x[u]);
+  }
+  for (; t < tokens; ++t) {
+    Segment<T> x;
+    load_segment<L2Reuse::keep>(p + t * in.stride_s, in.vector_loads, x);
+    take(x);
+  }
+
+  const std::int64_t channel = (static_cast<std::int64_t>(b) * job.Hkv + h) * job.D + d0;
+  std::uint32_t worst = 0;
+#pragma unroll
+  for (int e = 0; e < kSegment; ++e) worst = max(worst, mag[e]);
+  if (k_tensor) {
+    if (worst >= kInfBits) job.out.nonfinite[kK] = 1;
+    double* partial = job.ws.k_partial + (static_cast<std::int64_t>(b) * job.Hkv + h) * job.k_blocks * job.D +
+                      static_cast<std::int64_t>(chunk) * job.D + d0;
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) partial[e] = sum[e];
+  } else {
+    if (worst >= kInfBits) job.out.nonfinite[kV] = 1;
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) atomicMax(job.ws.v_amax + channel + e, mag[e]);
+  }
+}
+
+// ---- fp8_finalize_kernel --------------------------------------------------------------
+// One thread per (slice, channel): k_mean from the chunk sums in ascending
+// chunk order, v_scale from the channel amax.
+template <class T>
+__global__ void __launch_bounds__(kThreads) fp8_finalize_kernel(const __grid_constant__ Job<T> job) {
+  const std::int64_t channel = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (channel >= static_cast<std::int64_t>(job.B) * job.Hkv * job.D) return;
+  if (job.smooth_k) {
+    const std::int64_t j = channel / job.D, d = channel % job.D;
+    const double* partial = job.ws.k_partial + j * job.k_blocks * job.D + d;
+    double total = 0.0;
+    for (int c = 0; c < job.k_blocks; ++c) total += partial[static_cast<std::int64_t>(c) * job.D];
+    job.out.k_mean[channel] = __double2float_rn(__ddiv_rn(total, static_cast<double>(job.Sk)));
+  }
+  job.out.v_scale[channel] = fp8_scale_of(__uint_as_float(job.ws.v_amax[channel]));
+}
+
+// ---- fp8_quantize_kernel: block geometry ---------------------------------------------
+
+// Token (0..127) of element i of quad q: the keys of Vᵀ's slots 4q .. 4q + 3.
+// With slot 4q + i inside a 32-key group, vt_key_of_slot gives
+// quad_base(q) + quad_offset(i), so a thread keeps one base per quad.
+__device__ __forceinline__ int quad_base(int q) {
+  return q / 8 * kVtKeyGroup + 16 * (q / 4 % 2) + 2 * (q % 4);
+}
+__host__ __device__ constexpr int quad_offset(int i) { return (i & 1) + 8 * (i >> 1); }
+static_assert(vt_key_of_slot(0) == quad_offset(0) && vt_key_of_slot(1) == quad_offset(1) &&
+                  vt_key_of_slot(2) == quad_offset(2) && vt_key_of_slot(3) == quad_offset(3) &&
+                  vt_key_of_slot(4 * 7 + 3) == 16 + 2 * 3 + quad_offset(3),
+              "quad_base and quad_offset restate vt_key_of_slot");
+
 struct ThreadItems {
-  int column;                         // segment column g: channels [8g, 8g + 8)
-  int first_d;                        // 8g
-  int quad[kMaxItems];                // quad of item r, or -1 when the chunk has fewer items (D < 64)
-  int token[kMaxItems][kQuadTokens];  // token within the chunk of element i of item r (when quad[r] ≥ 0)
+  int column;           // segment column g: channels [8g, 8g + 8)
+  int first_d;          // 8g
+  int quad[kMaxItems];  // quad of item r, or -1 when the block has fewer items (D < 128)
+  int base[kMaxItems];  // quad_base of item r (when quad[r] ≥ 0)
 };
 
 template <class T>
@@ -142,23 +210,54 @@ __device__ __forceinline__ ThreadItems thread_items(const Job<T>& job) {
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) {
     const int item = static_cast<int>(threadIdx.x) + r * kThreads;
-    items.quad[r] = item < (kQuadsPerChunk << job.seg_shift) ? item >> job.seg_shift : -1;
-#pragma unroll
-    for (int i = 0; i < kQuadTokens; ++i) items.token[r][i] = items.quad[r] < 0 ? 0 : quad_token(items.quad[r], i);
+    items.quad[r] = item < (kQuadsPerBlock << job.seg_shift) ? item >> job.seg_shift : -1;
+    items.base[r] = quad_base(max(items.quad[r], 0));
   }
   return items;
 }
 
 // Sequence position of element i of item r, or -1 past the tensor's end.
 __device__ __forceinline__ int item_token(const ThreadItems& items, int r, int i, int s0, int S) {
-  const int s = s0 + items.token[r][i];
+  const int s = s0 + items.base[r] + quad_offset(i);
   return items.quad[r] >= 0 && s < S ? s : -1;
 }
 
+template <class T>
+struct Block {
+  Segment<T> seg[kMaxItems][kQuadTokens];
+};
+
+// A block whose every segment is in the tensor and on a 16-byte boundary,
+// with D ≥ 64 so that every thread holds D / 64 whole items: no per-element
+// bounds checks, one 16-byte load per segment.
+template <class T>
+__device__ __forceinline__ bool whole_block(const Job<T>& job, const InputView<T>& in, int s0, int S) {
+  return sizeof(T) == 2 && in.vector_loads && s0 + kTokenBlock <= S && job.D >= 64;
+}
+
 template <L2Reuse R, class T>
-__device__ __forceinline__ void load_chunk(const Job<T>& job, const ThreadItems& items, const InputView<T>& in, int b,
-                                           int h, int s0, int S, Chunk<T>& c) {
-  const T* first = in.segment(b, s0, h, items.first_d);  // 64-bit products once per unit
+__device__ __forceinline__ void load_block(const Job<T>& job, const ThreadItems& items, const InputView<T>& in, int b,
+                                           int h, int s0, int S, bool whole, Block<T>& c) {
+  const T* first = in.segment(b, s0, h, items.first_d);
+  if constexpr (sizeof(T) == 2) {
+    if (whole) {
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r) {
+      if (r >= job.D / 64) {
+#pragma unroll
+        for (int i = 0; i < kQuadTokens; ++i) zero_segment(c.seg[r][i]);
+        continue;
+      }
+      const T* row = first + items.base[r] * in.stride_s;
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i) {
+        const uint4 v = load_global<R>(reinterpret_cast<const uint4*>(row + quad_offset(i) * in.stride_s));
+        c.seg[r][i].w[0] = v.x, c.seg[r][i].w[1] = v.y, c.seg[r][i].w[2] = v.z, c.seg[r][i].w[3] = v.w;
+      }
+    }
+    return;
+    }
+  }
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
@@ -169,459 +268,233 @@ __device__ __forceinline__ void load_chunk(const Job<T>& job, const ThreadItems&
     }
 }
 
-// ---- staging one unit ahead -------------------------------------------------------
-
-// The chunk a unit reads: which input, and where.
-template <class T>
-struct ChunkSource {
-  InputView<T> view;  // a copy: a pointer into the kernel parameters compiles to generic loads
-  bool reads;         // false for a unit that reads nothing (k_stats of a V-only call)
-  int b, h, s0, S;
-  L2Reuse reuse;
-};
-
-// The per-channel slice statistics a unit reads once they are final: K's
-// mean (k_quantize, and q_quantize for the LSE correction) or V's scales.
-template <class T>
-__device__ __forceinline__ const float* slice_stats(const Job<T>& job, const UnitPlace& p) {
-  const std::int64_t at = static_cast<std::int64_t>(p.j) * job.D;
-  switch (p.unit.kind) {
-    case UnitKind::k_quantize: return job.out.k_mean + at;
-    case UnitKind::v_quantize: return job.out.v_scale + at;
-    case UnitKind::q_quantize: return job.smooth_k ? job.out.k_mean + at : nullptr;
-    default: return nullptr;
-  }
+// 8 floats of a per-channel array, this thread's channels.
+__device__ __forceinline__ void load_channels(const float* from, float (&out)[kSegment]) {
+#pragma unroll
+  for (int e = 0; e < kSegment; ++e) out[e] = from[e];
 }
 
+// Max over the CTA; `warp_max` is free (every earlier read of it is behind a barrier).
+__device__ __forceinline__ std::uint32_t block_max(std::uint32_t v, std::uint32_t (&warp_max)[kWarps]) {
+  v = __reduce_max_sync(kFullWarp, v);
+  if (threadIdx.x % kWarpSize == 0) warp_max[threadIdx.x / kWarpSize] = v;
+  __syncthreads();
+  std::uint32_t m = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) m = max(m, warp_max[w]);
+  return m;
+}
+
+// Largest |x| of a thread's segments as float bits (elements past the tensor
+// hold zeros). 16-bit inputs: the magnitudes' bit patterns order like their
+// values, so two lanes of a word go through one packed max; Inf and NaN stay
+// the largest.
 template <class T>
-__device__ __forceinline__ UnitPlace place_of(const Job<T>& job, unsigned ticket) {
-  UnitPlace p{};
-  p.valid = ticket < job.tickets;
-  if (!p.valid) return p;
-  p.unit = job.order.unit(ticket);
-  const int chunk = static_cast<int>(p.unit.chunk);  // < 2^31: the host checks the ticket count
-  if (p.unit.kind == UnitKind::q_quantize) {
-    const int bh = chunk / job.q_blocks;
-    p.blk = chunk % job.q_blocks, p.b = bh / job.Hq, p.h = bh % job.Hq;
-    p.j = p.b * job.Hkv + p.h / (job.Hq / job.Hkv);
+__device__ __forceinline__ std::uint32_t segments_magnitude(const Block<T>& c) {
+  if constexpr (sizeof(T) == 2) {
+    std::uint32_t m2 = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i)
+#pragma unroll
+        for (int w = 0; w < kSegment / 2; ++w) m2 = __vmaxu2(m2, c.seg[r][i].w[w] & 0x7FFF7FFFu);
+    const unsigned short m = static_cast<unsigned short>(max(m2 & 0xFFFFu, m2 >> 16));
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return static_cast<std::uint32_t>(m) << 16;
+    else return __float_as_uint(__half2float(__ushort_as_half(m)));
   } else {
-    p.j = chunk / job.k_blocks, p.blk = chunk % job.k_blocks;
-    p.b = p.j / job.Hkv, p.h = p.j % job.Hkv;
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i)
+#pragma unroll
+        for (int e = 0; e < kSegment; ++e) m = max(m, magnitude_bits(element(c.seg[r][i], e)));
+    return m;
   }
-  // Staged by 16-byte copies, so only from a 16-byte aligned array (the
-  // caller's buffers need not be).
-  const float* stats = slice_stats(job, p);
-  if (stats != nullptr && reinterpret_cast<std::uintptr_t>(stats) % kVectorBytes == 0) {
-    cuda::atomic_ref<unsigned, cuda::thread_scope_device> ready(job.ws.ready[p.j]);
-    p.stats_staged = ready.load(cuda::memory_order_relaxed) != 0;
-  }
-  return p;
 }
 
+// The segment's bits as values the compiler cannot match to earlier uses: the
+// rare division path recomputes its elements from these instead of keeping
+// every converted element of the common path alive in registers.
 template <class T>
-__device__ __forceinline__ ChunkSource<T> source_of(const Job<T>& job, const UnitPlace& p) {
-  ChunkSource<T> src;
-  src.b = p.b, src.h = p.h, src.s0 = p.blk * kTokenBlock;
-  src.reads = true, src.reuse = L2Reuse::last;
-  const UnitKind kind = p.unit.kind;
-  if (kind == UnitKind::q_quantize) {
-    src.view = job.q, src.S = job.Sq;
-    return src;
+__device__ __forceinline__ Segment<T> opaque(const Segment<T>& x) {
+  Segment<T> y = x;
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (std::uint32_t& w : y.w) asm volatile("" : "+r"(w));
+  } else {
+#pragma unroll
+    for (float& f : y.f) asm volatile("" : "+f"(f));
   }
-  src.S = job.Sk;
-  const bool k_unit = kind == UnitKind::k_stats || kind == UnitKind::k_quantize;
-  src.reads = !k_unit || job.out.k != nullptr;  // a V-only call reads no K
-  src.view = k_unit ? job.k : job.v;
-  // Statistics reads are read again by the quantize pass; everything else is final.
-  const bool read_again = (kind == UnitKind::k_stats && job.smooth_k) || kind == UnitKind::v_stats;
-  src.reuse = read_again ? L2Reuse::keep : L2Reuse::last;
-  return src;
+  return y;
 }
 
+// ---- fp8_quantize_kernel: units -------------------------------------------------------
+
+// Codes of one 128-token block of Q or K, minus `mean` per channel when
+// `smoothed` (K with smooth_k). Writes the codes and the block's scale,
+// flags a non-finite block, and returns the scale; `words` receives this
+// thread's codes (8 per token, channel 8g in the low byte).
 template <class T>
-__device__ __forceinline__ bool stageable(const ChunkSource<T>& src) {
-  return src.reads && src.view.vector_loads;
-}
-
-__device__ __forceinline__ std::uint64_t l2_policy(L2Reuse r) {
-  std::uint64_t policy;
-  if (r == L2Reuse::keep) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-__device__ __forceinline__ void copy_async_16(void* smem, const void* global, std::uint64_t policy) {
-  const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(global), "l"(policy)
-               : "memory");
-}
-
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Waits for every copy this thread started; a barrier after it makes them
-// visible to the whole CTA.
-__device__ __forceinline__ void wait_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-// Starts this thread's copies of a unit's chunk into `stage` (token-major,
-// D elements a token) and, when they were final at decode time, of the slice
-// statistics it reads into `stats` (D floats; the first D / 4 threads copy 16
-// bytes each).
-template <class T>
-__device__ __forceinline__ void stage_unit(const Job<T>& job, const ThreadItems& items, const UnitPlace& p, T* stage,
-                                           float* stats) {
-  if (p.stats_staged && static_cast<int>(threadIdx.x) < job.D / 4) {
-    const int at = 4 * static_cast<int>(threadIdx.x);
-    copy_async_16(stats + at, slice_stats(job, p) + at, l2_policy(L2Reuse::keep));
+__device__ __forceinline__ float quantize_token_block(const Job<T>& job, const ThreadItems& items, Block<T>& c,
+                                                      bool smoothed, const float (&mean)[kSegment], int b, int h,
+                                                      int blk, int S, int H, int blocks, bool whole,
+                                                      std::uint8_t* codes, float* scales, int* nonfinite,
+                                                      std::uint32_t (&warp_max)[kWarps],
+                                                      std::uint32_t (&words)[kMaxItems][kQuadTokens][2]) {
+  const int s0 = blk * kTokenBlock;
+  std::uint32_t mag = 0;
+  if (smoothed) {
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i)
+        if (item_token(items, r, i, s0, S) >= 0)
+#pragma unroll
+          for (int e = 0; e < kSegment; ++e) mag = max(mag, magnitude_bits(element(c.seg[r][i], e) - mean[e]));
+  } else {
+    mag = segments_magnitude(c);  // elements past the tensor are zeros
   }
-  const ChunkSource<T> src = source_of(job, p);
-  if (stageable(src)) {
-    const std::uint64_t policy = l2_policy(src.reuse);
-    const int first_d = items.first_d;
-    const T* first = src.view.segment(src.b, src.s0, src.h, first_d);  // 64-bit products once per unit
-    constexpr int kCopies = sizeof(Segment<T>) / kVectorBytes;
+  const std::uint32_t amax_bits = block_max(mag, warp_max);
+  if (amax_bits >= kInfBits && threadIdx.x == 0) *nonfinite = 1;
+  const float scale = fp8_scale_of(__uint_as_float(amax_bits));
+  if (threadIdx.x == 0) scales[(static_cast<std::int64_t>(b) * H + h) * blocks + blk] = scale;
+
+  const E4M3Divisor div = make_divisor(scale);
+  const auto x = [&](int r, int i, int e) { return element(c.seg[r][i], e) - mean[e]; };
+  std::uint32_t straddles = 0;  // nonzero when some word's bracket holds a rounding boundary
+#pragma unroll
+  for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+    for (int i = 0; i < kQuadTokens; ++i)
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        const int e = 4 * w;
+        const E4M3Bracket br = e4m3x4_bracket(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div);
+        words[r][i][w] = br.shrunk;
+        straddles |= br.shrunk ^ br.grown;
+      }
+  if (straddles != 0) {
 #pragma unroll
     for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
       for (int i = 0; i < kQuadTokens; ++i) {
-        const int s = item_token(items, r, i, src.s0, src.S);
-        if (s < 0) continue;
-        const T* from = first + (s - src.s0) * src.view.stride_s;
-        T* to = stage + (s - src.s0) * job.D + first_d;
+        const Segment<T> seg = opaque(c.seg[r][i]);
+        const auto y = [&](int e) { return element(seg, e) - mean[e]; };
 #pragma unroll
-        for (int v = 0; v < kCopies; ++v)
-          copy_async_16(reinterpret_cast<char*>(to) + v * kVectorBytes,
-                        reinterpret_cast<const char*>(from) + v * kVectorBytes, policy);
-      }
-  }
-  commit_copies();
-}
-
-// A unit's chunk into registers: from its staged copy when there is one
-// (the caller has waited for it), else straight from global memory.
-template <L2Reuse R, class T>
-__device__ __forceinline__ void fetch_chunk(const Job<T>& job, const ThreadItems& items, const InputView<T>& in, int b,
-                                            int h, int s0, int S, const T* staged, Chunk<T>& c) {
-  if (staged == nullptr || !in.vector_loads) return load_chunk<R>(job, items, in, b, h, s0, S, c);
-  const int first_d = items.first_d;
-#pragma unroll
-  for (int r = 0; r < kMaxItems; ++r)
-#pragma unroll
-    for (int i = 0; i < kQuadTokens; ++i) {
-      const int s = item_token(items, r, i, s0, S);
-      if (s < 0) {
-        zero_segment(c.seg[r][i]);
-        continue;
-      }
-      const auto* from = reinterpret_cast<const uint4*>(staged + (s - s0) * job.D + first_d);
-      if constexpr (sizeof(T) == sizeof(float)) {
-#pragma unroll
-        for (int v = 0; v < kSegment / 4; ++v) {
-          const uint4 w = from[v];
-          c.seg[r][i].f[4 * v] = __uint_as_float(w.x), c.seg[r][i].f[4 * v + 1] = __uint_as_float(w.y);
-          c.seg[r][i].f[4 * v + 2] = __uint_as_float(w.z), c.seg[r][i].f[4 * v + 3] = __uint_as_float(w.w);
+        for (int w = 0; w < 2; ++w) {
+          const int e = 4 * w;
+          const E4M3Bracket br = e4m3x4_bracket(y(e), y(e + 1), y(e + 2), y(e + 3), div);
+          if (br.shrunk != br.grown) words[r][i][w] = e4m3x4_divided(y(e), y(e + 1), y(e + 2), y(e + 3), div);
         }
-      } else {
-        const uint4 w = from[0];
-        c.seg[r][i].w[0] = w.x, c.seg[r][i].w[1] = w.y, c.seg[r][i].w[2] = w.z, c.seg[r][i].w[3] = w.w;
       }
-    }
-}
-
-// ---- reductions and synchronization ----------------------------------------------
-
-__device__ __forceinline__ std::uint32_t magnitude_bits(float x) { return __float_as_uint(x) & kMagnitudeMask; }
-
-__device__ __forceinline__ float fp8_scale_of(float amax) {
-  const float scale = __fdiv_rn(amax, kE4M3Max);  // same rule as fp4attn::fp8_block_scale
-  return scale > 0.0f ? scale : 1.0f;
-}
-
-// Max over the CTA. The caller's previous use of warp_max is behind a barrier.
-__device__ __forceinline__ std::uint32_t block_max(std::uint32_t v, SharedScratch& sh) {
-  v = __reduce_max_sync(kFullWarp, v);
-  if (threadIdx.x % kWarpSize == 0) sh.warp_max[threadIdx.x / kWarpSize] = v;
-  __syncthreads();
-  std::uint32_t m = sh.warp_max[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) m = max(m, sh.warp_max[w]);
-  return m;
-}
-
-// Cross-CTA data (chunk sums, channel amax, k_mean, v_scale) is written before
-// a release (fence, then the counter or flag) and read only with ld.global.cg,
-// from L2, after that counter or flag has been seen: the data is in L2 by
-// then. No acquire: on sm_90 it compiles to an invalidation of the SM's whole
-// L1 (CCTL.IVALL) per unit, which the other CTAs then pay for.
-
-// Blocks the CTA until slice j's mean and V scales are published.
-__device__ __forceinline__ void wait_ready(unsigned* flag) {
-  if (threadIdx.x == 0) {
-    cuda::atomic_ref<unsigned, cuda::thread_scope_device> ready(*flag);
-    while (ready.load(cuda::memory_order_relaxed) == 0) __nanosleep(kSpinSleepNs);
   }
-  __syncthreads();
-}
 
-// A unit's 8 statistics of this thread's channels: staged with its chunk, or
-// (not final when the unit was decoded) read after the slice's flag. Uniform
-// over the CTA: p comes from shared memory.
-template <class T>
-__device__ __forceinline__ void read_slice_stats(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
-                                                 const float* staged_stats, float (&out)[kSegment]) {
-  if (p.stats_staged) {
-#pragma unroll
-    for (int e = 0; e < kSegment; ++e) out[e] = staged_stats[items.first_d + e];
-    return;
-  }
-  wait_ready(job.ws.ready + p.j);
-  const float* from = slice_stats(job, p) + items.first_d;
-#pragma unroll
-  for (int e = 0; e < kSegment; ++e) out[e] = __ldcg(from + e);
-}
-
-// Called by the unit that completes slice j's statistics: k_mean from the
-// chunk sums in ascending chunk order, v_scale from the channel amax.
-template <class T>
-__device__ void finalize_slice(const Job<T>& job, int j) {
-  const int d = static_cast<int>(threadIdx.x);
-  if (d >= job.D) return;
-  const std::int64_t channel = static_cast<std::int64_t>(j) * job.D + d;
-  if (job.smooth_k) {
-    const double* partial = job.ws.k_partial + static_cast<std::int64_t>(j) * job.k_blocks * job.D + d;
-    double total = 0.0;
-    for (int c = 0; c < job.k_blocks; ++c) total += __ldcg(partial + static_cast<std::int64_t>(c) * job.D);
-    job.out.k_mean[channel] = __double2float_rn(__ddiv_rn(total, static_cast<double>(job.Sk)));
-  }
-  job.out.v_scale[channel] = fp8_scale_of(__uint_as_float(__ldcg(job.ws.v_amax + channel)));
-}
-
-// Counts one statistics unit of slice j as done; the last one finalizes the
-// slice and releases its quantize units. The barrier orders every thread's
-// writes before thread 0's release (the cooperative-groups grid barrier
-// relies on the same rule).
-template <class T>
-__device__ void arrive(const Job<T>& job, int j, SharedScratch& sh) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    cuda::atomic_ref<unsigned, cuda::thread_scope_device> arrivals(job.ws.arrivals[j]);
-    sh.last_arrival = arrivals.fetch_add(1u, cuda::memory_order_release) + 1u == job.arrivals_per_slice;
-  }
-  __syncthreads();
-  if (!sh.last_arrival) return;
-  finalize_slice(job, j);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    cuda::atomic_ref<unsigned, cuda::thread_scope_device> ready(job.ws.ready[j]);
-    ready.store(1u, cuda::memory_order_release);
-  }
-}
-
-// ---- units ------------------------------------------------------------------------
-// Inlined into the kernel's loop, so every Job field is an operand from the
-// constant bank: behind a call, each would be a load through a generic pointer.
-
-// Codes of one 128-token block of Q or K, minus `mean` per channel (zeros for
-// Q and unsmoothed K: x − 0 is x, signed zeros included). Writes the codes
-// and the block's scale, flags a non-finite block, and returns the scale;
-// `words` receives this thread's codes (8 per token, channel 8g in the low byte).
-template <class T>
-__device__ float quantize_token_block(const Job<T>& job, const ThreadItems& items, const Chunk<T>& c,
-                                      const float (&mean)[kSegment], int b, int h, int blk, int S, int H,
-                                      std::uint8_t* codes, float* scales, int* nonfinite, SharedScratch& sh,
-                                      std::uint32_t (&words)[kMaxItems][kQuadTokens][2]) {
-  const int s0 = blk * kTokenBlock;
-  std::uint32_t mag = 0;
-#pragma unroll
-  for (int r = 0; r < kMaxItems; ++r)
-#pragma unroll
-    for (int i = 0; i < kQuadTokens; ++i)
-      if (item_token(items, r, i, s0, S) >= 0)
-#pragma unroll
-        for (int e = 0; e < kSegment; ++e) mag = max(mag, magnitude_bits(element(c.seg[r][i], e) - mean[e]));
-  const std::uint32_t amax_bits = block_max(mag, sh);
-  if (amax_bits >= kInfBits && threadIdx.x == 0) *nonfinite = 1;
-  const float scale = fp8_scale_of(__uint_as_float(amax_bits));
-  if (threadIdx.x == 0) scales[(static_cast<std::int64_t>(b) * H + h) * ((S + kTokenBlock - 1) / kTokenBlock) + blk] = scale;
-
-  const E4M3Divisor div = make_divisor(scale);
   // Codes are (B, S, H, D): one token further is H·D bytes.
   std::uint8_t* first = codes + ((static_cast<std::int64_t>(b) * S + s0) * H + h) * job.D + items.first_d;
-  const int token_bytes = H * job.D;
+  const std::int64_t token_bytes = static_cast<std::int64_t>(H) * job.D;
 #pragma unroll
-  for (int r = 0; r < kMaxItems; ++r)
+  for (int r = 0; r < kMaxItems; ++r) {
+    if (whole && r >= job.D / 64) break;
+    std::uint8_t* row = first + items.base[r] * token_bytes;
 #pragma unroll
-    for (int i = 0; i < kQuadTokens; ++i) {
-      const Segment<T>& x = c.seg[r][i];
-#pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        const int e = 4 * w;
-        words[r][i][w] =
-            e4m3x2_quotient(element(x, e) - mean[e], element(x, e + 1) - mean[e + 1], div) |
-            e4m3x2_quotient(element(x, e + 2) - mean[e + 2], element(x, e + 3) - mean[e + 3], div) << 16;
-      }
-      const int s = item_token(items, r, i, s0, S);
-      if (s >= 0)
-        __stcs(reinterpret_cast<uint2*>(first + static_cast<std::int64_t>(s - s0) * token_bytes),
-               make_uint2(words[r][i][0], words[r][i][1]));
-    }
+    for (int i = 0; i < kQuadTokens; ++i)
+      if (whole || item_token(items, r, i, s0, S) >= 0)
+        __stcs(reinterpret_cast<uint2*>(row + quad_offset(i) * token_bytes), make_uint2(words[r][i][0], words[r][i][1]));
+  }
   return scale;
 }
 
-// K chunk, first read. smooth_k: double sum per channel in ascending s,
-// staged through shared memory so one thread walks one channel. Otherwise the
-// final codes (K needs no second read).
+// K block: (k − mean when smooth_k) → codes and block scale.
 template <class T>
-__device__ __forceinline__ void k_stats(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
-                                        SharedScratch& sh, const T* staged, T* tile) {
-  if (job.out.k == nullptr) return;  // V-only call: its tickets stay, K is never read
-  const int j = p.j, b = p.b, h = p.h, blk = p.blk;
+__device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& items, int j, int blk,
+                                        std::uint32_t (&warp_max)[kWarps]) {
+  const int b = j / job.Hkv, h = j % job.Hkv;
   const int s0 = blk * kTokenBlock;
-  Chunk<T> c;
-  if (!job.smooth_k) {
-    fetch_chunk<L2Reuse::last>(job, items, job.k, b, h, s0, job.Sk, staged, c);
-    const float zero[kSegment] = {};
-    std::uint32_t words[kMaxItems][kQuadTokens][2];
-    quantize_token_block(job, items, c, zero, b, h, blk, job.Sk, job.Hkv, job.out.k, job.out.k_scale,
-                         job.out.nonfinite + kK, sh, words);
-    return;
-  }
-  fetch_chunk<L2Reuse::keep>(job, items, job.k, b, h, s0, job.Sk, staged, c);
-  // A staged chunk is already the token-major tile the channel sums read.
-  const bool in_tile = staged != nullptr && job.k.vector_loads;
-  if (in_tile) tile = const_cast<T*>(staged);
-  const int first_d = items.first_d;
-  bool bad = false;
-#pragma unroll
-  for (int r = 0; r < kMaxItems; ++r)
-#pragma unroll
-    for (int i = 0; i < kQuadTokens; ++i) {
-      const int s = item_token(items, r, i, s0, job.Sk);
-      if (s < 0) continue;
-#pragma unroll
-      for (int e = 0; e < kSegment; ++e) bad |= magnitude_bits(element(c.seg[r][i], e)) >= kInfBits;
-      if (!in_tile) store_segment(tile + (s - s0) * job.D + first_d, c.seg[r][i]);
-    }
-  if (bad) job.out.nonfinite[kK] = 1;
-  __syncthreads();
-  const int d = static_cast<int>(threadIdx.x);
-  if (d < job.D) {
-    const int tokens = min(kTokenBlock, job.Sk - s0);
-    double sum = 0.0;
-    int t = 0;
-    // The adds form one dependent chain: read a batch ahead so that only the
-    // DADD latency, not the shared-memory latency, sits on it.
-    for (; t + kSumBatch <= tokens; t += kSumBatch) {
-      float x[kSumBatch];
-#pragma unroll
-      for (int u = 0; u < kSumBatch; ++u) x[u] = to_float(tile[(t + u) * job.D + d]);
-#pragma unroll
-      for (int u = 0; u < kSumBatch; ++u) sum += static_cast<double>(x[u]);
-    }
-    for (; t < tokens; ++t) sum += static_cast<double>(to_float(tile[t * job.D + d]));
-    job.ws.k_partial[p.unit.chunk * job.D + d] = sum;
-  }
-  arrive(job, j, sh);
-}
-
-// V chunk, first read: per-channel amax into the slice's running maximum.
-template <class T>
-__device__ __forceinline__ void v_stats(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
-                                        SharedScratch& sh, const T* staged) {
-  const int j = p.j, b = p.b, h = p.h, blk = p.blk;
-  Chunk<T> c;
-  fetch_chunk<L2Reuse::keep>(job, items, job.v, b, h, blk * kTokenBlock, job.Sk, staged, c);
-  std::uint32_t m[kSegment] = {};
-#pragma unroll
-  for (int r = 0; r < kMaxItems; ++r)
-#pragma unroll
-    for (int i = 0; i < kQuadTokens; ++i)
-#pragma unroll
-      for (int e = 0; e < kSegment; ++e) m[e] = max(m[e], magnitude_bits(element(c.seg[r][i], e)));
-  // Lanes holding the same channels sit D / 8 apart: fold them, then the warps.
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize, warp = static_cast<int>(threadIdx.x) / kWarpSize;
-#pragma unroll
-  for (int e = 0; e < kSegment; ++e)
-    for (int off = kWarpSize / 2; off >= (1 << job.seg_shift); off /= 2)
-      m[e] = max(m[e], __shfl_xor_sync(kFullWarp, m[e], off));
-  if (lane < (1 << job.seg_shift))
-#pragma unroll
-    for (int e = 0; e < kSegment; ++e) sh.channel_max[warp][kSegment * lane + e] = m[e];
-  __syncthreads();
-  const int d = static_cast<int>(threadIdx.x);
-  if (d < job.D) {
-    std::uint32_t amax = 0;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) amax = max(amax, sh.channel_max[w][d]);
-    if (amax >= kInfBits) job.out.nonfinite[kV] = 1;
-    atomicMax(job.ws.v_amax + static_cast<std::int64_t>(j) * job.D + d, amax);
-  }
-  arrive(job, j, sh);
-}
-
-// K chunk, second read (smooth_k): k − mean → codes and block scale.
-template <class T>
-__device__ __forceinline__ void k_quantize(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
-                                           SharedScratch& sh, const T* staged, const float* staged_stats) {
-  const int b = p.b, h = p.h, blk = p.blk;
-  Chunk<T> c;
-  fetch_chunk<L2Reuse::last>(job, items, job.k, b, h, blk * kTokenBlock, job.Sk, staged, c);
-  float mean[kSegment];
-  read_slice_stats(job, items, p, staged_stats, mean);
+  float mean[kSegment] = {};
+  if (job.smooth_k) load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
+  const bool whole = whole_block(job, job.k, s0, job.Sk);
+  Block<T> c;
+  load_block<L2Reuse::last>(job, items, job.k, b, h, s0, job.Sk, whole, c);
   std::uint32_t words[kMaxItems][kQuadTokens][2];
-  quantize_token_block(job, items, c, mean, b, h, blk, job.Sk, job.Hkv, job.out.k, job.out.k_scale,
-                       job.out.nonfinite + kK, sh, words);
+  quantize_token_block(job, items, c, job.smooth_k, mean, b, h, blk, job.Sk, job.Hkv, job.k_blocks, whole, job.out.k,
+                       job.out.k_scale, job.out.nonfinite + kK, warp_max, words);
 }
 
-// V chunk, second read: codes of v / scale[d], staged as Vᵀ words (a quad's
-// four keys of one channel) and written out one 128-key row per channel.
+// V block: codes of v / scale[d], staged as Vᵀ words (a quad's four keys of
+// one channel) and written out one 128-key row per channel.
 template <class T>
-__device__ __forceinline__ void v_quantize(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
-                                           SharedScratch& sh, const T* staged, const float* staged_stats,
-                                           std::uint32_t* tile) {
-  const int j = p.j, b = p.b, h = p.h, blk = p.blk;
-  Chunk<T> c;
-  fetch_chunk<L2Reuse::last>(job, items, job.v, b, h, blk * kTokenBlock, job.Sk, staged, c);
-  const int g = items.column;
+__device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& items, int j, int blk,
+                                        std::uint32_t* tile) {
+  const int b = j / job.Hkv, h = j % job.Hkv;
+  const int s0 = blk * kTokenBlock;
   float scale[kSegment];
-  read_slice_stats(job, items, p, staged_stats, scale);
+  load_channels(job.out.v_scale + static_cast<std::int64_t>(j) * job.D + items.first_d, scale);
+  E4M3Divisor div[kSegment];
 #pragma unroll
-  for (int e = 0; e < kSegment; ++e) {
-    const E4M3Divisor div = make_divisor(scale[e]);
+  for (int e = 0; e < kSegment; ++e) div[e] = make_divisor(scale[e]);
+  const bool whole = whole_block(job, job.v, s0, job.Sk);
+  Block<T> c;
+  load_block<L2Reuse::last>(job, items, job.v, b, h, s0, job.Sk, whole, c);
+  // Keys past Sk hold zeros, whose code is 0. One item (a quad of keys × 8
+  // channels) at a time, so that only its 8 words are live.
+  const int g = items.column;
 #pragma unroll
-    for (int r = 0; r < kMaxItems; ++r) {
-      const int q = items.quad[r];
-      if (q < 0) continue;
-      const Segment<T>(&x)[kQuadTokens] = c.seg[r];  // keys past Sk hold zeros, whose code is 0
-      tile[(kSegment * g + e) * kVtPitchWords + q] = e4m3x2_quotient(element(x[0], e), element(x[1], e), div) |
-                                                     e4m3x2_quotient(element(x[2], e), element(x[3], e), div) << 16;
+  for (int r = 0; r < kMaxItems; ++r) {
+    const int q = items.quad[r];
+    if (q < 0) continue;
+    const Segment<T>(&x)[kQuadTokens] = c.seg[r];
+    std::uint32_t words[kSegment];
+    std::uint32_t straddles = 0;
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) {
+      const E4M3Bracket br =
+          e4m3x4_bracket(element(x[0], e), element(x[1], e), element(x[2], e), element(x[3], e), div[e]);
+      words[e] = br.shrunk;
+      straddles |= br.shrunk ^ br.grown;
     }
+    if (straddles != 0) {
+      const Segment<T> y[kQuadTokens] = {opaque(x[0]), opaque(x[1]), opaque(x[2]), opaque(x[3])};
+#pragma unroll
+      for (int e = 0; e < kSegment; ++e) {
+        const E4M3Bracket br =
+            e4m3x4_bracket(element(y[0], e), element(y[1], e), element(y[2], e), element(y[3], e), div[e]);
+        if (br.shrunk != br.grown)
+          words[e] = e4m3x4_divided(element(y[0], e), element(y[1], e), element(y[2], e), element(y[3], e), div[e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) tile[(kSegment * g + e) * kVtPitchWords + q] = words[e];
   }
   __syncthreads();
   std::uint8_t* rows = job.out.vt + static_cast<std::int64_t>(j) * job.D * job.out.vt_keys + blk * kTokenBlock;
-  for (int idx = static_cast<int>(threadIdx.x); idx < job.D * kQuadsPerChunk; idx += kThreads) {
-    const int d = idx / kQuadsPerChunk, w = idx % kQuadsPerChunk;
+  for (int idx = static_cast<int>(threadIdx.x); idx < job.D * kQuadsPerBlock; idx += kThreads) {
+    const int d = idx / kQuadsPerBlock, w = idx % kQuadsPerBlock;
     __stcs(reinterpret_cast<unsigned*>(rows + d * job.out.vt_keys) + w, tile[d * kVtPitchWords + w]);
   }
 }
 
-// Q chunk, single read: codes and block scale; with smooth_k also the LSE
-// correction softmax_scale · Σ_d q_deq[d] · k_mean[d] of each token.
+// Q block: codes and block scale; with smooth_k also the LSE correction
+// softmax_scale · Σ_d q_deq[d] · k_mean[d] of each token.
 template <class T>
-__device__ __forceinline__ void q_quantize(const Job<T>& job, const ThreadItems& items, const UnitPlace& p,
-                                           SharedScratch& sh, const T* staged, const float* staged_stats) {
-  const int blk = p.blk, h = p.h, b = p.b;
+__device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& items, int bh, int blk,
+                                        std::uint32_t (&warp_max)[kWarps]) {
+  const int b = bh / job.Hq, h = bh % job.Hq;
   const int s0 = blk * kTokenBlock;
-  Chunk<T> c;
-  fetch_chunk<L2Reuse::last>(job, items, job.q, b, h, s0, job.Sq, staged, c);
+  float mean[kSegment] = {};
+  if (job.smooth_k) {
+    const int j = b * job.Hkv + h / (job.Hq / job.Hkv);
+    load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
+  }
+  const bool whole = whole_block(job, job.q, s0, job.Sq);
+  Block<T> c;
+  load_block<L2Reuse::last>(job, items, job.q, b, h, s0, job.Sq, whole, c);
   const float zero[kSegment] = {};
   std::uint32_t words[kMaxItems][kQuadTokens][2];
-  const float scale = quantize_token_block(job, items, c, zero, b, h, blk, job.Sq, job.Hq, job.out.q, job.out.q_scale,
-                                           job.out.nonfinite + kQ, sh, words);
+  const float scale = quantize_token_block(job, items, c, false, zero, b, h, blk, job.Sq, job.Hq, job.q_blocks, whole,
+                                           job.out.q, job.out.q_scale, job.out.nonfinite + kQ, warp_max, words);
   if (!job.smooth_k) return;
-
-  const int g = items.column;
-  float mean[kSegment];
-  read_slice_stats(job, items, p, staged_stats, mean);
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
@@ -630,70 +503,57 @@ __device__ __forceinline__ void q_quantize(const Job<T>& job, const ThreadItems&
 #pragma unroll
       for (int p = 0; p < kSegment / 2; ++p) {
         const std::uint32_t pair = (words[r][i][p / 2] >> (16 * (p % 2))) & 0xFFFFu;
-        const float2 q = __half22float2(
+        const float2 qd = __half22float2(
             __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3)));
-        dot = fmaf(q.x * scale, mean[2 * p], dot);
-        dot = fmaf(q.y * scale, mean[2 * p + 1], dot);
+        dot = fmaf(qd.x * scale, mean[2 * p], dot);
+        dot = fmaf(qd.y * scale, mean[2 * p + 1], dot);
       }
       // The lanes of one token are the D / 8 consecutive lanes of its quad.
       for (int off = 1; off < (1 << job.seg_shift); off *= 2) dot += __shfl_xor_sync(kFullWarp, dot, off);
       const int s = item_token(items, r, i, s0, job.Sq);
-      if (g == 0 && s >= 0)
+      if (items.column == 0 && s >= 0)
         job.out.lse_shift[(static_cast<std::int64_t>(b) * job.Hq + h) * job.Sq + s] = job.softmax_scale * dot;
     }
 }
 
-// ---- the kernel -------------------------------------------------------------------
-
-// Dynamic shared memory: two staging buffers of one chunk each, then the Vᵀ
-// tile of v_quantize (quantize_fp8.cu sizes it).
+// ---- fp8_quantize_kernel ----------------------------------------------------------------
+// Blocks in launch order: first those of the tensors the statistics kernel
+// read, in the reverse of its order ((b, chunk, h) descending; with smooth_k
+// K, which it read last, then V), then unsmoothed K and Q in ascending order.
+// A V-only call has no K or Q blocks.
 template <class T>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T>) quantize_fp8_kernel(const __grid_constant__ Job<T> job) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ SharedScratch sh;
+__global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_kernel(const __grid_constant__ Job<T> job) {
+  __shared__ std::uint32_t warp_max[kWarps];
+  __shared__ std::uint32_t vt_tile[kMaxHeadDim * kVtPitchWords];
   const ThreadItems items = thread_items(job);
-  // Staging buffer `slot`, by arithmetic: an array of two pointers indexed
-  // by the loop's slot would live in local memory.
-  const auto stage = [&](int slot) { return reinterpret_cast<T*>(smem) + slot * kTokenBlock * job.D; };
-  auto* vt_tile = reinterpret_cast<std::uint32_t*>(smem + 2 * sizeof(T) * kTokenBlock * job.D);
-  // Thread 0 holds two tickets ahead of the work: the next unit's chunk is
-  // staged while the current one runs. Tickets are taken in increasing order
-  // and a unit waits only on smaller ones, so the smallest unfinished ticket
-  // always belongs to a running unit: holding one more cannot deadlock.
-  if (threadIdx.x == 0) {
-    sh.place[0] = place_of(job, atomicAdd(job.ws.ticket, 1u));
-    sh.place[1] = place_of(job, atomicAdd(job.ws.ticket, 1u));
-  }
-  __syncthreads();
-  // The places stay in shared memory (registers are the limit at two CTAs of
-  // 512 threads per SM); the loop keeps their indices.
-  int cur = 0, next = 1;
-  if (sh.place[cur].valid) stage_unit(job, items, sh.place[cur], stage(0), sh.stats[0]);
-  wait_copies();
-  __syncthreads();
-  int slot = 0;  // staging buffers of the running unit
-  while (sh.place[cur].valid) {
-    const int fill = 3 - cur - next;  // last read right after the barrier three units ago
-    if (threadIdx.x == 0) sh.place[fill] = place_of(job, atomicAdd(job.ws.ticket, 1u));
-    if (sh.place[next].valid) stage_unit(job, items, sh.place[next], stage(slot ^ 1), sh.stats[slot ^ 1]);
-    T* staged = stage(slot);
-    const float* staged_stats = sh.stats[slot];
-    const UnitPlace& p = sh.place[cur];
-    switch (p.unit.kind) {
-      case UnitKind::k_stats: k_stats(job, items, p, sh, staged, staged); break;
-      case UnitKind::v_stats: v_stats(job, items, p, sh, staged); break;
-      case UnitKind::k_quantize: k_quantize(job, items, p, sh, staged, staged_stats); break;
-      case UnitKind::v_quantize: v_quantize(job, items, p, sh, staged, staged_stats, vt_tile); break;
-      case UnitKind::q_quantize: q_quantize(job, items, p, sh, staged, staged_stats); break;
+  const int kv_blocks = job.B * job.Hkv * job.k_blocks;
+  int u = static_cast<int>(blockIdx.x);
+  // Reverse of the statistics kernel's (b, chunk, h) order → (slice, block).
+  const auto reversed_slice = [&](int v) {
+    const int lin = kv_blocks - 1 - v;
+    return lin / (job.Hkv * job.k_blocks) * job.Hkv + lin % job.Hkv;
+  };
+  const auto reversed_block = [&](int v) { return (kv_blocks - 1 - v) / job.Hkv % job.k_blocks; };
+  if (job.smooth_k) {
+    if (u < kv_blocks) {
+      k_block(job, items, reversed_slice(u), reversed_block(u), warp_max);
+      return;
     }
-    // The next unit's copies, started a unit ago, are in; the barrier makes
-    // them visible to every thread and ends every read of this unit's buffers
-    // before the unit after next stages into them.
-    wait_copies();
-    __syncthreads();
-    cur = next, next = fill;
-    slot ^= 1;
+    u -= kv_blocks;
   }
+  if (u < kv_blocks) {
+    v_block(job, items, reversed_slice(u), reversed_block(u), vt_tile);
+    return;
+  }
+  u -= kv_blocks;
+  if (!job.smooth_k) {
+    if (u < kv_blocks) {
+      k_block(job, items, u / job.k_blocks, u % job.k_blocks, warp_max);
+      return;
+    }
+    u -= kv_blocks;
+  }
+  q_block(job, items, u / job.q_blocks, u % job.q_blocks, warp_max);
 }
 
 }  // namespace fp4attn::cuda_quantize
