@@ -56,6 +56,10 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   job.smooth_k = smooth_k;
   job.softmax_scale = softmax_scale;
   job.out = out;
+  job.by_hkv = FastDiv(static_cast<std::uint32_t>(k.H)), job.by_hq = FastDiv(static_cast<std::uint32_t>(q.H));
+  job.by_group = FastDiv(static_cast<std::uint32_t>(q.H / k.H));
+  job.by_k_blocks = FastDiv(static_cast<std::uint32_t>(job.k_blocks));
+  job.by_q_blocks = FastDiv(static_cast<std::uint32_t>(job.q_blocks));
 
   const std::int64_t slices = k.B * k.H;
   const WorkspaceLayout layout = workspace_layout(slices, job.k_blocks, k.D);

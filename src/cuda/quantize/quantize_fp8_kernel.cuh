@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "cuda/quantize/e4m3_quotient.cuh"
+#include "cuda/quantize/fast_div.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/quantize/segment.cuh"
 #include "fp4attn/formats.hpp"
@@ -95,6 +96,8 @@ struct Job {
   float softmax_scale;
   Fp8Buffers out;
   Workspace ws;
+  // The quantize kernel's block index → (b, h, block), see fp8_quantize_kernel.
+  FastDiv by_hkv, by_hq, by_group, by_k_blocks, by_q_blocks;
 };
 
 __device__ __forceinline__ std::uint32_t magnitude_bits(float x) { return __float_as_uint(x) & kMagnitudeMask; }
@@ -314,22 +317,6 @@ __device__ __forceinline__ std::uint32_t segments_magnitude(const Block<T>& c) {
   }
 }
 
-// The segment's bits as values the compiler cannot match to earlier uses: the
-// rare division path recomputes its elements from these instead of keeping
-// every converted element of the common path alive in registers.
-template <class T>
-__device__ __forceinline__ Segment<T> opaque(const Segment<T>& x) {
-  Segment<T> y = x;
-  if constexpr (sizeof(T) == 2) {
-#pragma unroll
-    for (std::uint32_t& w : y.w) asm volatile("" : "+r"(w));
-  } else {
-#pragma unroll
-    for (float& f : y.f) asm volatile("" : "+f"(f));
-  }
-  return y;
-}
-
 // ---- fp8_quantize_kernel: units -------------------------------------------------------
 
 // Codes of one 128-token block of Q or K, minus `mean` per channel when
@@ -362,8 +349,9 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   if (threadIdx.x == 0) scales[(static_cast<std::int64_t>(b) * H + h) * blocks + blk] = scale;
 
   const E4M3Divisor div = make_divisor(scale);
+  // A word whose bracket straddles a rounding boundary (an exact tie, often:
+  // see e4m3_quotient.cuh) takes the division; the branch is per word.
   const auto x = [&](int r, int i, int e) { return element(c.seg[r][i], e) - mean[e]; };
-  std::uint32_t straddles = 0;  // nonzero when some word's bracket holds a rounding boundary
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
@@ -372,24 +360,10 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
       for (int w = 0; w < 2; ++w) {
         const int e = 4 * w;
         const E4M3Bracket br = e4m3x4_bracket(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div);
-        words[r][i][w] = br.shrunk;
-        straddles |= br.shrunk ^ br.grown;
+        words[r][i][w] = br.shrunk != br.grown
+                             ? e4m3x4_divided(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div)
+                             : br.shrunk;
       }
-  if (straddles != 0) {
-#pragma unroll
-    for (int r = 0; r < kMaxItems; ++r)
-#pragma unroll
-      for (int i = 0; i < kQuadTokens; ++i) {
-        const Segment<T> seg = opaque(c.seg[r][i]);
-        const auto y = [&](int e) { return element(seg, e) - mean[e]; };
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          const int e = 4 * w;
-          const E4M3Bracket br = e4m3x4_bracket(y(e), y(e + 1), y(e + 2), y(e + 3), div);
-          if (br.shrunk != br.grown) words[r][i][w] = e4m3x4_divided(y(e), y(e + 1), y(e + 2), y(e + 3), div);
-        }
-      }
-  }
 
   // Codes are (B, S, H, D): one token further is H·D bytes.
   std::uint8_t* first = codes + ((static_cast<std::int64_t>(b) * S + s0) * H + h) * job.D + items.first_d;
@@ -408,9 +382,9 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
 
 // K block: (k − mean when smooth_k) → codes and block scale.
 template <class T>
-__device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& items, int j, int blk,
+__device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& items, int b, int h, int blk,
                                         std::uint32_t (&warp_max)[kWarps]) {
-  const int b = j / job.Hkv, h = j % job.Hkv;
+  const int j = b * job.Hkv + h;
   const int s0 = blk * kTokenBlock;
   float mean[kSegment] = {};
   if (job.smooth_k) load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
@@ -425,9 +399,9 @@ __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& it
 // V block: codes of v / scale[d], staged as Vᵀ words (a quad's four keys of
 // one channel) and written out one 128-key row per channel.
 template <class T>
-__device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& items, int j, int blk,
+__device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& items, int b, int h, int blk,
                                         std::uint32_t* tile) {
-  const int b = j / job.Hkv, h = j % job.Hkv;
+  const int j = b * job.Hkv + h;
   const int s0 = blk * kTokenBlock;
   float scale[kSegment];
   load_channels(job.out.v_scale + static_cast<std::int64_t>(j) * job.D + items.first_d, scale);
@@ -446,23 +420,11 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
     if (q < 0) continue;
     const Segment<T>(&x)[kQuadTokens] = c.seg[r];
     std::uint32_t words[kSegment];
-    std::uint32_t straddles = 0;
 #pragma unroll
     for (int e = 0; e < kSegment; ++e) {
-      const E4M3Bracket br =
-          e4m3x4_bracket(element(x[0], e), element(x[1], e), element(x[2], e), element(x[3], e), div[e]);
-      words[e] = br.shrunk;
-      straddles |= br.shrunk ^ br.grown;
-    }
-    if (straddles != 0) {
-      const Segment<T> y[kQuadTokens] = {opaque(x[0]), opaque(x[1]), opaque(x[2]), opaque(x[3])};
-#pragma unroll
-      for (int e = 0; e < kSegment; ++e) {
-        const E4M3Bracket br =
-            e4m3x4_bracket(element(y[0], e), element(y[1], e), element(y[2], e), element(y[3], e), div[e]);
-        if (br.shrunk != br.grown)
-          words[e] = e4m3x4_divided(element(y[0], e), element(y[1], e), element(y[2], e), element(y[3], e), div[e]);
-      }
+      const float x0 = element(x[0], e), x1 = element(x[1], e), x2 = element(x[2], e), x3 = element(x[3], e);
+      const E4M3Bracket br = e4m3x4_bracket(x0, x1, x2, x3, div[e]);
+      words[e] = br.shrunk != br.grown ? e4m3x4_divided(x0, x1, x2, x3, div[e]) : br.shrunk;
     }
 #pragma unroll
     for (int e = 0; e < kSegment; ++e) tile[(kSegment * g + e) * kVtPitchWords + q] = words[e];
@@ -478,13 +440,12 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
 // Q block: codes and block scale; with smooth_k also the LSE correction
 // softmax_scale · Σ_d q_deq[d] · k_mean[d] of each token.
 template <class T>
-__device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& items, int bh, int blk,
-                                        std::uint32_t (&warp_max)[kWarps]) {
-  const int b = bh / job.Hq, h = bh % job.Hq;
+__device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& items, int b, int h, int kv_head,
+                                        int blk, std::uint32_t (&warp_max)[kWarps]) {
   const int s0 = blk * kTokenBlock;
   float mean[kSegment] = {};
   if (job.smooth_k) {
-    const int j = b * job.Hkv + h / (job.Hq / job.Hkv);
+    const int j = b * job.Hkv + kv_head;
     load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   }
   const bool whole = whole_block(job, job.q, s0, job.Sq);
@@ -499,27 +460,29 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i) {
+      // Σ code·mean over the thread's channels, the block scale applied once
+      // per token after the lanes' sum (no product q·scale per element).
       float dot = 0.0f;
 #pragma unroll
       for (int p = 0; p < kSegment / 2; ++p) {
         const std::uint32_t pair = (words[r][i][p / 2] >> (16 * (p % 2))) & 0xFFFFu;
         const float2 qd = __half22float2(
             __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3)));
-        dot = fmaf(qd.x * scale, mean[2 * p], dot);
-        dot = fmaf(qd.y * scale, mean[2 * p + 1], dot);
+        dot = fmaf(qd.x, mean[2 * p], dot);
+        dot = fmaf(qd.y, mean[2 * p + 1], dot);
       }
       // The lanes of one token are the D / 8 consecutive lanes of its quad.
       for (int off = 1; off < (1 << job.seg_shift); off *= 2) dot += __shfl_xor_sync(kFullWarp, dot, off);
       const int s = item_token(items, r, i, s0, job.Sq);
       if (items.column == 0 && s >= 0)
-        job.out.lse_shift[(static_cast<std::int64_t>(b) * job.Hq + h) * job.Sq + s] = job.softmax_scale * dot;
+        job.out.lse_shift[(static_cast<std::int64_t>(b) * job.Hq + h) * job.Sq + s] = job.softmax_scale * (scale * dot);
     }
 }
 
 // ---- fp8_quantize_kernel ----------------------------------------------------------------
 // Blocks in launch order: first those of the tensors the statistics kernel
 // read, in the reverse of its order ((b, chunk, h) descending; with smooth_k
-// K, which it read last, then V), then unsmoothed K and Q in ascending order.
+// K, which it read last, then V), then unsmoothed K (same order) and Q.
 // A V-only call has no K or Q blocks.
 template <class T>
 __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_kernel(const __grid_constant__ Job<T> job) {
@@ -527,33 +490,41 @@ __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_
   __shared__ std::uint32_t vt_tile[kMaxHeadDim * kVtPitchWords];
   const ThreadItems items = thread_items(job);
   const int kv_blocks = job.B * job.Hkv * job.k_blocks;
-  int u = static_cast<int>(blockIdx.x);
-  // Reverse of the statistics kernel's (b, chunk, h) order → (slice, block).
-  const auto reversed_slice = [&](int v) {
-    const int lin = kv_blocks - 1 - v;
-    return lin / (job.Hkv * job.k_blocks) * job.Hkv + lin % job.Hkv;
+  std::uint32_t u = blockIdx.x;
+  // K and V: the reverse of the statistics kernel's (b, chunk, h) order.
+  const auto kv_place = [&](std::uint32_t v, int& b, int& h, int& blk) {
+    const std::uint32_t lin = static_cast<std::uint32_t>(kv_blocks) - 1 - v;
+    const std::uint32_t rest = job.by_hkv.quotient(lin), batch = job.by_k_blocks.quotient(rest);
+    h = static_cast<int>(job.by_hkv.remainder(lin, rest));
+    blk = static_cast<int>(job.by_k_blocks.remainder(rest, batch)), b = static_cast<int>(batch);
   };
-  const auto reversed_block = [&](int v) { return (kv_blocks - 1 - v) / job.Hkv % job.k_blocks; };
+  int b, h, blk;
   if (job.smooth_k) {
-    if (u < kv_blocks) {
-      k_block(job, items, reversed_slice(u), reversed_block(u), warp_max);
+    if (u < static_cast<std::uint32_t>(kv_blocks)) {
+      kv_place(u, b, h, blk);
+      k_block(job, items, b, h, blk, warp_max);
       return;
     }
     u -= kv_blocks;
   }
-  if (u < kv_blocks) {
-    v_block(job, items, reversed_slice(u), reversed_block(u), vt_tile);
+  if (u < static_cast<std::uint32_t>(kv_blocks)) {
+    kv_place(u, b, h, blk);
+    v_block(job, items, b, h, blk, vt_tile);
     return;
   }
   u -= kv_blocks;
   if (!job.smooth_k) {
-    if (u < kv_blocks) {
-      k_block(job, items, u / job.k_blocks, u % job.k_blocks, warp_max);
+    if (u < static_cast<std::uint32_t>(kv_blocks)) {
+      kv_place(u, b, h, blk);
+      k_block(job, items, b, h, blk, warp_max);
       return;
     }
     u -= kv_blocks;
   }
-  q_block(job, items, u / job.q_blocks, u % job.q_blocks, warp_max);
+  const std::uint32_t bh = job.by_q_blocks.quotient(u), bq = job.by_hq.quotient(bh);
+  h = static_cast<int>(job.by_hq.remainder(bh, bq));
+  q_block(job, items, static_cast<int>(bq), h, static_cast<int>(job.by_group.quotient(h)),
+          static_cast<int>(job.by_q_blocks.remainder(u, bh)), warp_max);
 }
 
 }  // namespace fp4attn::cuda_quantize
