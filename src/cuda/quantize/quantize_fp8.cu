@@ -18,7 +18,7 @@ namespace {
 
 constexpr std::int64_t kMaxGridY = 65535;
 constexpr std::size_t kCodeStoreAlign = 8;  // Q and K codes: 8 per store
-constexpr std::size_t kVtStoreAlign = 4;    // Vᵀ: one 32-bit word per store
+constexpr std::size_t kVtStoreAlign = 16;   // Vᵀ: 16 bytes of a row per store
 constexpr int kNonfiniteFlags = 3;
 
 void check_cuda(cudaError_t err, const char* what) {
@@ -123,7 +123,7 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
   if ((out.q == nullptr) != (out.k == nullptr)) throw Error("out", "q and k codes must both be given or both be null");
   if (out.q == nullptr && smooth_k) throw Error("smooth_k", "needs the q and k code buffers (V-only call)");
   if (!aligned(out.q, kCodeStoreAlign) || !aligned(out.k, kCodeStoreAlign) || !aligned(out.vt, kVtStoreAlign))
-    throw Error("out", "code buffers must be 8-byte (q, k) and 4-byte (vt) aligned");
+    throw Error("out", "code buffers must be 8-byte (q, k) and 16-byte (vt) aligned");
   switch (q.type) {
     case ElementType::f32: return launch<float>(q, k, v, smooth_k, softmax_scale, out, stream);
     case ElementType::f16: return launch<__half>(q, k, v, smooth_k, softmax_scale, out, stream);

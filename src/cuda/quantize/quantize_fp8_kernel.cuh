@@ -29,6 +29,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -271,8 +272,14 @@ __device__ __forceinline__ void load_block(const Job<T>& job, const ThreadItems&
     }
 }
 
-// 8 floats of a per-channel array, this thread's channels.
+// 8 floats of a per-channel array, this thread's channels: two 16-byte
+// loads when the array allows them (the caller's statistics arrays need not).
 __device__ __forceinline__ void load_channels(const float* from, float (&out)[kSegment]) {
+  if (reinterpret_cast<std::uintptr_t>(from) % 16 == 0) {
+    const float4 a = reinterpret_cast<const float4*>(from)[0], b = reinterpret_cast<const float4*>(from)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    return;
+  }
 #pragma unroll
   for (int e = 0; e < kSegment; ++e) out[e] = from[e];
 }
@@ -333,13 +340,26 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   const int s0 = blk * kTokenBlock;
   std::uint32_t mag = 0;
   if (smoothed) {
+    // fl(x − m) is monotone in x, so a channel's largest |fl(x − m)| sits at
+    // its largest or smallest x. NaN is not ordered by max / min: smoothed K
+    // has passed the statistics kernel, which reports it.
+    float hi[kSegment], lo[kSegment];
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) hi[e] = -INFINITY, lo[e] = INFINITY;
 #pragma unroll
     for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
       for (int i = 0; i < kQuadTokens; ++i)
-        if (item_token(items, r, i, s0, S) >= 0)
+        if (whole ? r < job.D / 64 : item_token(items, r, i, s0, S) >= 0)
 #pragma unroll
-          for (int e = 0; e < kSegment; ++e) mag = max(mag, magnitude_bits(element(c.seg[r][i], e) - mean[e]));
+          for (int e = 0; e < kSegment; ++e) {
+            const float v = element(c.seg[r][i], e);
+            hi[e] = fmaxf(hi[e], v), lo[e] = fminf(lo[e], v);
+          }
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e)
+      if (hi[e] >= lo[e])  // the thread saw this channel
+        mag = max(mag, max(magnitude_bits(hi[e] - mean[e]), magnitude_bits(lo[e] - mean[e])));
   } else {
     mag = segments_magnitude(c);  // elements past the tensor are zeros
   }
@@ -430,10 +450,19 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
     for (int e = 0; e < kSegment; ++e) tile[(kSegment * g + e) * kVtPitchWords + q] = words[e];
   }
   __syncthreads();
+  // Each channel's 128 keys are a 128-byte run of its Vᵀ row: a thread
+  // writes 16 bytes of one row per store (rows are 16-byte aligned: the host
+  // checks vt, and vt_keys is a multiple of 128).
+  constexpr int kChunksPerRow = kTokenBlock / 16;
   std::uint8_t* rows = job.out.vt + static_cast<std::int64_t>(j) * job.D * job.out.vt_keys + blk * kTokenBlock;
-  for (int idx = static_cast<int>(threadIdx.x); idx < job.D * kQuadsPerBlock; idx += kThreads) {
-    const int d = idx / kQuadsPerBlock, w = idx % kQuadsPerBlock;
-    __stcs(reinterpret_cast<unsigned*>(rows + d * job.out.vt_keys) + w, tile[d * kVtPitchWords + w]);
+  const int chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
+#pragma unroll
+  for (int k = 0; k < kMaxHeadDim * kChunksPerRow / kThreads; ++k) {
+    const int d = static_cast<int>(threadIdx.x) / kChunksPerRow + k * (kThreads / kChunksPerRow);
+    if (d >= job.D) break;
+    const std::uint32_t* from = tile + d * kVtPitchWords + 4 * chunk;
+    __stcs(reinterpret_cast<uint4*>(rows + static_cast<std::int64_t>(d) * job.out.vt_keys) + chunk,
+           make_uint4(from[0], from[1], from[2], from[3]));
   }
 }
 
@@ -456,26 +485,42 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   const float scale = quantize_token_block(job, items, c, false, zero, b, h, blk, job.Sq, job.Hq, job.q_blocks, whole,
                                            job.out.q, job.out.q_scale, job.out.nonfinite + kQ, warp_max, words);
   if (!job.smooth_k) return;
+  // Σ code·mean over the thread's channels for each of its tokens, then the
+  // sum over the D / 8 consecutive lanes of each token (one shuffle level
+  // for all tokens at a time), the block scale applied once per token.
+  float dot[kMaxItems][kQuadTokens];
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i) {
-      // Σ code·mean over the thread's channels, the block scale applied once
-      // per token after the lanes' sum (no product q·scale per element).
-      float dot = 0.0f;
+      dot[r][i] = 0.0f;
 #pragma unroll
       for (int p = 0; p < kSegment / 2; ++p) {
         const std::uint32_t pair = (words[r][i][p / 2] >> (16 * (p % 2))) & 0xFFFFu;
         const float2 qd = __half22float2(
             __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3)));
-        dot = fmaf(qd.x, mean[2 * p], dot);
-        dot = fmaf(qd.y, mean[2 * p + 1], dot);
+        dot[r][i] = fmaf(qd.x, mean[2 * p], dot[r][i]);
+        dot[r][i] = fmaf(qd.y, mean[2 * p + 1], dot[r][i]);
       }
-      // The lanes of one token are the D / 8 consecutive lanes of its quad.
-      for (int off = 1; off < (1 << job.seg_shift); off *= 2) dot += __shfl_xor_sync(kFullWarp, dot, off);
+    }
+  static_assert(kMaxHeadDim / kSegment == 1 << 4, "at most four shuffle levels");
+#pragma unroll
+  for (int level = 0; level < 4; ++level) {
+    if ((2 << level) > (1 << job.seg_shift)) break;
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i) dot[r][i] += __shfl_xor_sync(kFullWarp, dot[r][i], 1 << level);
+  }
+  if (items.column != 0) return;
+#pragma unroll
+  for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+    for (int i = 0; i < kQuadTokens; ++i) {
       const int s = item_token(items, r, i, s0, job.Sq);
-      if (items.column == 0 && s >= 0)
-        job.out.lse_shift[(static_cast<std::int64_t>(b) * job.Hq + h) * job.Sq + s] = job.softmax_scale * (scale * dot);
+      if (s >= 0)
+        job.out.lse_shift[(static_cast<std::int64_t>(b) * job.Hq + h) * job.Sq + s] =
+            job.softmax_scale * (scale * dot[r][i]);
     }
 }
 
