@@ -4,7 +4,7 @@
 # short table last.
 #   usage: scripts/device_check.sh [build-dir]   (default build)
 #   env:   STAGES picks stages (default "tests sanitize python bench");
-#          bench-bwd, bench-quant-fp4, bench-mx, bench-nvfp4 and accuracy-gpu
+#          bench-bwd, bench-quant, bench-quant-fp4, bench-mx, bench-nvfp4 and accuracy-gpu
 #          (the H200 columns of examples/accuracy; needs the python stage's
 #          package) are further stages;
 #          BENCH_ARGS adds options to bench/bench_fwd.py; COMMIT names the
@@ -65,31 +65,37 @@ fi
 
 if has_stage bench; then
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_fwd.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
-    ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-stdout.log" | grep -v "^$" | tail -25
+    ${COMMIT:+--commit "$COMMIT"} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-stdout.log" | grep -v "^$" | tail -25
   summary+=("bench fwd: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage bench-bwd; then
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_bwd.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
-    2>&1 | tee "$OUT/bench-bwd-stdout.log" | grep -v "^$" | tail -20
+    ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-bwd-stdout.log" | grep -v "^$" | tail -20
   summary+=("bench bwd: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-quant; then
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_quantize.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
+    ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-quant-stdout.log" | grep -v "^$" | tail -5
+  summary+=("bench quantize fp8: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage bench-quant-fp4; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_quantize_fp4.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
-    2>&1 | tee "$OUT/bench-quant-fp4-stdout.log" | grep -v "^$" | tail -15
+    ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-quant-fp4-stdout.log" | grep -v "^$" | tail -15
   summary+=("bench quantize fp4: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage bench-mx; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_fwd_mx.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
-    --seqs 4096,16384 2>&1 | tee "$OUT/bench-mx-stdout.log" | grep -v "^$" | tail -4
+    --seqs 4096,16384 ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-mx-stdout.log" | grep -v "^$" | tail -4
   summary+=("bench mx: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage bench-nvfp4; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_fwd_nvfp4.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
-    --seqs 4096,16384 --dims 128,64 2>&1 | tee "$OUT/bench-nvfp4-stdout.log" | grep -v "^$" | tail -6
+    --seqs 4096,16384 --dims 128,64 ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-nvfp4-stdout.log" | grep -v "^$" | tail -6
   summary+=("bench nvfp4: rc=${PIPESTATUS[0]}")
 fi
 
