@@ -148,11 +148,23 @@ __global__ void __launch_bounds__(kThreads, kRowCtasPerSm<T>) fp4_rows_kernel(co
   const int first_token = (tile * kRowTileSegments + static_cast<int>(threadIdx.x)) >> job.seg_shift;
   const int token_step = kThreads >> job.seg_shift;
   Segment<T> x[kRowItems];
+  // Two whole loops on the uniform layout flag: with the flag inside one loop
+  // the compiler issued both the 16-byte and the element-wise loads of every
+  // segment, predicated.
+  if (job.in.vector_loads) {
 #pragma unroll
-  for (int r = 0; r < kRowItems; ++r) {
-    const int token = first_token + r * token_step;
-    if (token < job.S) load_segment<L2Reuse::last>(job.in.segment(b, token, h, first_d), job.in.vector_loads, x[r]);
-    else zero_segment(x[r]);
+    for (int r = 0; r < kRowItems; ++r) {
+      const int token = first_token + r * token_step;
+      if (token < job.S) load_segment<L2Reuse::last>(job.in.segment(b, token, h, first_d), true, x[r]);
+      else zero_segment(x[r]);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRowItems; ++r) {
+      const int token = first_token + r * token_step;
+      if (token < job.S) load_segment<L2Reuse::last>(job.in.segment(b, token, h, first_d), false, x[r]);
+      else zero_segment(x[r]);
+    }
   }
   float mean[kSegment] = {};
   if (job.mean != nullptr)
@@ -160,9 +172,12 @@ __global__ void __launch_bounds__(kThreads, kRowCtasPerSm<T>) fp4_rows_kernel(co
     for (int e = 0; e < kSegment; ++e) mean[e] = __ldg(job.mean + static_cast<std::int64_t>(slice) * job.D + first_d + e);
   const float s_enc = tensor_scale_of(job, cta);
 
-  const int block = job.nvfp4 ? kNvfp4Block : kMxfp4Block;
-  const int segs_per_block = block / kSegment;
-  const int blocks_per_row = job.D / block;
+  // Segments per scale block and blocks per row as shifts: as divisions by
+  // runtime values they were signed division sequences in every item.
+  static_assert(kNvfp4Block == 2 * kSegment && kMxfp4Block == 4 * kSegment, "scale blocks of 2 or 4 segments");
+  const int block_shift = job.nvfp4 ? 1 : 2;  // log2(segments per scale block)
+  const int segs_per_block = 1 << block_shift;
+  const int blocks_per_row = (1 << job.seg_shift) >> block_shift;
   // MXFP4 of unsmoothed 16-bit data: two elements per instruction (e2m1_pairs.cuh).
   const bool pairs = sizeof(T) == 2 && !job.nvfp4 && job.mean == nullptr;
   bool bad = false;
@@ -211,8 +226,8 @@ __global__ void __launch_bounds__(kThreads, kRowCtasPerSm<T>) fp4_rows_kernel(co
     if (token < job.S) {
       const std::int64_t row = static_cast<std::int64_t>(slice) * job.S + token;
       __stcs(reinterpret_cast<unsigned*>(job.codes + row * (job.D / 2) + first_d / 2), word);
-      if (g % segs_per_block == 0)
-        job.scales[row * blocks_per_row + g / segs_per_block] = static_cast<std::uint8_t>(scale_code);
+      if ((g & (segs_per_block - 1)) == 0)
+        job.scales[row * blocks_per_row + (g >> block_shift)] = static_cast<std::uint8_t>(scale_code);
     }
   }
   if (bad) *job.nonfinite = 1;
