@@ -2,8 +2,8 @@
 // bit for bit: Q, K and V codes and scales, the smooth_k mean, Vᵀ's key
 // permutation and zero padding, over bf16, fp16 and fp32 inputs with odd
 // lengths, GQA, head dims 16 to 128 and strided layouts (16-byte aligned and
-// not). Then known answers (E4M3 ties, the chunked order of the mean), the
-// work order's independence from its schedule, non-finite input reported by
+// not). Then known answers (E4M3 ties, the chunked order of the mean), a
+// reused workspace starting each call afresh, non-finite input reported by
 // tensor name, and arguments the quantizer must refuse.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
