@@ -3,7 +3,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <bit>
 #include <limits>
 #include <string>
@@ -52,7 +51,6 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   job.Sq = static_cast<int>(q.S), job.Sk = static_cast<int>(k.S), job.D = static_cast<int>(q.D);
   job.seg_shift = std::countr_zero(static_cast<unsigned>(q.D / kSegment));
   job.q_blocks = static_cast<int>(blocks_of(q.S)), job.k_blocks = static_cast<int>(blocks_of(k.S));
-  job.v_only = out.q == nullptr;  // recipe mxfp4_train: Vᵀ and its scales alone
   job.smooth_k = smooth_k;
   job.softmax_scale = softmax_scale;
   job.out = out;
@@ -71,11 +69,13 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   const int channel_blocks = static_cast<int>((k.H * (k.D / kSegment) + kStatsThreads - 1) / kStatsThreads);
   const std::int64_t stats_x = static_cast<std::int64_t>(job.k_blocks) * channel_blocks;
   const std::int64_t kv_blocks = slices * job.k_blocks;
+  // A V-only call (recipe mxfp4_train: null q and k code buffers) has V blocks alone.
+  const bool v_only = out.q == nullptr;
   const std::int64_t blocks =
-      (job.v_only ? 1 : 2) * kv_blocks + (job.v_only ? 0 : q.B * q.H * static_cast<std::int64_t>(job.q_blocks));
-  if (stats_x > std::numeric_limits<int>::max() || blocks > std::numeric_limits<int>::max() ||
-      k.B > kMaxGridY)
+      (v_only ? 1 : 2) * kv_blocks + (v_only ? 0 : q.B * q.H * static_cast<std::int64_t>(job.q_blocks));
+  if (stats_x > std::numeric_limits<int>::max() || blocks > std::numeric_limits<int>::max())
     throw Error("k", "too many token blocks for one launch");
+  if (k.B > kMaxGridY) throw Error("k", "batch size above " + std::to_string(kMaxGridY) + " for one launch");
   check_cuda(cudaMemsetAsync(ws.bytes() + layout.v_amax, 0, sizeof(unsigned) * slices * k.D, stream),
              "cudaMemsetAsync");
   const dim3 stats_grid(static_cast<unsigned>(stats_x), static_cast<unsigned>(k.B), smooth_k ? 2u : 1u);

@@ -93,7 +93,6 @@ struct Job {
   int seg_shift;  // log2(D / kSegment)
   int q_blocks, k_blocks;
   bool smooth_k;
-  bool v_only;  // out.q and out.k are null: recipe mxfp4_train's call
   float softmax_scale;
   Fp8Buffers out;
   Workspace ws;
