@@ -72,8 +72,10 @@ inline constexpr int kQuadsPerBlock = kTokenBlock / kQuadTokens;
 inline constexpr int kMaxItems = kQuadsPerBlock * (kMaxHeadDim / kSegment) / kThreads;  // (quad, segment) per thread
 inline constexpr int kVtPitchWords = kQuadsPerBlock + 1;  // the pad word spreads the staging writes over banks
 
-// Four CTAs per SM leave 64 registers a thread: a 16-bit block is 16 of
-// them. fp32 blocks take twice as many.
+// Three CTAs per SM leave 80 registers a thread, of which a 16-bit block
+// takes 32 (2 items × 4 tokens × 4 words); fp32 blocks take twice as many.
+// Four CTAs (64 registers) spill and measured 1–3 % slower, two 12 % slower
+// (perf log q3).
 template <class T>
 inline constexpr int kQuantizeCtasPerSm = sizeof(T) == 2 ? 3 : 2;
 
