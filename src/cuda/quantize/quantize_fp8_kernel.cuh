@@ -191,14 +191,20 @@ __global__ void __launch_bounds__(kThreads) fp8_finalize_kernel(const __grid_con
 // Token (0..127) of element i of quad q: the keys of Vᵀ's slots 4q .. 4q + 3.
 // With slot 4q + i inside a 32-key group, vt_key_of_slot gives
 // quad_base(q) + quad_offset(i), so a thread keeps one base per quad.
-__device__ __forceinline__ int quad_base(int q) {
+__host__ __device__ constexpr int quad_base(int q) {
   return q / 8 * kVtKeyGroup + 16 * (q / 4 % 2) + 2 * (q % 4);
 }
 __host__ __device__ constexpr int quad_offset(int i) { return (i & 1) + 8 * (i >> 1); }
-static_assert(vt_key_of_slot(0) == quad_offset(0) && vt_key_of_slot(1) == quad_offset(1) &&
-                  vt_key_of_slot(2) == quad_offset(2) && vt_key_of_slot(3) == quad_offset(3) &&
-                  vt_key_of_slot(4 * 7 + 3) == 16 + 2 * 3 + quad_offset(3),
-              "quad_base and quad_offset restate vt_key_of_slot");
+constexpr bool quads_restate_vt_key_of_slot() {
+  for (int q = 0; q < kQuadsPerBlock; ++q)
+    for (int i = 0; i < kQuadTokens; ++i) {
+      const int slot = kQuadTokens * q + i;
+      if (quad_base(q) + quad_offset(i) != slot / kVtKeyGroup * kVtKeyGroup + vt_key_of_slot(slot % kVtKeyGroup))
+        return false;
+    }
+  return true;
+}
+static_assert(quads_restate_vt_key_of_slot(), "quad_base and quad_offset must give vt_key_of_slot's keys");
 
 struct ThreadItems {
   int column;           // segment column g: channels [8g, 8g + 8)
