@@ -25,6 +25,8 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "cuda/quantize/fma_quotient.hpp"
+
 namespace fp4attn::cuda_quantize {
 
 inline constexpr float kBracketShrink = 1.0f - 0x1p-20f;
@@ -34,12 +36,14 @@ inline constexpr float kBracketGrow = 1.0f + 0x1p-20f;
 struct E4M3Divisor {
   float s;
   float r_shrunk, r_grown;
+  float r;          // RN(1 / s)
+  bool fma_exact;   // fma_quotient gives the IEEE quotient (fma_quotient.hpp)
 };
 
 __device__ __forceinline__ E4M3Divisor make_divisor(float s) {
-  if (!(s >= FLT_MIN)) return {s, 0.0f, __int_as_float(0x7F800000)};
+  if (!(s >= FLT_MIN)) return {s, 0.0f, __int_as_float(0x7F800000), 0.0f, false};
   const float r = __frcp_rn(s);
-  return {s, __fmul_rn(r, kBracketShrink), __fmul_rn(r, kBracketGrow)};
+  return {s, __fmul_rn(r, kBracketShrink), __fmul_rn(r, kBracketGrow), r, fma_quotient_exact_for(s)};
 }
 
 // Two E4M3 codes, x0's in the low byte.
@@ -58,6 +62,13 @@ __device__ __forceinline__ E4M3Bracket e4m3x4_bracket(float x0, float x1, float 
               e4m3x2(__fmul_rn(x2, d.r_shrunk), __fmul_rn(x3, d.r_shrunk)) << 16,
           e4m3x2(__fmul_rn(x0, d.r_grown), __fmul_rn(x1, d.r_grown)) |
               e4m3x2(__fmul_rn(x2, d.r_grown), __fmul_rn(x3, d.r_grown)) << 16};
+}
+
+// Four codes of the IEEE quotients by one FMA-corrected product each
+// (fma_quotient.hpp): no branch, for divisors with fma_exact.
+__device__ __forceinline__ std::uint32_t e4m3x4_fma(float x0, float x1, float x2, float x3, const E4M3Divisor& d) {
+  return e4m3x2(fma_quotient(x0, d.s, d.r), fma_quotient(x1, d.s, d.r)) |
+         e4m3x2(fma_quotient(x2, d.s, d.r), fma_quotient(x3, d.s, d.r)) << 16;
 }
 
 // The same four codes from true IEEE divisions: for the rare word whose

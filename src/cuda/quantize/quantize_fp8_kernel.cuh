@@ -376,21 +376,34 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   if (threadIdx.x == 0) scales[(static_cast<std::int64_t>(b) * H + h) * blocks + blk] = scale;
 
   const E4M3Divisor div = make_divisor(scale);
-  // A word whose bracket straddles a rounding boundary (an exact tie, often:
-  // see e4m3_quotient.cuh) takes the division; the branch is per word.
+  // The FMA-corrected quotient when the block's scale allows it (every
+  // realistic block); otherwise the bracket, where a word whose bracket
+  // straddles a rounding boundary takes the division.
   const auto x = [&](int r, int i, int e) { return element(c.seg[r][i], e) - mean[e]; };
+  if (div.fma_exact) {
 #pragma unroll
-  for (int r = 0; r < kMaxItems; ++r)
+    for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
-    for (int i = 0; i < kQuadTokens; ++i)
+      for (int i = 0; i < kQuadTokens; ++i)
 #pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        const int e = 4 * w;
-        const E4M3Bracket br = e4m3x4_bracket(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div);
-        words[r][i][w] = br.shrunk != br.grown
-                             ? e4m3x4_divided(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div)
-                             : br.shrunk;
-      }
+        for (int w = 0; w < 2; ++w) {
+          const int e = 4 * w;
+          words[r][i][w] = e4m3x4_fma(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div);
+        }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i)
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          const int e = 4 * w;
+          const E4M3Bracket br = e4m3x4_bracket(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div);
+          words[r][i][w] = br.shrunk != br.grown
+                               ? e4m3x4_divided(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div)
+                               : br.shrunk;
+        }
+  }
 
   // Codes are (B, S, H, D): one token further is H·D bytes.
   std::uint8_t* first = codes + ((static_cast<std::int64_t>(b) * S + s0) * H + h) * job.D + items.first_d;
@@ -432,9 +445,11 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
   const int s0 = blk * kTokenBlock;
   float scale[kSegment];
   load_channels(job.out.v_scale + static_cast<std::int64_t>(j) * job.D + items.first_d, scale);
-  E4M3Divisor div[kSegment];
+  // Per channel only the scale and its reciprocal stay live; the bracket's
+  // two factors are made in the rare branch that needs them.
+  float recip[kSegment];
 #pragma unroll
-  for (int e = 0; e < kSegment; ++e) div[e] = make_divisor(scale[e]);
+  for (int e = 0; e < kSegment; ++e) recip[e] = __frcp_rn(scale[e]);
   const bool whole = whole_block(job, job.v, s0, job.Sk);
   Block<T> c;
   load_block<L2Reuse::last>(job, items, job.v, b, h, s0, job.Sk, whole, c);
@@ -450,8 +465,14 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
 #pragma unroll
     for (int e = 0; e < kSegment; ++e) {
       const float x0 = element(x[0], e), x1 = element(x[1], e), x2 = element(x[2], e), x3 = element(x[3], e);
-      const E4M3Bracket br = e4m3x4_bracket(x0, x1, x2, x3, div[e]);
-      words[e] = br.shrunk != br.grown ? e4m3x4_divided(x0, x1, x2, x3, div[e]) : br.shrunk;
+      if (fma_quotient_exact_for(scale[e])) {
+        words[e] = e4m3x2(fma_quotient(x0, scale[e], recip[e]), fma_quotient(x1, scale[e], recip[e])) |
+                   e4m3x2(fma_quotient(x2, scale[e], recip[e]), fma_quotient(x3, scale[e], recip[e])) << 16;
+      } else {
+        const E4M3Divisor div = make_divisor(scale[e]);
+        const E4M3Bracket br = e4m3x4_bracket(x0, x1, x2, x3, div);
+        words[e] = br.shrunk != br.grown ? e4m3x4_divided(x0, x1, x2, x3, div) : br.shrunk;
+      }
     }
 #pragma unroll
     for (int e = 0; e < kSegment; ++e) tile[(kSegment * g + e) * kVtPitchWords + q] = words[e];
