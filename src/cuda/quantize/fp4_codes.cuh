@@ -10,6 +10,8 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "cuda/quantize/fma_quotient.hpp"
+
 #include "cuda/quantize/segment.cuh"
 #include "fp4attn/formats.hpp"
 
@@ -44,20 +46,6 @@ __device__ __forceinline__ std::uint32_t e2m1_code(float x) {
   return sign | (a < kOneBits ? small : large);
 }
 
-// True when x lies within kNearBoundaryUlps float steps of an E2M1 rounding
-// boundary (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5): from 1 up those have the
-// low 22 bits 0x200000, below 1 the low 22 bits 0 (0.25 = 2^-2, 0.75).
-// Some exact values below 1 (0.5, 0.375, …) pass too; they only cost a
-// division.
-inline constexpr std::uint32_t kNearBoundaryUlps = 8;
-__device__ __forceinline__ bool near_e2m1_boundary(float x) {
-  constexpr std::uint32_t kLow22 = (1u << 22) - 1u;
-  constexpr std::uint32_t kOneBits = 0x3F800000u;
-  const std::uint32_t a = __float_as_uint(x) & kMagnitudeMask;
-  const std::uint32_t boundary = a < kOneBits ? 0u : 1u << 21;
-  return ((a - boundary + kNearBoundaryUlps) & kLow22) <= 2 * kNearBoundaryUlps;
-}
-
 // fp4attn::mx_scale_code from the bits of a finite amax.
 __device__ __forceinline__ std::uint32_t mx_scale_code(std::uint32_t amax_bits, bool round_up) {
   if (amax_bits == 0) return 0;
@@ -88,13 +76,10 @@ __device__ __forceinline__ std::uint32_t nv_scale_code(float block_amax, float s
   return __nv_cvt_float_to_fp8(__fdiv_rn(__fmul_rn(block_amax, s_enc), kE2M1Max), __NV_SATFINITE, __NV_E4M3);
 }
 
-// Multiplying by the reciprocal stands in for the IEEE division of the CPU
-// rule: y = fl(p · fl(1/sb)) is within two roundings of 2^-24 of p / sb,
-// and fl(p / sb) within one more, so the two lie less than three float steps
-// apart (measured in the smaller step where a power of two falls between
-// them). E2M1 is monotone in |x|: unless y is within kNearBoundaryUlps steps
-// of a rounding boundary, both have the same code; near one, the quotient
-// is divided for real.
+// The IEEE division of the CPU rule, fl(p / sb), as one reciprocal product
+// corrected by two fused multiply-adds (fma_quotient.hpp: exact for every
+// divisor in [2^-60, 2^60]; UE4M3 scales are in [2^-9, 448], and quotients
+// below E2M1's first boundary 0.25 round to 0 wherever they land).
 struct NvDivisor {
   float sb, r;
 };
@@ -105,26 +90,16 @@ __device__ __forceinline__ NvDivisor make_nv_divisor(std::uint32_t scale_code) {
 }
 
 // Codes of x[first .. first + count) into 4-bit fields of words (element
-// i at nibble i of the run). The rare divisions run after the loop, so the
-// common path has no branch per element.
+// i at nibble i of the run); no branch per element.
 template <int kCount, int N>
 __device__ __forceinline__ void nv_codes(const float (&x)[N], int first, float s_enc, const NvDivisor& div,
                                          std::uint32_t* words) {
   if (div.sb == 0.0f) return;  // the CPU writes +0 for a zero scale; words start at 0
-  float p[kCount], y[kCount];
-  bool near = false;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
-    p[i] = __fmul_rn(x[first + i], s_enc);
-    y[i] = __fmul_rn(p[i], div.r);
-    near |= near_e2m1_boundary(y[i]);
+    const float y = fma_quotient(__fmul_rn(x[first + i], s_enc), div.sb, div.r);
+    words[(first + i) / kSegment] |= e2m1_code(y) << (4 * ((first + i) % kSegment));
   }
-  if (near)
-#pragma unroll
-    for (int i = 0; i < kCount; ++i)
-      if (near_e2m1_boundary(y[i])) y[i] = __fdiv_rn(p[i], div.sb);
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) words[(first + i) / kSegment] |= e2m1_code(y[i]) << (4 * ((first + i) % kSegment));
 }
 
 }  // namespace fp4attn::cuda_quantize::fp4
