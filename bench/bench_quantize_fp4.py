@@ -101,6 +101,9 @@ def main():
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
     ap.add_argument("--chain", type=int, default=10, help="calls back to back per event pair for ms_chain")
+    ap.add_argument("--cases", default="",
+                    help="comma-separated '<format> <case>' names to run, e.g. 'nvfp4 q,mxfp4 k smooth_k' "
+                         "(default: every case and the q+k+vT sequences)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
@@ -161,7 +164,10 @@ def main():
 
         elems = B * S * H * D
         plans_by_case = {}
+        wanted = {c.strip() for c in args.cases.split(",") if c.strip()}
         for name, recipe, op, fmt, smooth_k, transposed in CASES:
+            if wanted and f"{fmt} {name}" not in wanted:
+                continue
             plan = lib.fp4attn_fp4_plan_create(OPERANDS[op], FORMATS[fmt], B, S, H, D, smooth_k, transposed, 0)
             if not plan:
                 raise RuntimeError(lib.fp4attn_fp4_last_error().decode())
@@ -172,6 +178,8 @@ def main():
         # A whole recipe's operands, one after the other: Q, K with smooth_k, Vᵀ.
         for fmt in FORMATS:
             parts = [("q", "q", 0), ("k smooth_k", "k", 1), ("v transposed", "v", 0)]
+            if any((fmt, n) not in plans_by_case for n, _, _ in parts):
+                continue
             plans = [plans_by_case[(fmt, n)] for n, _, _ in parts]
             nbytes = sum(required_bytes(op, fmt, sk, B, S, H, D) for _, op, sk in parts)
             extra_reads = sum(2 * elems for _, op, sk in parts if fmt == "nvfp4" or sk)

@@ -368,9 +368,10 @@ TEST(GpuQuantizeFp4, VMatchesCpuBitForBit) {
     }
 }
 
-// Inputs long enough that every warp of the pipelined MXFP4 kernels runs
-// several rounds of its copy pipeline (every slot reused, tails in the last
-// round); both 16-bit types, both rules, dense and strided.
+// Inputs long enough that every warp of the pipelined kernels runs several
+// rounds of its copy pipeline (every slot reused, tails in the last round);
+// both 16-bit types, both rules, dense and strided; the rows kernel also for
+// NVFP4 and smooth_k, whose rounds run backwards.
 TEST(GpuQuantizeFp4, PipelinedKernelsMatchCpuOverManyRounds) {
   FP4ATTN_REQUIRE_HOPPER();
   for (MxScaleRule rule : kRules) {
@@ -383,6 +384,17 @@ TEST(GpuQuantizeFp4, PipelinedKernelsMatchCpuOverManyRounds) {
                                LayoutKind::qkv_slot, true});
     check_case<__nv_bfloat16>({Fp4Operand::v, TensorFormat::mxfp4, rule, false, true, 3, 1031, 5, 64,
                                LayoutKind::qkv_slot, true});
+    check_case<__half>({Fp4Operand::k, TensorFormat::mxfp4, rule, true, true, 2, 1500, 4, 128, LayoutKind::dense, true});
+    check_case<__nv_bfloat16>({Fp4Operand::q, TensorFormat::mxfp4, rule, false, true, 2, 700, 3, 64, LayoutKind::dense,
+                               true});
+  }
+  for (bool smooth : {false, true}) {
+    const Case c{Fp4Operand::k, TensorFormat::nvfp4, MxScaleRule::round_up, smooth, true, 1, 2053, 8, 128,
+                 LayoutKind::dense, true};
+    check_case<__nv_bfloat16>(c);
+    check_case<__half>(c);
+    check_case<__nv_bfloat16>({smooth ? Fp4Operand::k : Fp4Operand::q, TensorFormat::nvfp4, MxScaleRule::round_up,
+                               smooth, true, 3, 1031, 5, 32, LayoutKind::qkv_slot, true});
   }
 }
 

@@ -1,11 +1,13 @@
 // GPU quantizer for the FP4 recipes, host side: argument checks, the
 // workspace, and the launch sequence of quantize_fp4_kernel.cuh per operand:
-//   q, v, k without smooth_k  MXFP4: one quantize launch (q, k of 16-bit
-//                             data in a 16-byte aligned layout: the
-//                             pipelined fp4_rows_stream_kernel)
+//   q, v, k without smooth_k  MXFP4: one quantize launch
 //                             NVFP4: tensor amax, then quantize (backwards)
 //   k with smooth_k           chunk sums (+ max / min for NVFP4), the mean
 //                             (+ the amax of k − mean), then quantize
+//                             (backwards)
+// The quantize launch for q and k of 16-bit data in a 16-byte aligned layout
+// with D ≥ 32 is the pipelined fp4_rows_stream_kernel, else fp4_rows_kernel;
+// v is fp4_columns_kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -28,7 +30,9 @@ constexpr std::size_t kDefaultSmemLimit = 48 * 1024;
 constexpr int kAmaxCtasPerSm = 8;
 constexpr std::size_t kCodeStoreAlign = 4;         // one 32-bit word per store
 constexpr std::size_t kTransposedStoreAlign = 16;  // Vᵀ: 16 bytes per store
-constexpr std::size_t kBlockStoreAlign = 16;       // fp4_rows_stream_kernel: one 16-byte store per block
+constexpr std::size_t kBlockStoreAlign = 16;       // fp4_rows_stream_kernel: one 16-byte store per 32 elements
+constexpr std::size_t kMeanLoadAlign = 16;         // fp4_rows_stream_kernel: the mean read 16 bytes at a time
+constexpr std::int64_t kStreamMinHeadDim = 32;     // a lane owns 32 elements of one row
 constexpr std::int64_t kWarpSizeTimesBlock = fp4::kWarpSize * kMxfp4Block;  // elements of a rows round: R = this / D
 
 void check_cuda(cudaError_t err, const char* what) {
@@ -88,13 +92,13 @@ const StreamGridLimits& stream_grid_limits() {
 // once per process and input type for the largest size asked (a driver call
 // each launch costs about a microsecond of host time, which a lone call waits
 // for). A call on another device than the first sets it every time.
-template <class T>
+template <class T, bool kSmooth>
 void allow_rows_stream_smem(std::size_t bytes, int first_device) {
   static std::atomic<std::size_t> allowed{kDefaultSmemLimit};
   int device = first_device;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   if (device == first_device && bytes <= allowed.load(std::memory_order_relaxed)) return;
-  check_cuda(cudaFuncSetAttribute(fp4::fp4_rows_stream_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  check_cuda(cudaFuncSetAttribute(fp4::fp4_rows_stream_kernel<T, kSmooth>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)),
              "cudaFuncSetAttribute");
   if (device == first_device) allowed.store(std::max(bytes, allowed.load(std::memory_order_relaxed)));
@@ -103,16 +107,23 @@ void allow_rows_stream_smem(std::size_t bytes, int first_device) {
 constexpr std::size_t kSmemReservedPerCta = 1024;  // what the runtime keeps per resident CTA
 constexpr std::int64_t kMinRoundsPerWarp = 6;
 
-// Rows of MXFP4 q / k through fp4_rows_stream_kernel when the call allows
-// it: 16-bit data without smooth_k, rows on 16-byte boundaries (bulk
-// copies), codes on 16 (one 16-byte store per block). Returns false,
+// What fp4_rows_stream_kernel needs beyond the input and output.
+struct RowStreamExtras {
+  const float* mean;      // smooth_k, else null
+  const unsigned* amax;   // NVFP4
+  bool reverse;
+};
+
+// Rows of q / k through fp4_rows_stream_kernel when the call allows it:
+// 16-bit data with D ≥ 32, rows on 16-byte boundaries (bulk copies), codes
+// on 16 (one 16-byte store per 32 elements), the mean on 16. Returns false,
 // launching nothing, otherwise.
 template <class T>
 bool launch_rows_stream(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const Fp4Output& dst,
-                        int* nonfinite, const InputView<T>& view, cudaStream_t stream) {
-  const bool smooth = op == Fp4Operand::k && opt.smooth_k;
-  if (op == Fp4Operand::v || opt.format != TensorFormat::mxfp4 || smooth || !view.vector_loads ||
-      !aligned(dst.codes, kBlockStoreAlign))
+                        int* nonfinite, const InputView<T>& view, const RowStreamExtras& extras,
+                        cudaStream_t stream) {
+  if (op == Fp4Operand::v || x.D < kStreamMinHeadDim || !view.vector_loads || !aligned(dst.codes, kBlockStoreAlign) ||
+      (extras.mean != nullptr && !aligned(extras.mean, kMeanLoadAlign)))
     return false;
   const std::int64_t rows = x.B * x.S * x.H;
   const std::int64_t rows_per_round = kWarpSizeTimesBlock / x.D;
@@ -127,20 +138,31 @@ bool launch_rows_stream(const StridedInput& x, Fp4Operand op, const Fp4Options& 
   job.by_heads = fast_divisor(static_cast<unsigned>(x.H));
   job.by_tokens = fast_divisor(static_cast<unsigned>(x.S));
   job.round_up = opt.mx_scale_rule == MxScaleRule::round_up;
+  job.nvfp4 = opt.format == TensorFormat::nvfp4;
+  job.reverse = extras.reverse;
+  // Dense (B, S, H, D): rows in (B, S, H) order follow one another in memory.
+  job.contiguous = x.stride_h == x.D && (x.S == 1 || x.stride_s == x.H * x.D) &&
+                   (x.B == 1 || x.stride_b == x.S * x.H * x.D);
+  job.mean = extras.mean, job.amax = extras.amax, job.tensor_scale = dst.tensor_scale;
   job.codes = dst.codes, job.scales = dst.scales;
   job.nonfinite = nonfinite;
 
-  const std::size_t slot_bytes = static_cast<std::size_t>(rows_per_round * (2 * x.D + fp4::kRowPadBytes));
+  const std::size_t slot_bytes =
+      static_cast<std::size_t>(rows_per_round * (2 * x.D + (job.contiguous ? 0 : fp4::kRowPadBytes)));
   const std::size_t smem = fp4::kRowBarrierBytes + std::size_t{fp4::kWarps} * fp4::kRowStages * slot_bytes;
   const StreamGridLimits& limits = stream_grid_limits();
-  allow_rows_stream_smem<T>(smem, limits.device);
+  const bool smooth = extras.mean != nullptr;
+  if (smooth) allow_rows_stream_smem<T, true>(smem, limits.device);
+  else allow_rows_stream_smem<T, false>(smem, limits.device);
   const int by_smem = static_cast<int>(static_cast<std::size_t>(limits.smem_per_sm) / (smem + kSmemReservedPerCta));
-  const int per_sm = std::max(1, std::min(fp4::kRowStreamCtasPerSm, by_smem));
+  const int per_sm =
+      std::max(1, std::min(smooth ? fp4::kRowStreamSmoothCtasPerSm : fp4::kRowStreamCtasPerSm, by_smem));
   // At least kMinRoundsPerWarp rounds a warp: a warp's first rounds pay the
   // pipeline's fill, and small inputs are done by fewer, fuller warps.
-  const std::int64_t ctas = std::min<std::int64_t>(ceil_div(job.rounds, fp4::kWarps * kMinRoundsPerWarp),
-                                                   std::int64_t{limits.sms} * per_sm);
-  fp4::fp4_rows_stream_kernel<T><<<static_cast<unsigned>(ctas), fp4::kThreads, smem, stream>>>(job);
+  const auto ctas = static_cast<unsigned>(std::min<std::int64_t>(
+      ceil_div(job.rounds, fp4::kWarps * kMinRoundsPerWarp), std::int64_t{limits.sms} * per_sm));
+  if (smooth) fp4::fp4_rows_stream_kernel<T, true><<<ctas, fp4::kThreads, smem, stream>>>(job);
+  else fp4::fp4_rows_stream_kernel<T, false><<<ctas, fp4::kThreads, smem, stream>>>(job);
   check_cuda(cudaGetLastError(), "quantize_fp4 launch");
   return true;
 }
@@ -152,8 +174,12 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
   const bool smooth = op == Fp4Operand::k && opt.smooth_k;
   const int B = static_cast<int>(x.B), S = static_cast<int>(x.S), H = static_cast<int>(x.H), D = static_cast<int>(x.D);
 
+  // Without statistics MXFP4 needs no workspace: try the stream kernel first.
   if constexpr (sizeof(T) == 2)
-    if (launch_rows_stream<T>(x, op, opt, dst, out.nonfinite + static_cast<int>(op), view_of<T>(x), stream)) return;
+    if (!nvfp4 && !smooth &&
+        launch_rows_stream<T>(x, op, opt, dst, out.nonfinite + static_cast<int>(op), view_of<T>(x),
+                              RowStreamExtras{nullptr, nullptr, false}, stream))
+      return;
 
   const WorkspaceLayout layout = workspace_layout(x.B, x.S, x.H, x.D);
   CallWorkspace ws(out.workspace, layout.bytes, stream);
@@ -179,10 +205,9 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
   if (smooth) {
     const int chunks = static_cast<int>(mean_chunks(x.S));
     const int channels = H * D;
-    const dim3 grid(static_cast<unsigned>(ceil_div(channels, fp4::kThreads * fp4::kMeanChannelsPerThread)),
-                    static_cast<unsigned>(chunks),
-                    static_cast<unsigned>(B));
-    fp4::fp4_mean_partial_kernel<T><<<grid, fp4::kThreads, 0, stream>>>(job, w, chunks, nvfp4);
+    const int channel_blocks = static_cast<int>(ceil_div(channels / fp4::kMeanQuad, fp4::kMeanThreads));
+    const dim3 grid(static_cast<unsigned>(std::int64_t{chunks} * channel_blocks), static_cast<unsigned>(B));
+    fp4::fp4_mean_partial_kernel<T><<<grid, fp4::kMeanThreads, 0, stream>>>(job, w, chunks, channel_blocks, nvfp4);
     check_cuda(cudaGetLastError(), "quantize_fp4 (mean) launch");
     const auto finalize_ctas = static_cast<unsigned>(ceil_div(x.B * channels, fp4::kThreads));
     fp4::fp4_mean_finalize_kernel<<<finalize_ctas, fp4::kThreads, 0, stream>>>(w, B, channels, chunks, S, out.k_mean,
@@ -198,6 +223,10 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
   }
   // After a full pass over the tensor, its tail is what L2 still holds.
   job.reverse = nvfp4 || smooth;
+  if constexpr (sizeof(T) == 2)
+    if ((nvfp4 || smooth) && launch_rows_stream<T>(x, op, opt, dst, job.nonfinite, job.in,
+                                                   RowStreamExtras{job.mean, job.amax, job.reverse}, stream))
+      return;
 
   const std::int64_t slices = x.B * x.H;
   if (op == Fp4Operand::v) {

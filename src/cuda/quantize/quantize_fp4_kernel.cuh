@@ -15,10 +15,11 @@
 //
 // Kernels, 256-thread CTAs (q, k and v CTAs ordered heads fastest, see
 // tile_of):
-//   fp4_rows_stream_kernel  q, k as MXFP4 of 16-bit data in a 16-byte
-//                       aligned layout: persistent, every warp a pipeline of
-//                       TMA bulk copies into its own shared-memory slots, a
-//                       lane per scale block
+//   fp4_rows_stream_kernel  q, k of 16-bit data in a 16-byte aligned
+//                       layout, D ≥ 32 (MXFP4 or NVFP4, smooth_k or not):
+//                       persistent, every warp a pipeline of TMA bulk copies
+//                       into its own shared-memory slots, a lane per 32
+//                       elements (one MX block, two NV blocks)
 //   fp4_rows_kernel     q, k otherwise: a CTA quantizes 1024 segments (8
 //                       elements of one row) of one (b, h) slice; the lanes of
 //                       one scale block are neighbours and share the block's
@@ -67,8 +68,9 @@ inline constexpr int kAmaxItems = 4;
 template <class T>
 inline constexpr int kRowCtasPerSm = sizeof(T) == 2 ? 4 : 3;
 inline constexpr int kColumnCtasPerSm = 3;
-inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chain
-inline constexpr int kMeanChannelsPerThread = 2;
+inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chains
+inline constexpr int kMeanQuad = 4;                      // channels a fp4_mean_partial_kernel thread sums
+inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_partial_kernel CTA
 
 static_assert(kColumnTileElems / kStripTokens == kThreads, "one strip per thread");
 static_assert(kStripTokens % kRunTokens == 0 && kRunTokens == kMxfp4Block && kRunTokens == 2 * kNvfp4Block);
@@ -367,18 +369,20 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
   }
 }
 
-// ---- MXFP4 of 16-bit q and k, pipelined --------------------------------------------
+// ---- 16-bit q and k, pipelined -------------------------------------------------------
 
-// The common case for q and k (MXFP4 of bf16 / fp16, no smooth_k, rows that
-// start on 16-byte boundaries) runs a persistent kernel in which every warp
+// The common case for q and k (bf16 / fp16 rows that start on 16-byte
+// boundaries) runs a persistent kernel in which every warp
 // is its own pipeline: it walks rounds gw, gw + W, … (W warps in the grid)
 // and has the rows of its next kRowStages − 1 rounds copied into its shared
 // memory slots while it computes the current one, so its arithmetic runs
 // under its own loads and no CTA-wide barrier is needed. The copies are TMA
 // bulk copies (one per row, completion counted in bytes on the slot's
 // mbarrier), not loads into registers, so the bytes in flight cost no
-// occupancy. One lane owns one whole scale block: no shuffles, one scale
-// per 32 elements, one 16-byte store of codes. (cp.async, 16 bytes a lane,
+// occupancy. One lane owns 32 elements of a row, one MX block or two NVFP4
+// blocks: no shuffles, one 16-byte store of codes. MXFP4 without smooth_k
+// codes two elements per instruction (e2m1_pairs.cuh); NVFP4 and smooth_k
+// take fp4_rows_kernel's fp32 steps (element minus mean, block amax, codes). (cp.async, 16 bytes a lane,
 // measured 7 % slower; a columns kernel for Vᵀ on the same plan lost to
 // fp4_columns_kernel at S = 16384: NOTES-fp4.md.)
 
@@ -387,6 +391,12 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
 // measured the same.
 inline constexpr int kRowStages = 4;
 inline constexpr int kRowStreamCtasPerSm = 3;
+// With smooth_k a lane keeps its 32 channels' means in registers from one
+// round to the next (they change only with the batch entry or head group):
+// 2 CTAs per SM leave it 128 registers.
+inline constexpr int kRowStreamSmoothCtasPerSm = 2;
+template <bool kSmooth>
+inline constexpr int kRowStreamCtas = kSmooth ? kRowStreamSmoothCtasPerSm : kRowStreamCtasPerSm;
 inline constexpr int kRowPadBytes = 16;  // row pitch 2D + 16: the 8 lanes of an LDS.128 phase hit 8 bank groups
 inline constexpr int kRowBarrierBytes = kWarps * kRowStages * sizeof(std::uint64_t);  // ahead of the slots
 
@@ -409,6 +419,12 @@ struct RowStreamJob {
   int rounds;                        // warp rounds: rows / R, rounded up
   FastDivisor by_heads, by_tokens;   // row → (b·S + s, h) → (b, s)
   bool round_up;
+  bool nvfp4;
+  bool reverse;                      // rounds from the last: after a pass over the input, L2 holds its tail
+  bool contiguous;                   // dense (B, S, H, D): a round is one run of bytes
+  const float* mean;                 // smooth_k: (B, H, D), 16-byte aligned; else null
+  const unsigned* amax;              // NVFP4: the tensor amax bits
+  float* tensor_scale;               // NVFP4: S_enc, written by CTA 0
   std::uint8_t* codes;
   std::uint8_t* scales;
   int* nonfinite;
@@ -441,18 +457,76 @@ __device__ __forceinline__ std::uint32_t mx_block_codes(const std::uint32_t (&p)
   return scale_code;
 }
 
+// Scale codes and 32 codes (four words) of 32 consecutive elements of a
+// row in fp32, as fp4_rows_kernel computes them: element minus the mean
+// (smooth_k), then one MX block, or two NVFP4 blocks whose scale codes are
+// returned in the low and next byte. `bad` set on Inf / NaN.
+// Segment g of x is the lane's chunk g ^ swizzle (see fp4_rows_stream_kernel),
+// and so are mean[8g .. 8g + 7] when kSmooth; codes and scale codes stay in
+// slot order.
+template <class T, bool kSmooth>
+__device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)[4], const float (&mean)[kMxfp4Block],
+                                                           bool nvfp4, float s_enc, bool round_up,
+                                                           std::uint32_t (&words)[4], bool& bad) {
+  float v[kMxfp4Block];
+#pragma unroll
+  for (int g = 0; g < 4; ++g)
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) v[kSegment * g + e] = element(x[g], e);
+  if constexpr (kSmooth)
+#pragma unroll
+    for (int t = 0; t < kMxfp4Block; ++t) v[t] = __fsub_rn(v[t], mean[t]);
+#pragma unroll
+  for (int g = 0; g < 4; ++g) words[g] = 0;
+  if (nvfp4) {
+    std::uint32_t codes = 0;
+    bad = false;
+#pragma unroll
+    for (int k = 0; k < kMxfp4Block / kNvfp4Block; ++k) {
+      std::uint32_t mag = 0;
+#pragma unroll
+      for (int t = k * kNvfp4Block; t < (k + 1) * kNvfp4Block; ++t) mag = max(mag, magnitude_bits(v[t]));
+      bad |= mag >= kInfBits;
+      const std::uint32_t scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
+      nv_codes<kNvfp4Block>(v, k * kNvfp4Block, s_enc, make_nv_divisor(scale_code), words);
+      codes |= scale_code << (8 * k);
+    }
+    return codes;
+  }
+  std::uint32_t mag = 0;
+#pragma unroll
+  for (int t = 0; t < kMxfp4Block; ++t) mag = max(mag, magnitude_bits(v[t]));
+  bad = mag >= kInfBits;
+  const std::uint32_t scale_code = mx_scale_code(mag, round_up);
+  const float inv = exp2i(kE8M0Bias - static_cast<int>(scale_code));  // 2^-k: the product is exact
+#pragma unroll
+  for (int t = 0; t < kMxfp4Block; ++t) words[t / kSegment] |= e2m1_code(__fmul_rn(v[t], inv)) << (4 * (t % kSegment));
+  return scale_code;
+}
+
 // A round is R = 1024 / D consecutive rows of the (B, S, H) row order (heads
-// fastest: the warps at work read a contiguous stretch of a dense input);
-// lane ℓ < R copies row ℓ, and lane ℓ computes block ℓ / R of row ℓ mod R,
-// so the 8 lanes of an LDS.128 phase read 8 different rows, one bank group
-// each thanks to the pad.
-template <class T>
-__global__ void __launch_bounds__(kThreads, kRowStreamCtasPerSm) fp4_rows_stream_kernel(const __grid_constant__ RowStreamJob job) {
+// fastest: the warps at work read a contiguous stretch of a dense input).
+// Two ways to bring it into a slot:
+//  * contiguous input (dense (B, S, H, D)): the round is 2 KiB of
+//    consecutive bytes, one bulk copy by lane 0; lane ℓ computes the ℓ-th
+//    64 bytes (32 elements). Read in order, the 8 lanes of an LDS.128 phase
+//    would hit 2 of the 8 bank groups, so lane ℓ reads its 16-byte chunks in
+//    the order g ^ ((ℓ >> 1) & 3): 8 bank groups, and an XOR keeps each
+//    NVFP4 block's two chunks together. Codes are put back in order before
+//    the store.
+//  * otherwise: lane ℓ < R copies row ℓ to a row padded by 16 bytes, and
+//    lane ℓ computes block ℓ / R of row ℓ mod R, so the 8 lanes of a phase
+//    read 8 different rows, one bank group each thanks to the pad. The copy
+//    per row costs a loop over the lanes (the bulk copy takes its operands
+//    in uniform registers).
+template <class T, bool kSmooth>
+__global__ void __launch_bounds__(kThreads, kRowStreamCtas<kSmooth>) fp4_rows_stream_kernel(
+    const __grid_constant__ RowStreamJob job) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
   const int rows_per_round = kWarpSize * kMxfp4Block / job.D;
   const unsigned row_bytes = 2u * static_cast<unsigned>(job.D);
-  const int pitch = static_cast<int>(row_bytes) + kRowPadBytes;
+  const int pitch = static_cast<int>(row_bytes) + (job.contiguous ? 0 : kRowPadBytes);
   const int slot_bytes = rows_per_round * pitch;
   std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem) + warp * kRowStages;
   unsigned char* slots = smem + kRowBarrierBytes + warp * kRowStages * slot_bytes;
@@ -464,6 +538,14 @@ __global__ void __launch_bounds__(kThreads, kRowStreamCtasPerSm) fp4_rows_stream
 
   const int warps = static_cast<int>(gridDim.x) * kWarps;
   const int first_round = static_cast<int>(blockIdx.x) * kWarps + warp;
+  float s_enc = 1.0f;
+  if (job.nvfp4) {
+    s_enc = nv_tensor_scale(__ldcg(job.amax));
+    if (blockIdx.x == 0 && threadIdx.x == 0) *job.tensor_scale = s_enc;
+  }
+  const bool packed = !kSmooth && !job.nvfp4;
+  float mean[kMxfp4Block];  // kSmooth: the means of the lane's chunks, in slot order
+  std::int64_t mean_slice = -1;
   // Row r of the (B, S, H) order → its (b, s, h).
   auto split = [&](int r, int& b, int& s, int& h) {
     const int bs = static_cast<int>(job.by_heads.quotient(static_cast<unsigned>(r)));
@@ -473,10 +555,22 @@ __global__ void __launch_bounds__(kThreads, kRowStreamCtasPerSm) fp4_rows_stream
   };
   // The last round may hold fewer rows: its other lanes compute on stale
   // slot bytes and store nothing.
-  auto issue = [&](int round, int slot) {
-    if (round >= job.rounds) return;
-    const int first = round * rows_per_round;
+  // Walk position → round: backwards with `reverse`.
+  auto round_at = [&](int walk) { return job.reverse ? job.rounds - 1 - walk : walk; };
+  auto issue = [&](int walk, int slot) {
+    if (walk >= job.rounds) return;
+    const int first = round_at(walk) * rows_per_round;
     const int count = min(rows_per_round, job.rows - first);
+    if (job.contiguous) {
+      if (lane == 0) {
+        const unsigned bytes = static_cast<unsigned>(count) * row_bytes;
+        cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             &bars[slot], bytes);
+        cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, slots + slot * slot_bytes,
+                                 job.in + static_cast<std::int64_t>(first) * row_bytes, bytes, &bars[slot]);
+      }
+      return;
+    }
     if (lane == 0)
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                            &bars[slot], static_cast<unsigned>(count) * row_bytes);
@@ -492,38 +586,89 @@ __global__ void __launch_bounds__(kThreads, kRowStreamCtasPerSm) fp4_rows_stream
 #pragma unroll 1
   for (int i = 0; i < kRowStages - 1; ++i) issue(first_round + i * warps, i);
 
-  const int my_row = lane % rows_per_round, my_block = lane / rows_per_round;
+  const int blocks_per_row = job.D / kMxfp4Block;
+  const int my_row = job.contiguous ? lane / blocks_per_row : lane % rows_per_round;
+  const int my_block = job.contiguous ? lane % blocks_per_row : lane / rows_per_round;
+  const unsigned swizzle = job.contiguous ? (static_cast<unsigned>(lane) >> 1) & 3u : 0u;
   bool bad = false;
 #pragma unroll 1
   for (int i = 0;; ++i) {
-    const int round = first_round + i * warps;
-    if (round >= job.rounds) break;
+    const int walk = first_round + i * warps;
+    if (walk >= job.rounds) break;
     // The slot of round i + stages − 1 was last read in round i − 1, by every
     // lane before the __syncwarp that ended its reads.
-    issue(round + (kRowStages - 1) * warps, (i + kRowStages - 1) % kRowStages);
+    issue(walk + (kRowStages - 1) * warps, (i + kRowStages - 1) % kRowStages);
+    const int row = round_at(walk) * rows_per_round + my_row;
+    int b, s, h;
+    split(min(row, job.rows - 1), b, s, h);  // lanes past the end compute on stale bytes, store nothing
+    if constexpr (kSmooth) {
+      // A warp steps 8 · gridDim rounds of 1024 / D rows, so a lane keeps
+      // its head whenever H · D divides 8192 · gridDim (a power-of-two H
+      // with H · D ≤ 8192, say): the means then load once per batch entry,
+      // else every round. Loaded before the wait, their latency overlaps
+      // the copy's.
+      const std::int64_t slice = static_cast<std::int64_t>(b) * job.H + h;
+      if (slice != mean_slice) {
+        mean_slice = slice;
+        const auto* m = reinterpret_cast<const float4*>(job.mean + slice * job.D + my_block * kMxfp4Block);
+#pragma unroll
+        for (int g = 0; g < 4; ++g)
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float4 q = __ldg(m + 2 * (g ^ swizzle) + k);
+            mean[8 * g + 4 * k] = q.x, mean[8 * g + 4 * k + 1] = q.y;
+            mean[8 * g + 4 * k + 2] = q.z, mean[8 * g + 4 * k + 3] = q.w;
+          }
+      }
+    }
     wait_slot(&bars[i % kRowStages], static_cast<unsigned>(i / kRowStages) & 1u);
     const uint4* src =
         reinterpret_cast<const uint4*>(slots + (i % kRowStages) * slot_bytes + my_row * pitch + my_block * 2 * kMxfp4Block);
-    std::uint32_t p[16];
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      const uint4 v = src[g];
-      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-      segment_pairs(w, *reinterpret_cast<std::uint32_t(*)[4]>(p + 4 * g));
-    }
-    __syncwarp();
     std::uint32_t words[4];
     bool block_bad;
-    const std::uint32_t scale_code = mx_block_codes<T>(p, job.round_up, words, block_bad);
-    const int row = round * rows_per_round + my_row;
+    std::uint32_t scale_code;
+    if (packed) {
+      std::uint32_t p[16];
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        const uint4 v = src[g ^ swizzle];
+        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        segment_pairs(w, *reinterpret_cast<std::uint32_t(*)[4]>(p + 4 * g));
+      }
+      __syncwarp();
+      scale_code = mx_block_codes<T>(p, job.round_up, words, block_bad);
+    } else {
+      Segment<T> x[4];
+#pragma unroll
+      for (int g = 0; g < 4; ++g) {
+        const uint4 v = src[g ^ swizzle];
+        x[g].w[0] = v.x, x[g].w[1] = v.y, x[g].w[2] = v.z, x[g].w[3] = v.w;
+      }
+      __syncwarp();
+      scale_code = float_block_codes<T, kSmooth>(x, mean, job.nvfp4, s_enc, job.round_up, words, block_bad);
+    }
+    // Back to chunk order: slot g holds chunk g ^ swizzle. Bit 1 of the
+    // swizzle also swaps the NVFP4 blocks, whose scale codes are the two bytes.
+    if (swizzle & 1u) {
+      const std::uint32_t w0 = words[0], w2 = words[2];
+      words[0] = words[1], words[1] = w0, words[2] = words[3], words[3] = w2;
+    }
+    if (swizzle & 2u) {
+      const std::uint32_t w0 = words[0], w1 = words[1];
+      words[0] = words[2], words[1] = words[3], words[2] = w0, words[3] = w1;
+      if (job.nvfp4) scale_code = __byte_perm(scale_code, 0, 0x3201);
+    }
     if (row < job.rows) {
       bad |= block_bad;
-      int b, s, h;
-      split(row, b, s, h);
       const std::int64_t out_row = static_cast<std::int64_t>(b * job.H + h) * job.S + s;
       __stcs(reinterpret_cast<uint4*>(job.codes + out_row * (job.D / 2) + my_block * 16),
              make_uint4(words[0], words[1], words[2], words[3]));
-      job.scales[out_row * (job.D / kMxfp4Block) + my_block] = static_cast<std::uint8_t>(scale_code);
+      if (job.nvfp4) {
+        std::uint8_t* scale = job.scales + out_row * (job.D / kNvfp4Block) + 2 * my_block;
+        scale[0] = static_cast<std::uint8_t>(scale_code), scale[1] = static_cast<std::uint8_t>(scale_code >> 8);
+      } else {
+        job.scales[out_row * (job.D / kMxfp4Block) + my_block] = static_cast<std::uint8_t>(scale_code);
+      }
     }
   }
   if (bad) *job.nonfinite = 1;
@@ -564,70 +709,87 @@ __global__ void __launch_bounds__(kThreads) fp4_amax_kernel(const __grid_constan
 
 // ---- smooth_k ------------------------------------------------------------------------
 
-// Two neighbouring channels of one token, widened to float: one 32-bit
-// (16-bit types) or 64-bit (fp32) load when the layout allows it.
+// Four consecutive channels of one token, widened to float: one 8-byte
+// (16-bit types) or 16-byte (fp32) load when the layout allows it.
 template <class T>
-__device__ __forceinline__ float2 load_pair(const T* p, bool vector) {
+__device__ __forceinline__ void load_quad(const T* p, bool vector, float (&x)[kMeanQuad]) {
   if constexpr (sizeof(T) == sizeof(float)) {
-    if (vector) return __ldg(reinterpret_cast<const float2*>(p));
-    return make_float2(__ldg(p), __ldg(p + 1));
+    if (vector) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p));
+      x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < kMeanQuad; ++e) x[e] = __ldg(reinterpret_cast<const float*>(p) + e);
+    }
   } else {
-    const auto* half_words = reinterpret_cast<const unsigned short*>(p);
-    Segment<T> pair;
-    pair.w[0] = vector ? __ldg(reinterpret_cast<const unsigned*>(p))
-                       : __ldg(half_words) | (static_cast<std::uint32_t>(__ldg(half_words + 1)) << 16);
-    return make_float2(element(pair, 0), element(pair, 1));
+    Segment<T> seg;  // elements 0..3 only
+    if (vector) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+      seg.w[0] = v.x, seg.w[1] = v.y;
+    } else {
+      const auto* h = reinterpret_cast<const unsigned short*>(p);
+      seg.w[0] = __ldg(h) | (static_cast<std::uint32_t>(__ldg(h + 1)) << 16);
+      seg.w[1] = __ldg(h + 2) | (static_cast<std::uint32_t>(__ldg(h + 3)) << 16);
+    }
+#pragma unroll
+    for (int e = 0; e < kMeanQuad; ++e) x[e] = element(seg, e);
   }
 }
 
-// Running statistics of one channel over one chunk.
-struct ChannelSum {
-  double sum = 0.0;
-  float hi = -FLT_MAX, lo = FLT_MAX;
-  std::uint32_t mag = 0;
-  __device__ __forceinline__ void add(float x) {
-    sum += static_cast<double>(x);
-    hi = fmaxf(hi, x), lo = fminf(lo, x);
-    mag = max(mag, magnitude_bits(x));
-  }
-};
-
-// One 128-token chunk of one batch entry, 2 · 256 channels (h·D + d) per
-// CTA, two neighbouring channels per thread: the chunk's double sum per
-// channel in ascending s; with want_range also the chunk's max and min (the
-// NVFP4 amax of k − mean follows from them: fl(k − m) is monotone in k, so
-// its largest magnitude is at k's max or min).
+// One 128-token chunk of one batch entry: a thread walks four channels of
+// one head down the chunk, so each channel's double sum is one dependent
+// chain in ascending s, as the CPU adds; with want_range also the chunk's
+// max and min per channel (the NVFP4 amax of k − mean follows from them:
+// fl(k − m) is monotone in k, so its largest magnitude is at k's max or
+// min). Four channels a thread rather than eight: twice the threads, and the
+// grid is small (chunks × B × H·D / 512 CTAs). Grid: x = chunk ·
+// channel_blocks + channel block (kMeanThreads quads), y = b.
 template <class T>
-__global__ void __launch_bounds__(kThreads) fp4_mean_partial_kernel(const __grid_constant__ Job<T> job, Workspace ws,
-                                                                     int chunks, bool want_range) {
-  const int channels = job.H * job.D;
-  const int c = kMeanChannelsPerThread * (static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x));
-  const int chunk = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
-  if (c >= channels) return;
-  const int h = c >> (job.seg_shift + 3), d = c & (job.D - 1);  // D is even: both channels share h
-  const int s0 = chunk * kSequenceMeanChunk;
-  const int tokens = min(kSequenceMeanChunk, job.S - s0);
-  const T* p = job.in.segment(b, s0, h, d);
-  ChannelSum even, odd;
+__global__ void __launch_bounds__(kMeanThreads) fp4_mean_partial_kernel(const __grid_constant__ Job<T> job, Workspace ws,
+                                                                         int chunks, int channel_blocks,
+                                                                         bool want_range) {
+  const int chunk = static_cast<int>(blockIdx.x) / channel_blocks;
+  const int quad = (static_cast<int>(blockIdx.x) % channel_blocks) * kMeanThreads + static_cast<int>(threadIdx.x);
+  const int b = static_cast<int>(blockIdx.y);
+  if (quad * kMeanQuad >= job.H * job.D) return;
+  const int h = (quad * kMeanQuad) / job.D, d0 = (quad * kMeanQuad) % job.D;
+  const int s0 = chunk * kSequenceMeanChunk, tokens = min(kSequenceMeanChunk, job.S - s0);
+  const T* p = job.in.segment(b, s0, h, d0);
+
+  double sum[kMeanQuad] = {};
+  float hi[kMeanQuad], lo[kMeanQuad];
+#pragma unroll
+  for (int e = 0; e < kMeanQuad; ++e) hi[e] = -FLT_MAX, lo[e] = FLT_MAX;
+  std::uint32_t mag = 0;
+  const auto take = [&](const float (&x)[kMeanQuad]) {
+#pragma unroll
+    for (int e = 0; e < kMeanQuad; ++e) {
+      sum[e] += static_cast<double>(x[e]);
+      hi[e] = fmaxf(hi[e], x[e]), lo[e] = fminf(lo[e], x[e]);
+      mag = max(mag, magnitude_bits(x[e]));
+    }
+  };
   int t = 0;
-  // The adds form one dependent chain per channel: read a batch ahead so
-  // that only the DADD latency sits on it.
   for (; t + kMeanSumBatch <= tokens; t += kMeanSumBatch) {
-    float2 x[kMeanSumBatch];
+    float x[kMeanSumBatch][kMeanQuad];
 #pragma unroll
     for (int u = 0; u < kMeanSumBatch; ++u)
-      x[u] = load_pair(p + static_cast<std::int64_t>(t + u) * job.in.stride_s, job.in.vector_loads);
+      load_quad(p + static_cast<std::int64_t>(t + u) * job.in.stride_s, job.in.vector_loads, x[u]);
 #pragma unroll
-    for (int u = 0; u < kMeanSumBatch; ++u) even.add(x[u].x), odd.add(x[u].y);
+    for (int u = 0; u < kMeanSumBatch; ++u) take(x[u]);
   }
   for (; t < tokens; ++t) {
-    const float2 x = load_pair(p + static_cast<std::int64_t>(t) * job.in.stride_s, job.in.vector_loads);
-    even.add(x.x), odd.add(x.y);
+    float x[kMeanQuad];
+    load_quad(p + static_cast<std::int64_t>(t) * job.in.stride_s, job.in.vector_loads, x);
+    take(x);
   }
-  if (max(even.mag, odd.mag) >= kInfBits) *job.nonfinite = 1;
-  const std::int64_t at = (static_cast<std::int64_t>(b) * chunks + chunk) * channels + c;
-  ws.k_partial[at] = even.sum, ws.k_partial[at + 1] = odd.sum;
-  if (want_range) ws.k_max[at] = even.hi, ws.k_min[at] = even.lo, ws.k_max[at + 1] = odd.hi, ws.k_min[at + 1] = odd.lo;
+  if (mag >= kInfBits) *job.nonfinite = 1;
+  const std::int64_t at = (static_cast<std::int64_t>(b) * chunks + chunk) * (job.H * job.D) + quad * kMeanQuad;
+#pragma unroll
+  for (int e = 0; e < kMeanQuad; ++e) ws.k_partial[at + e] = sum[e];
+  if (want_range)
+#pragma unroll
+    for (int e = 0; e < kMeanQuad; ++e) ws.k_max[at + e] = hi[e], ws.k_min[at + e] = lo[e];
 }
 
 // Per (b, channel): the chunk sums in ascending order, / S, to float; with
