@@ -205,7 +205,7 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
   if (smooth) {
     const int chunks = static_cast<int>(mean_chunks(x.S));
     const int channels = H * D;
-    const int channel_blocks = static_cast<int>(ceil_div(channels / fp4::kMeanQuad, fp4::kMeanThreads));
+    const int channel_blocks = static_cast<int>(ceil_div(channels / kQuad, fp4::kMeanThreads));
     const dim3 grid(static_cast<unsigned>(std::int64_t{chunks} * channel_blocks), static_cast<unsigned>(B));
     fp4::fp4_mean_partial_kernel<T><<<grid, fp4::kMeanThreads, 0, stream>>>(job, w, chunks, channel_blocks, nvfp4);
     check_cuda(cudaGetLastError(), "quantize_fp4 (mean) launch");

@@ -69,7 +69,6 @@ template <class T>
 inline constexpr int kRowCtasPerSm = sizeof(T) == 2 ? 4 : 3;
 inline constexpr int kColumnCtasPerSm = 3;
 inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chains
-inline constexpr int kMeanQuad = 4;                      // channels a fp4_mean_partial_kernel thread sums
 inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_partial_kernel CTA
 
 static_assert(kColumnTileElems / kStripTokens == kThreads, "one strip per thread");
@@ -709,33 +708,6 @@ __global__ void __launch_bounds__(kThreads) fp4_amax_kernel(const __grid_constan
 
 // ---- smooth_k ------------------------------------------------------------------------
 
-// Four consecutive channels of one token, widened to float: one 8-byte
-// (16-bit types) or 16-byte (fp32) load when the layout allows it.
-template <class T>
-__device__ __forceinline__ void load_quad(const T* p, bool vector, float (&x)[kMeanQuad]) {
-  if constexpr (sizeof(T) == sizeof(float)) {
-    if (vector) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(p));
-      x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
-    } else {
-#pragma unroll
-      for (int e = 0; e < kMeanQuad; ++e) x[e] = __ldg(reinterpret_cast<const float*>(p) + e);
-    }
-  } else {
-    Segment<T> seg;  // elements 0..3 only
-    if (vector) {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-      seg.w[0] = v.x, seg.w[1] = v.y;
-    } else {
-      const auto* h = reinterpret_cast<const unsigned short*>(p);
-      seg.w[0] = __ldg(h) | (static_cast<std::uint32_t>(__ldg(h + 1)) << 16);
-      seg.w[1] = __ldg(h + 2) | (static_cast<std::uint32_t>(__ldg(h + 3)) << 16);
-    }
-#pragma unroll
-    for (int e = 0; e < kMeanQuad; ++e) x[e] = element(seg, e);
-  }
-}
-
 // One 128-token chunk of one batch entry: a thread walks four channels of
 // one head down the chunk, so each channel's double sum is one dependent
 // chain in ascending s, as the CPU adds; with want_range also the chunk's
@@ -751,19 +723,19 @@ __global__ void __launch_bounds__(kMeanThreads) fp4_mean_partial_kernel(const __
   const int chunk = static_cast<int>(blockIdx.x) / channel_blocks;
   const int quad = (static_cast<int>(blockIdx.x) % channel_blocks) * kMeanThreads + static_cast<int>(threadIdx.x);
   const int b = static_cast<int>(blockIdx.y);
-  if (quad * kMeanQuad >= job.H * job.D) return;
-  const int h = (quad * kMeanQuad) / job.D, d0 = (quad * kMeanQuad) % job.D;
+  if (quad * kQuad >= job.H * job.D) return;
+  const int h = (quad * kQuad) / job.D, d0 = (quad * kQuad) % job.D;
   const int s0 = chunk * kSequenceMeanChunk, tokens = min(kSequenceMeanChunk, job.S - s0);
   const T* p = job.in.segment(b, s0, h, d0);
 
-  double sum[kMeanQuad] = {};
-  float hi[kMeanQuad], lo[kMeanQuad];
+  double sum[kQuad] = {};
+  float hi[kQuad], lo[kQuad];
 #pragma unroll
-  for (int e = 0; e < kMeanQuad; ++e) hi[e] = -FLT_MAX, lo[e] = FLT_MAX;
+  for (int e = 0; e < kQuad; ++e) hi[e] = -FLT_MAX, lo[e] = FLT_MAX;
   std::uint32_t mag = 0;
-  const auto take = [&](const float (&x)[kMeanQuad]) {
+  const auto take = [&](const float (&x)[kQuad]) {
 #pragma unroll
-    for (int e = 0; e < kMeanQuad; ++e) {
+    for (int e = 0; e < kQuad; ++e) {
       sum[e] += static_cast<double>(x[e]);
       hi[e] = fmaxf(hi[e], x[e]), lo[e] = fminf(lo[e], x[e]);
       mag = max(mag, magnitude_bits(x[e]));
@@ -771,25 +743,25 @@ __global__ void __launch_bounds__(kMeanThreads) fp4_mean_partial_kernel(const __
   };
   int t = 0;
   for (; t + kMeanSumBatch <= tokens; t += kMeanSumBatch) {
-    float x[kMeanSumBatch][kMeanQuad];
+    float x[kMeanSumBatch][kQuad];
 #pragma unroll
     for (int u = 0; u < kMeanSumBatch; ++u)
-      load_quad(p + static_cast<std::int64_t>(t + u) * job.in.stride_s, job.in.vector_loads, x[u]);
+      load_quad<L2Reuse::keep>(p + static_cast<std::int64_t>(t + u) * job.in.stride_s, job.in.vector_loads, x[u]);
 #pragma unroll
     for (int u = 0; u < kMeanSumBatch; ++u) take(x[u]);
   }
   for (; t < tokens; ++t) {
-    float x[kMeanQuad];
-    load_quad(p + static_cast<std::int64_t>(t) * job.in.stride_s, job.in.vector_loads, x);
+    float x[kQuad];
+    load_quad<L2Reuse::keep>(p + static_cast<std::int64_t>(t) * job.in.stride_s, job.in.vector_loads, x);
     take(x);
   }
   if (mag >= kInfBits) *job.nonfinite = 1;
-  const std::int64_t at = (static_cast<std::int64_t>(b) * chunks + chunk) * (job.H * job.D) + quad * kMeanQuad;
+  const std::int64_t at = (static_cast<std::int64_t>(b) * chunks + chunk) * (job.H * job.D) + quad * kQuad;
 #pragma unroll
-  for (int e = 0; e < kMeanQuad; ++e) ws.k_partial[at + e] = sum[e];
+  for (int e = 0; e < kQuad; ++e) ws.k_partial[at + e] = sum[e];
   if (want_range)
 #pragma unroll
-    for (int e = 0; e < kMeanQuad; ++e) ws.k_max[at + e] = hi[e], ws.k_min[at + e] = lo[e];
+    for (int e = 0; e < kQuad; ++e) ws.k_max[at + e] = hi[e], ws.k_min[at + e] = lo[e];
 }
 
 // Per (b, channel): the chunk sums in ascending order, / S, to float; with

@@ -66,7 +66,7 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
             reinterpret_cast<double*>(ws.bytes() + layout.k_partial)};
 
   // Statistics: V always, K with smooth_k.
-  const int channel_blocks = static_cast<int>((k.H * (k.D / kSegment) + kStatsThreads - 1) / kStatsThreads);
+  const int channel_blocks = static_cast<int>((k.H * (k.D / kQuad) + kStatsThreads - 1) / kStatsThreads);
   const std::int64_t stats_x = static_cast<std::int64_t>(job.k_blocks) * channel_blocks;
   const std::int64_t kv_blocks = slices * job.k_blocks;
   // A V-only call (recipe mxfp4_train: null q and k code buffers) has V blocks alone.

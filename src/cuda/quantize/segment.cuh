@@ -105,6 +105,36 @@ __device__ __forceinline__ float element(const Segment<__half>& s, int e) {
 }
 __device__ __forceinline__ float element(const Segment<float>& s, int e) { return s.f[e]; }
 
+// Four consecutive channels of one token, widened to float: one 8-byte
+// (16-bit types) or 16-byte (fp32) load when `vector` (InputView::vector_loads
+// puts every segment on a 16-byte boundary, so every quad at a multiple of 4
+// elements is aligned for its load too).
+inline constexpr int kQuad = 4;
+template <L2Reuse R, class T>
+__device__ __forceinline__ void load_quad(const T* p, bool vector, float (&x)[kQuad]) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    if (vector) {
+      const float4 v = load_global<R>(reinterpret_cast<const float4*>(p));
+      x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < kQuad; ++e) x[e] = load_global<R>(reinterpret_cast<const float*>(p) + e);
+    }
+  } else {
+    Segment<T> seg;  // elements 0 .. 3 only
+    if (vector) {
+      const uint2 v = load_global<R>(reinterpret_cast<const uint2*>(p));
+      seg.w[0] = v.x, seg.w[1] = v.y;
+    } else {
+      const auto* h = reinterpret_cast<const unsigned short*>(p);
+      seg.w[0] = load_global<R>(h) | (static_cast<std::uint32_t>(load_global<R>(h + 1)) << 16);
+      seg.w[1] = load_global<R>(h + 2) | (static_cast<std::uint32_t>(load_global<R>(h + 3)) << 16);
+    }
+#pragma unroll
+    for (int e = 0; e < kQuad; ++e) x[e] = element(seg, e);
+  }
+}
+
 // One element as stored (the statistics pass stages K in shared memory as is).
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
