@@ -371,7 +371,8 @@ TEST(GpuQuantizeFp4, VMatchesCpuBitForBit) {
 // Inputs long enough that every warp of the pipelined kernels runs several
 // rounds of its copy pipeline (every slot reused, tails in the last round);
 // both 16-bit types, both rules, dense and strided; the rows kernel also for
-// NVFP4 and smooth_k, whose rounds run backwards.
+// NVFP4 and smooth_k, whose rounds run backwards, and the columns kernel
+// for NVFP4 Vᵀ.
 TEST(GpuQuantizeFp4, PipelinedKernelsMatchCpuOverManyRounds) {
   FP4ATTN_REQUIRE_HOPPER();
   for (MxScaleRule rule : kRules) {
@@ -388,6 +389,10 @@ TEST(GpuQuantizeFp4, PipelinedKernelsMatchCpuOverManyRounds) {
     check_case<__nv_bfloat16>({Fp4Operand::q, TensorFormat::mxfp4, rule, false, true, 2, 700, 3, 64, LayoutKind::dense,
                                true});
   }
+  check_case<__nv_bfloat16>(
+      {Fp4Operand::v, TensorFormat::nvfp4, MxScaleRule::round_up, false, true, 1, 2053, 8, 128, LayoutKind::dense, true});
+  check_case<__half>(
+      {Fp4Operand::v, TensorFormat::nvfp4, MxScaleRule::round_up, false, true, 2, 999, 3, 64, LayoutKind::qkv_slot, true});
   for (bool smooth : {false, true}) {
     const Case c{Fp4Operand::k, TensorFormat::nvfp4, MxScaleRule::round_up, smooth, true, 1, 2053, 8, 128,
                  LayoutKind::dense, true};

@@ -7,7 +7,8 @@
 //                             (backwards)
 // The quantize launch for q and k of 16-bit data in a 16-byte aligned layout
 // with D ≥ 32 is the pipelined fp4_rows_stream_kernel, else fp4_rows_kernel;
-// v is fp4_columns_kernel.
+// for Vᵀ of 16-bit data in such a layout the pipelined
+// fp4_columns_stream_kernel, else (fp32, untransposed V) fp4_columns_kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -102,6 +103,19 @@ void allow_rows_stream_smem(std::size_t bytes, int first_device) {
                                   static_cast<int>(bytes)),
              "cudaFuncSetAttribute");
   if (device == first_device) allowed.store(std::max(bytes, allowed.load(std::memory_order_relaxed)));
+}
+
+// The same for fp4_columns_stream_kernel, whose size is fixed.
+template <class T>
+void allow_columns_stream_smem(std::size_t bytes) {
+  static std::atomic<int> allowed_on{-1};
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (allowed_on.load(std::memory_order_relaxed) == device) return;
+  check_cuda(cudaFuncSetAttribute(fp4::fp4_columns_stream_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)),
+             "cudaFuncSetAttribute");
+  allowed_on.store(device, std::memory_order_relaxed);
 }
 
 constexpr std::size_t kSmemReservedPerCta = 1024;  // what the runtime keeps per resident CTA
@@ -232,6 +246,19 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
   if (op == Fp4Operand::v) {
     const int tile_tokens = fp4::kColumnTileElems / D;
     job.tiles_per_slice = static_cast<int>(ceil_div(job.padded_tokens, tile_tokens));
+    if constexpr (sizeof(T) == 2) {
+      const std::int64_t tiles = slices * job.tiles_per_slice;
+      if (opt.v_transposed && job.in.vector_loads && tiles <= std::numeric_limits<int>::max()) {
+        // Two tile buffers per CTA.
+        constexpr std::size_t kSmem = 2 * sizeof(T) * fp4::kColumnTileElems;
+        allow_columns_stream_smem<T>(kSmem);
+        const auto ctas = static_cast<unsigned>(
+            std::min<std::int64_t>(tiles, std::int64_t{stream_grid_limits().sms} * fp4::kColumnCtasPerSm));
+        fp4::fp4_columns_stream_kernel<T><<<ctas, fp4::kThreads, kSmem, stream>>>(job, static_cast<int>(tiles));
+        check_cuda(cudaGetLastError(), "quantize_fp4 launch");
+        return;
+      }
+    }
     const std::size_t smem = sizeof(T) * fp4::kColumnTileElems + (opt.v_transposed ? 0 : fp4::kColumnTileElems);
     if (smem > kDefaultSmemLimit)
       check_cuda(cudaFuncSetAttribute(fp4::fp4_columns_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,

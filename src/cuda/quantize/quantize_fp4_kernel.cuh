@@ -238,17 +238,20 @@ __global__ void __launch_bounds__(kThreads, kRowCtasPerSm<T>) fp4_rows_kernel(co
 
 // Codes of 32 consecutive tokens of one channel (one MX block, two NV
 // blocks) into four words, token t at nibble t of the run; the scale codes of
-// the run's blocks go to scales[0], scales[pitch].
+// the run's blocks go to scales[0], scales[pitch]. Returns the run's largest
+// |v| as float bits (Inf and NaN above every finite value).
 template <bool kNv>
-__device__ __forceinline__ void encode_run(const float (&v)[kRunTokens], bool round_up, float s_enc,
-                                           std::uint32_t (&words)[kRunTokens / kSegment], std::uint8_t* scales,
-                                           int pitch) {
+__device__ __forceinline__ std::uint32_t encode_run(const float (&v)[kRunTokens], bool round_up, float s_enc,
+                                                    std::uint32_t (&words)[kRunTokens / kSegment],
+                                                    std::uint8_t* scales, int pitch) {
   constexpr int kBlock = kNv ? kNvfp4Block : kMxfp4Block;
+  std::uint32_t run_mag = 0;
 #pragma unroll
   for (int k = 0; k < kRunTokens / kBlock; ++k) {
     std::uint32_t mag = 0;
 #pragma unroll
     for (int t = k * kBlock; t < (k + 1) * kBlock; ++t) mag = max(mag, magnitude_bits(v[t]));
+    run_mag = max(run_mag, mag);
     std::uint32_t scale_code;
     if constexpr (kNv) {
       scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
@@ -262,15 +265,18 @@ __device__ __forceinline__ void encode_run(const float (&v)[kRunTokens], bool ro
     }
     scales[k * pitch] = static_cast<std::uint8_t>(scale_code);
   }
+  return run_mag;
 }
 
 // encode_run for MXFP4 of 16-bit data, two tokens per instruction, reading
 // the run's 32 tokens of one channel from the staged tile (`column` points
-// at the first, `pitch` elements apart). Returns false, writing nothing,
-// when the block's scale is outside what the packed path covers.
+// at the first, `pitch` elements apart); `mag` receives the run's largest
+// |x| as float bits. Returns false, writing nothing, when the block's scale
+// is outside what the packed path covers.
 template <class T>
 __device__ __forceinline__ bool encode_run_pairs(const T* column, int pitch, bool round_up,
-                                                 std::uint32_t (&words)[kRunTokens / kSegment], std::uint8_t* scale) {
+                                                 std::uint32_t (&words)[kRunTokens / kSegment], std::uint8_t* scale,
+                                                 std::uint32_t& mag) {
   static_assert(kRunTokens == kMxfp4Block, "one MX block per run");
   const auto* raw = reinterpret_cast<const unsigned short*>(column);
   std::uint32_t p[kRunTokens / 2];  // p[4g + j] = tokens (8g + j, 8g + j + 4), as mx_codes_x8 takes them
@@ -279,13 +285,34 @@ __device__ __forceinline__ bool encode_run_pairs(const T* column, int pitch, boo
 #pragma unroll
     for (int j = 0; j < kSegment / 2; ++j)
       p[4 * g + j] = raw[(kSegment * g + j) * pitch] | static_cast<std::uint32_t>(raw[(kSegment * g + j + 4) * pitch]) << 16;
-  const std::uint32_t scale_code = mx_scale_code(pairs_amax_bits<T>(p), round_up);
+  mag = pairs_amax_bits<T>(p);
+  const std::uint32_t scale_code = mx_scale_code(mag, round_up);
   if (!mx_pairs_apply<T>(scale_code)) return false;
   const typename Pairs<T>::H2 factor = mx_pair_scale<T>(scale_code);
 #pragma unroll
   for (int g = 0; g < kRunTokens / kSegment; ++g) words[g] = mx_codes_x8<T>(p + 4 * g, factor);
   *scale = static_cast<std::uint8_t>(scale_code);
   return true;
+}
+
+// The 32-token run of channel d starting at token `first` of a staged tile:
+// four code words, the run's scale codes written to `scales` (D bytes apart).
+// Returns the run's largest |x| as float bits.
+template <class T>
+__device__ __forceinline__ std::uint32_t column_run(const Job<T>& job, const T* tile, int first, int d,
+                                                    std::uint8_t* scales, float s_enc,
+                                                    std::uint32_t (&words)[kRunTokens / kSegment]) {
+#pragma unroll
+  for (int w = 0; w < kRunTokens / kSegment; ++w) words[w] = 0;
+  std::uint32_t mag = 0;
+  if constexpr (sizeof(T) == 2)
+    if (!job.nvfp4 && encode_run_pairs<T>(tile + first * job.D + d, job.D, job.round_up, words, scales, mag))
+      return mag;
+  float v[kRunTokens];
+#pragma unroll
+  for (int t = 0; t < kRunTokens; ++t) v[t] = to_float(tile[(first + t) * job.D + d]);
+  if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, job.D);
+  return encode_run<false>(v, job.round_up, s_enc, words, scales, job.D);
 }
 
 template <class T>
@@ -331,18 +358,9 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
   for (int run = 0; run < kStripTokens / kRunTokens; ++run) {
     const int first = strip * kStripTokens + run * kRunTokens;  // in the tile
     if (t0 + first >= job.padded_tokens) break;
-    std::uint32_t words[kRunTokens / kSegment] = {};
-    std::uint8_t* scales = job.scales + (static_cast<std::int64_t>(slice) * scale_rows + (t0 + first) / block) * job.D + d;
-    bool done = false;
-    if constexpr (sizeof(T) == 2)
-      if (!job.nvfp4) done = encode_run_pairs<T>(tile + first * job.D + d, job.D, job.round_up, words, scales);
-    if (!done) {
-      float v[kRunTokens];
-#pragma unroll
-      for (int t = 0; t < kRunTokens; ++t) v[t] = to_float(tile[(first + t) * job.D + d]);
-      if (job.nvfp4) encode_run<true>(v, job.round_up, s_enc, words, scales, job.D);
-      else encode_run<false>(v, job.round_up, s_enc, words, scales, job.D);
-    }
+    std::uint32_t words[kRunTokens / kSegment];
+    column_run(job, tile, first, d, job.scales + (static_cast<std::int64_t>(slice) * scale_rows + (t0 + first) / block) * job.D + d,
+               s_enc, words);
     if (job.v_transposed) {
       const std::int64_t row = static_cast<std::int64_t>(slice) * job.D + d;
       __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (t0 + first) / 2),
@@ -366,6 +384,79 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
     const std::int64_t row = static_cast<std::int64_t>(slice) * job.padded_tokens + t0 + tok;
     __stcs(reinterpret_cast<unsigned*>(job.codes + row * (job.D / 2) + kSegment / 2 * g), word);
   }
+}
+
+// Vᵀ of 16-bit data in a 16-byte aligned layout, pipelined: persistent CTAs
+// (3 per SM), each walking tiles blockIdx.x, blockIdx.x + gridDim.x, … of
+// fp4_columns_kernel's order with two shared-memory tile buffers. The next
+// tile's 16-byte cp.async copies (zero-filled past S) are in flight while
+// the CTA computes the current one, where fp4_columns_kernel stages, waits
+// and only then computes. Non-finite input shows in the runs' amax.
+template <class T>
+__global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_stream_kernel(
+    const __grid_constant__ Job<T> job, int tiles) {
+  static_assert(sizeof(T) == 2, "16-byte copies of 8 elements");
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* const buffers = reinterpret_cast<T*>(smem);  // buffer k at buffers + k · kColumnTileElems
+  const int tile_tokens = kColumnTileElems / job.D;
+  const int g = static_cast<int>(threadIdx.x) & ((1 << job.seg_shift) - 1);
+  const auto place = [&](int walk, int& b, int& h, int& t0) {
+    int tile_index;
+    tile_of(job, static_cast<unsigned>(job.reverse ? tiles - 1 - walk : walk), b, h, tile_index);
+    t0 = tile_index * tile_tokens;
+  };
+  const auto stage = [&](int walk, T* dst) {
+    int b, h, t0;
+    place(walk, b, h, t0);
+#pragma unroll
+    for (int r = 0; r < kColumnItems; ++r) {
+      const int tok = (r * kThreads + static_cast<int>(threadIdx.x)) >> job.seg_shift;
+      const int s = t0 + tok;
+      const T* src = job.in.segment(b, min(s, job.S - 1), h, kSegment * g);
+      const unsigned bytes = s < job.S ? kVectorBytes : 0u;  // 0: sixteen zero bytes
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                       static_cast<unsigned>(__cvta_generic_to_shared(dst + tok * job.D + kSegment * g))),
+                   "l"(src), "r"(bytes)
+                   : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+  const float s_enc = tensor_scale_of(job, blockIdx.x);
+  const int d = static_cast<int>(threadIdx.x) & (job.D - 1);
+  const int strip = static_cast<int>(threadIdx.x) / job.D;
+  const int block = job.nvfp4 ? kNvfp4Block : kMxfp4Block;
+  const int scale_rows = job.padded_tokens / block;
+  std::uint32_t mag = 0;
+  int walk = static_cast<int>(blockIdx.x);
+  if (walk < tiles) stage(walk, buffers);
+#pragma unroll 1
+  for (int i = 0; walk < tiles; ++i, walk += static_cast<int>(gridDim.x)) {
+    // The buffer the next tile goes to was last read in iteration i − 1,
+    // before the barrier that ended it.
+    if (walk + static_cast<int>(gridDim.x) < tiles) stage(walk + static_cast<int>(gridDim.x), buffers + ((i + 1) & 1) * kColumnTileElems);
+    else asm volatile("cp.async.commit_group;" ::: "memory");  // an empty group keeps the count
+    asm volatile("cp.async.wait_group 1;" ::: "memory");      // this tile's copies have landed
+    __syncthreads();
+    const T* tile = buffers + (i & 1) * kColumnTileElems;
+    int b, h, t0;
+    place(walk, b, h, t0);
+    const int slice = b * job.H + h;
+#pragma unroll 1
+    for (int run = 0; run < kStripTokens / kRunTokens; ++run) {
+      const int first = strip * kStripTokens + run * kRunTokens;  // in the tile
+      if (t0 + first >= job.padded_tokens) break;
+      std::uint32_t words[kRunTokens / kSegment];
+      mag = max(mag, column_run(job, tile, first, d,
+                                job.scales + (static_cast<std::int64_t>(slice) * scale_rows + (t0 + first) / block) *
+                                                 job.D + d,
+                                s_enc, words));
+      const std::int64_t row = static_cast<std::int64_t>(slice) * job.D + d;
+      __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (t0 + first) / 2),
+             make_uint4(words[0], words[1], words[2], words[3]));
+    }
+    __syncthreads();
+  }
+  if (mag >= kInfBits) *job.nonfinite = 1;
 }
 
 // ---- 16-bit q and k, pipelined -------------------------------------------------------
