@@ -382,29 +382,24 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   // realistic block); otherwise the bracket, where a word whose bracket
   // straddles a rounding boundary takes the division.
   const auto x = [&](int r, int i, int e) { return element(c.seg[r][i], e) - mean[e]; };
+  const auto each_word = [&](auto code_of) {
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i)
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          const int e = 4 * w;
+          words[r][i][w] = code_of(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3));
+        }
+  };
   if (div.fma_exact) {
-#pragma unroll
-    for (int r = 0; r < kMaxItems; ++r)
-#pragma unroll
-      for (int i = 0; i < kQuadTokens; ++i)
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          const int e = 4 * w;
-          words[r][i][w] = e4m3x4_fma(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div);
-        }
+    each_word([&](float x0, float x1, float x2, float x3) { return e4m3x4_fma(x0, x1, x2, x3, div); });
   } else {
-#pragma unroll
-    for (int r = 0; r < kMaxItems; ++r)
-#pragma unroll
-      for (int i = 0; i < kQuadTokens; ++i)
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          const int e = 4 * w;
-          const E4M3Bracket br = e4m3x4_bracket(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div);
-          words[r][i][w] = br.shrunk != br.grown
-                               ? e4m3x4_divided(x(r, i, e), x(r, i, e + 1), x(r, i, e + 2), x(r, i, e + 3), div)
-                               : br.shrunk;
-        }
+    each_word([&](float x0, float x1, float x2, float x3) {
+      const E4M3Bracket br = e4m3x4_bracket(x0, x1, x2, x3, div);
+      return br.shrunk != br.grown ? e4m3x4_divided(x0, x1, x2, x3, div) : br.shrunk;
+    });
   }
 
   // Codes are (B, S, H, D): one token further is H·D bytes.
