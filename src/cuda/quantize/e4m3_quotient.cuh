@@ -1,9 +1,13 @@
 // E4M3 codes of x / s, equal bit for bit to the CPU quantizer's
-// encode_rne_sat(e4m3, x / s) with an IEEE fp32 division, at the cost of two
-// multiplications per element except near rounding boundaries. Exact ties
-// are not rare: with bf16 inputs x / s often lands on an E4M3 midpoint (the
-// H200 profile of the quantizer saw about 0.3 % of elements take the
-// division), which is why callers batch the bracket test over many words.
+// encode_rne_sat(e4m3, x / s) with an IEEE fp32 division. Two ways:
+//  * e4m3x4_fma: the quotient from fma_quotient (a reciprocal product and
+//    two FMAs, exact for s in [2^-60, 2^60]; fma_quotient.hpp), no branch.
+//    The quantizer uses it for every block whose scale is in that range.
+//  * the bracket below, at two multiplications per element except near
+//    rounding boundaries, for the other scales. Exact ties are not rare:
+//    with bf16 inputs x / s often lands on an E4M3 midpoint (the H200
+//    profile of the quantizer saw about 0.3 % of elements take the
+//    division), which is why callers batch the bracket test over many words.
 //
 // Why it is exact. Let q = x / s (real), Q = fl(q) the IEEE quotient and
 // f = E4M3 round-to-nearest-even with saturation: f is monotone, and the
