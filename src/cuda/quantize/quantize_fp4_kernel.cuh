@@ -359,8 +359,8 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
     const int first = strip * kStripTokens + run * kRunTokens;  // in the tile
     if (t0 + first >= job.padded_tokens) break;
     std::uint32_t words[kRunTokens / kSegment];
-    column_run(job, tile, first, d, job.scales + (static_cast<std::int64_t>(slice) * scale_rows + (t0 + first) / block) * job.D + d,
-               s_enc, words);
+    std::uint8_t* scales = job.scales + (static_cast<std::int64_t>(slice) * scale_rows + (t0 + first) / block) * job.D + d;
+    column_run(job, tile, first, d, scales, s_enc, words);
     if (job.v_transposed) {
       const std::int64_t row = static_cast<std::int64_t>(slice) * job.D + d;
       __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (t0 + first) / 2),
@@ -433,7 +433,8 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_stream
   for (int i = 0; walk < tiles; ++i, walk += static_cast<int>(gridDim.x)) {
     // The buffer the next tile goes to was last read in iteration i − 1,
     // before the barrier that ended it.
-    if (walk + static_cast<int>(gridDim.x) < tiles) stage(walk + static_cast<int>(gridDim.x), buffers + ((i + 1) & 1) * kColumnTileElems);
+    const int next = walk + static_cast<int>(gridDim.x);
+    if (next < tiles) stage(next, buffers + ((i + 1) & 1) * kColumnTileElems);
     else asm volatile("cp.async.commit_group;" ::: "memory");  // an empty group keeps the count
     asm volatile("cp.async.wait_group 1;" ::: "memory");      // this tile's copies have landed
     __syncthreads();
@@ -472,9 +473,10 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_stream
 // occupancy. One lane owns 32 elements of a row, one MX block or two NVFP4
 // blocks: no shuffles, one 16-byte store of codes. MXFP4 without smooth_k
 // codes two elements per instruction (e2m1_pairs.cuh); NVFP4 and smooth_k
-// take fp4_rows_kernel's fp32 steps (element minus mean, block amax, codes). (cp.async, 16 bytes a lane,
-// measured 7 % slower; a columns kernel for Vᵀ on the same plan lost to
-// fp4_columns_kernel at S = 16384: NOTES-fp4.md.)
+// take fp4_rows_kernel's fp32 steps (element minus mean, block amax, codes).
+// (cp.async, 16 bytes a lane, measured 7 % slower; a columns kernel for Vᵀ
+// on this warp-round plan lost to fp4_columns_kernel at S = 16384:
+// NOTES-fp4.md.)
 
 // Smem slots per warp and CTAs per SM: 8 warps × 4 slots of ≤ 2.5 KiB fit 3
 // CTAs in an SM's 228 KiB (80 registers a thread). 3 slots and 4 CTAs
@@ -808,9 +810,9 @@ __global__ void __launch_bounds__(kThreads) fp4_amax_kernel(const __grid_constan
 // grid is small (chunks × B × H·D / 512 CTAs). Grid: x = chunk ·
 // channel_blocks + channel block (kMeanThreads quads), y = b.
 template <class T>
-__global__ void __launch_bounds__(kMeanThreads) fp4_mean_partial_kernel(const __grid_constant__ Job<T> job, Workspace ws,
-                                                                         int chunks, int channel_blocks,
-                                                                         bool want_range) {
+__global__ void __launch_bounds__(kMeanThreads)
+    fp4_mean_partial_kernel(const __grid_constant__ Job<T> job, Workspace ws, int chunks, int channel_blocks,
+                            bool want_range) {
   const int chunk = static_cast<int>(blockIdx.x) / channel_blocks;
   const int quad = (static_cast<int>(blockIdx.x) % channel_blocks) * kMeanThreads + static_cast<int>(threadIdx.x);
   const int b = static_cast<int>(blockIdx.y);
