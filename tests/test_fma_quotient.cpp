@@ -1,7 +1,7 @@
-// fma_quotient (the GPU FP8 quantizer's division) against the IEEE fp32
-// quotient, computed as a double division rounded to float (exact: 53 bits
-// hold every quotient of two 24-bit significands well enough that the second
-// rounding cannot meet a false tie).
+// fma_quotient (the division of the GPU quantizers' FP8 and NVFP4 codes)
+// against the IEEE fp32 quotient, computed as a double division rounded to
+// float (exact: 53 bits hold every quotient of two 24-bit significands well
+// enough that the second rounding cannot meet a false tie).
 #include <gtest/gtest.h>
 
 #include <bit>
