@@ -8,7 +8,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "fp4attn/recipe.hpp"
+#include "fp4attn/tensor.hpp"
 
 namespace fp4attn::gpu_test {
 
@@ -60,6 +64,16 @@ struct DeviceArray {
 };
 
 // Fresh randomness per run; the seed goes into failure messages.
+// "B2_Hq4_Hkv2_Sq200_Sk333_D64_causal": the shape and mask part of the
+// parameterized suites' case names, so that CTest lists each case by what
+// it covers (the suites append their own flags).
+inline std::string shape_mask_name(const AttentionShape& s, MaskKind mask) {
+  static constexpr const char* kMaskNames[] = {"full", "causal", "causaltopleft"};
+  return "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" + std::to_string(s.Hkv) + "_Sq" +
+         std::to_string(s.Sq) + "_Sk" + std::to_string(s.Sk) + "_D" + std::to_string(s.D) + "_" +
+         kMaskNames[static_cast<int>(mask)];
+}
+
 inline std::uint32_t fresh_seed() { return std::random_device{}(); }
 
 inline constexpr float kOutlierRate = 0.001f;

@@ -64,13 +64,10 @@ GradBounds bounds_of(Recipe r) {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  const auto& s = c.shape;
-  static constexpr const char* kMaskNames[] = {"full", "causal", "causaltopleft"};
   static constexpr const char* kElementNames[] = {"f32", "f16", "bf16"};
-  return "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" + std::to_string(s.Hkv) + "_Sq" +
-         std::to_string(s.Sq) + "_Sk" + std::to_string(s.Sk) + "_D" + std::to_string(s.D) + "_" +
-         kMaskNames[static_cast<int>(c.mask)] + (c.direct_p ? "_directp" : "_exp2") + (c.smooth_k ? "_smoothk" : "") +
-         "_" + kElementNames[static_cast<int>(c.element)] + (c.recipe == Recipe::mxfp4_train ? "_mxfp4train" : "");
+  return gpu_test::shape_mask_name(c.shape, c.mask) + (c.direct_p ? "_directp" : "_exp2") +
+         (c.smooth_k ? "_smoothk" : "") + "_" + kElementNames[static_cast<int>(c.element)] +
+         (c.recipe == Recipe::mxfp4_train ? "_mxfp4train" : "");
 }
 
 AttentionOptions options_of(const Case& c) {

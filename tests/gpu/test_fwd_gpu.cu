@@ -47,11 +47,7 @@ std::string describe(const Case& c, std::uint32_t seed) {
 // so CTest lists (and skips) each case by what it covers.
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  const auto& s = c.shape;
-  static constexpr const char* kMaskNames[] = {"full", "causal", "causaltopleft"};
-  std::string name = "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" + std::to_string(s.Hkv) +
-                     "_Sq" + std::to_string(s.Sq) + "_Sk" + std::to_string(s.Sk) + "_D" + std::to_string(s.D) + "_" +
-                     kMaskNames[static_cast<int>(c.mask)] + (c.direct_p ? "_directp" : "_exp2") +
+  std::string name = gpu_test::shape_mask_name(c.shape, c.mask) + (c.direct_p ? "_directp" : "_exp2") +
                      (c.smooth_k ? "_smoothk" : "");
   if (c.outlier != 1.0f) name += "_outliers";
   return name;

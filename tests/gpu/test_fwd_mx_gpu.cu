@@ -48,12 +48,9 @@ struct MxCase {
 
 std::string case_name(const ::testing::TestParamInfo<MxCase>& info) {
   const MxCase& c = info.param;
-  const auto& s = c.shape;
-  static constexpr const char* kMaskNames[] = {"full", "causal", "causaltopleft"};
-  return std::string(to_string(c.recipe)) + "_B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" +
-         std::to_string(s.Hkv) + "_Sq" + std::to_string(s.Sq) + "_Sk" + std::to_string(s.Sk) + "_D" +
-         std::to_string(s.D) + "_" + kMaskNames[static_cast<int>(c.mask)] + (c.direct_p ? "_directp" : "_exp2") +
-         (c.smooth_k ? "_smoothk" : "") + (c.block_outliers ? "_blockoutliers" : "");
+  return std::string(to_string(c.recipe)) + "_" + gpu_test::shape_mask_name(c.shape, c.mask) +
+         (c.direct_p ? "_directp" : "_exp2") + (c.smooth_k ? "_smoothk" : "") +
+         (c.block_outliers ? "_blockoutliers" : "");
 }
 
 // attention_input, then whole blocks scaled by powers of two. token_block is

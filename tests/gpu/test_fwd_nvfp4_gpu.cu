@@ -49,11 +49,7 @@ struct Nvfp4Case {
 
 std::string case_name(const ::testing::TestParamInfo<Nvfp4Case>& info) {
   const Nvfp4Case& c = info.param;
-  const auto& s = c.shape;
-  static constexpr const char* kMaskNames[] = {"full", "causal", "causaltopleft"};
-  return "B" + std::to_string(s.B) + "_Hq" + std::to_string(s.Hq) + "_Hkv" + std::to_string(s.Hkv) + "_Sq" +
-         std::to_string(s.Sq) + "_Sk" + std::to_string(s.Sk) + "_D" + std::to_string(s.D) + "_" +
-         kMaskNames[static_cast<int>(c.mask)] + (c.smooth_k ? "_smoothk" : "") + (c.outliers ? "_outliers" : "");
+  return gpu_test::shape_mask_name(c.shape, c.mask) + (c.smooth_k ? "_smoothk" : "") + (c.outliers ? "_outliers" : "");
 }
 
 // A contiguous (B, S, H, D) tensor on the device as bf16.
