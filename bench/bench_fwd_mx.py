@@ -3,12 +3,14 @@
 against the fp8 recipe, cuDNN BF16 SDPA and FlashAttention-2 BF16 (PyTorch
 sdpa_kernel backends), in one process (DESIGN §8).
 
-The MX recipes run through bench/capi_mx.cpp: the MXFP4 quantizer, then a fold
-pre-pass into E4M3 (cuda/quantize/fold_mx.hpp), then the FP8 kernel. The
-kernel therefore reads E4M3 bytes, as many as the fp8 recipe reads; the rows
-report both (kernel_bytes) and what MXFP4 storage of Q, K, V would be.
+The MX recipes run through bench/capi_mx.cpp: the MXFP4 quantizer, then
+either a fold pass into E4M3 (cuda/quantize/fold_mx.hpp) whose bytes the FP8
+kernel reads, as many as the fp8 recipe reads (variants mxfp4_train, mxfp4),
+or a pass that writes only the fold factors and a kernel that reads the MXFP4
+codes and scales and expands them itself (variant mxfp4_in_kernel). Rows
+report the kernel's operand bytes (kernel_bytes) and the MXFP4 storage.
   op fwd      the kernel alone on prepared operands
-  op fwd_e2e  quantize + fold from bf16, then the kernel
+  op fwd_e2e  quantize + fold (or factors) from bf16, then the kernel
 
 Timing: CUDA events around each call, warm-up first, median of --reps runs,
 two input sets alternated so that consecutive runs never find their inputs in L2.
@@ -31,12 +33,15 @@ GRID_S = [4096, 8192, 16384]
 DTYPE_BF16 = 2
 INPUT_SETS = 2
 RECIPES = {"mxfp4": 1, "mxfp4_train": 3}
+# What a row measures: recipe fp8, the MX recipes with the fold pass before the
+# kernel, and recipe mxfp4 with the kernel reading MXFP4 and expanding it itself.
+VARIANTS = {"fp8": "fp8", "mxfp4_train": "mxfp4_train", "mxfp4": "mxfp4", "mxfp4_in_kernel": "mxfp4"}
 
 
 def declare_mx(lib):
     lib.fp4attn_mx_last_error.restype = ctypes.c_char_p
     lib.fp4attn_mx_plan_create.restype = ctypes.c_void_p
-    lib.fp4attn_mx_plan_create.argtypes = [ctypes.c_int] * 10 + [ctypes.c_float]
+    lib.fp4attn_mx_plan_create.argtypes = [ctypes.c_int] * 10 + [ctypes.c_float, ctypes.c_int]
     lib.fp4attn_mx_plan_destroy.argtypes = [ctypes.c_void_p]
     lib.fp4attn_mx_kernel_code_bytes.restype = ctypes.c_longlong
     lib.fp4attn_mx_kernel_code_bytes.argtypes = [ctypes.c_void_p]
@@ -58,13 +63,14 @@ def strides(ll3, t):
 class Runner:
     """One plan per input set for one recipe (fp8 through capi.cpp, MX through capi_mx.cpp)."""
 
-    def __init__(self, lib, ll3, sets, B, S, recipe):
+    def __init__(self, lib, ll3, sets, B, S, recipe, expand_in_kernel=False):
         self.lib, self.ll3, self.sets, self.mx = lib, ll3, sets, recipe != "fp8"
         self.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.plans = []
         for _ in sets:
             if self.mx:
-                p = lib.fp4attn_mx_plan_create(B, H, H, S, S, D, RECIPES[recipe], 0, 1, 1, 0.0)
+                p = lib.fp4attn_mx_plan_create(B, H, H, S, S, D, RECIPES[recipe], 0, 1, 1, 0.0,
+                                               int(expand_in_kernel))
                 if not p:
                     raise RuntimeError(lib.fp4attn_mx_last_error().decode())
             else:
@@ -136,6 +142,8 @@ def main():
     ap.add_argument("--seqs", default=",".join(map(str, GRID_S)))
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated: " + ", ".join(VARIANTS))
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
@@ -159,8 +167,10 @@ def main():
         rows.append(dict(op="fwd", impl="fa2_bf16", recipe="bf16", direct_p=False, ms=round(ms_fa2, 4),
                          tflops=round(tf(ms_fa2), 1), kernel_bytes=3 * elems * 2, **base))
         line = [f"S={S:5d} B={B:2d} cudnn {tf(ms_cudnn):6.1f} fa2 {tf(ms_fa2):6.1f}"]
-        for recipe in ("fp8", "mxfp4_train", "mxfp4"):
-            r = Runner(lib, ll3, sets, B, S, recipe)
+        for variant in args.variants.split(","):
+            recipe = VARIANTS[variant]
+            in_kernel = variant == "mxfp4_in_kernel"
+            r = Runner(lib, ll3, sets, B, S, recipe, in_kernel)
             ms = time_ms(r.attend, args.reps, args.warmup)
             ms_e2e = time_ms(r.e2e, args.reps, args.warmup)
             r.e2e(0)
@@ -172,9 +182,10 @@ def main():
                 2 * (elems // 2 + elems // 32) + elems if recipe == "mxfp4_train" else None)
             for op, t in (("fwd", ms), ("fwd_e2e", ms_e2e)):
                 rows.append(dict(op=op, impl="fp4attn", recipe=recipe, direct_p=True, ms=round(t, 4),
+                                 expansion=None if recipe == "fp8" else ("in_kernel" if in_kernel else "fold_pass"),
                                  tflops=round(tf(t), 1), kernel_bytes=kb, fp4_storage_bytes=fp4_storage,
                                  rel_l2_vs_cudnn=round(err, 5), **base))
-            line.append(f"{recipe} {tf(ms):6.1f} (x{ms_cudnn / ms:.2f} cudnn, e2e {tf(ms_e2e):6.1f}, relL2 {err:.4f})")
+            line.append(f"{variant} {tf(ms):6.1f} (x{ms_cudnn / ms:.2f} cudnn, e2e {tf(ms_e2e):6.1f}, relL2 {err:.4f})")
             r.close()
         print("  ".join(line), flush=True)
         log.append("  ".join(line))
@@ -183,9 +194,10 @@ def main():
     cmd = "python3 bench/bench_fwd_mx.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "lib"))
     result = dict(date=args.date, gpu=gpu, commit=args.commit, command=cmd,
-                  note="MX recipes: MXFP4 quantizer + fold pre-pass into E4M3; the kernel reads E4M3 "
-                       "(kernel_bytes equal the fp8 recipe's); FP4 storage with expansion inside the kernel "
-                       "is not what these rows measure.",
+                  note="MX recipes: MXFP4 quantizer, then either a fold pass into E4M3 that the kernel reads "
+                       "(expansion fold_pass; kernel_bytes equal the fp8 recipe's) or a factors-only pass and a "
+                       "kernel that reads MXFP4 codes and scales and expands them in its producer warpgroup "
+                       "(expansion in_kernel).",
                   rows=rows)
     with open(os.path.join(args.out, "bench-fwd-mx.json"), "w") as f:
         json.dump(result, f, indent=1)

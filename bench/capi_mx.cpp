@@ -27,16 +27,21 @@ extern "C" {
 const char* fp4attn_mx_last_error() { return g_mx_last_error.c_str(); }
 
 // recipe: 1 mxfp4, 3 mxfp4_train (fp4attn::Recipe); mask: 0 none, 1 causal
-// bottom-right. Returns null on failure (see fp4attn_mx_last_error).
+// bottom-right; expand_in_kernel: 1 has the kernel read MXFP4 and expand it
+// (recipe mxfp4), 0 folds to E4M3 in a pass before it. Returns null on
+// failure (see fp4attn_mx_last_error).
 void* fp4attn_mx_plan_create(int B, int Hq, int Hkv, int Sq, int Sk, int D, int recipe, int mask, int direct_p,
-                             int smooth_k, float softmax_scale) {
+                             int smooth_k, float softmax_scale, int expand_in_kernel) {
   std::unique_ptr<MxPlan> p;
   const int rc = capi::guarded(g_mx_last_error, [&] {
     p = std::make_unique<MxPlan>();
     const fp4attn::AttentionShape shape{.B = B, .Hq = Hq, .Hkv = Hkv, .Sq = Sq, .Sk = Sk, .D = D};
     p->smooth_k = smooth_k != 0;
     p->softmax_scale = capi::softmax_scale_or_default(softmax_scale, D);
-    p->operands = std::make_unique<fp4attn::sm90::fwd::MxOperands>(shape, static_cast<fp4attn::Recipe>(recipe));
+    const auto expansion = expand_in_kernel != 0 ? fp4attn::sm90::fwd::Fp4Expansion::in_kernel
+                                                 : fp4attn::sm90::fwd::Fp4Expansion::fold_pass;
+    p->operands = std::make_unique<fp4attn::sm90::fwd::MxOperands>(shape, static_cast<fp4attn::Recipe>(recipe),
+                                                                   fp4attn::MxScaleRule::round_up, expansion);
     p->args = p->operands->forward_args(mask ? fp4attn::MaskKind::causal : fp4attn::MaskKind::none, direct_p != 0,
                                         p->softmax_scale, p->smooth_k);
   });
@@ -45,7 +50,8 @@ void* fp4attn_mx_plan_create(int B, int Hq, int Hkv, int Sq, int Sk, int D, int 
 
 void fp4attn_mx_plan_destroy(void* plan) { delete static_cast<MxPlan*>(plan); }
 
-// Bytes of E4M3 codes the kernel reads per call (folded Q, K and Vᵀ).
+// Bytes of operand codes the kernel reads per call (folded E4M3 Q, K and Vᵀ,
+// or MXFP4 codes and scales when the kernel expands them).
 long long fp4attn_mx_kernel_code_bytes(void* plan) {
   return static_cast<long long>(plan_of(plan).operands->kernel_code_bytes());
 }

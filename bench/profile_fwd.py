@@ -32,6 +32,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--recipe", default="fp8", choices=["fp8", "mxfp4", "mxfp4_train"])
     ap.add_argument("--prepare", action="store_true", help="run the preparation from bf16, not the kernel")
+    ap.add_argument("--in-kernel", action="store_true",
+                    help="mxfp4: the kernel reads MXFP4 and expands it (Fp4Expansion::in_kernel)")
     args = ap.parse_args()
     lib, ll3 = load_lib(args.lib)
     H = 16 if args.D == 128 else 32
@@ -46,7 +48,7 @@ def main() -> None:
         if args.D != 128 or args.causal or args.exp2:
             raise SystemExit("the MX plan here is D = 128, noncausal, Direct-P")
         bench_fwd_mx.declare_mx(lib)
-        ours = bench_fwd_mx.Runner(lib, ll3, sets, B, args.S, args.recipe)
+        ours = bench_fwd_mx.Runner(lib, ll3, sets, B, args.S, args.recipe, args.in_kernel)
         run = ours.prepare if args.prepare else ours.attend
     for _ in range(args.calls):
         run(0)

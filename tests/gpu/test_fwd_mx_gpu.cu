@@ -7,9 +7,11 @@
 // more binades than the fold window, so that some blocks round to E4M3
 // subnormals or vanish.
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "cuda/quantize/fold_mx.hpp"
+#include "cuda/quantize/fold_table.hpp"
 #include "cuda/quantize/quantize_fp4.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
 #include "cuda/sm90/fwd/mx_operands.hpp"
@@ -169,6 +171,32 @@ TEST(GpuFoldMx, QkAndVMatchEmulatorOperands) {
   }
 }
 
+// The device's fold_table (cvt-based below the fast window) equals the host's
+// (encode_rne_sat per magnitude) for every pair of E8M0 block and group exponents.
+__global__ void fold_tables_kernel(cq::FoldTable* out) {
+  const int e = static_cast<int>(blockIdx.x) - kE8M0Bias, r = static_cast<int>(threadIdx.x) - kE8M0Bias;
+  out[blockIdx.x * blockDim.x + threadIdx.x] = cq::fold_table(e, r);
+}
+
+TEST(GpuFoldMx, DeviceFoldTableEqualsHostForEveryExponentPair) {
+  FP4ATTN_REQUIRE_HOPPER();
+  constexpr int kExponents = 255;  // E8M0 codes 0 .. 254 (255 is NaN)
+  DeviceArray<cq::FoldTable> tables(kExponents * kExponents);
+  fold_tables_kernel<<<kExponents, kExponents>>>(tables.ptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got = tables.download();
+  std::size_t differ = 0, slow = 0;
+  for (int i = 0; i < kExponents; ++i)
+    for (int j = 0; j < kExponents; ++j) {
+      const cq::FoldTable want = cq::fold_table(i - kE8M0Bias, j - kE8M0Bias);
+      const cq::FoldTable& g = got[i * kExponents + j];
+      differ += g.lo != want.lo || g.hi != want.hi;
+      slow += (i - j + cq::kFoldHeadroom) < -5;
+    }
+  EXPECT_EQ(differ, 0u);
+  EXPECT_GT(slow, 10000u) << "most pairs below the fast window must be covered";
+}
+
 // ---- the forward against the emulator
 
 struct GpuResult {
@@ -176,11 +204,12 @@ struct GpuResult {
 };
 
 GpuResult run_gpu(const MxCase& c, const std::vector<float>& q, const std::vector<float>& k,
-                  const std::vector<float>& v) {
+                  const std::vector<float>& v,
+                  sm90::fwd::Fp4Expansion expansion = sm90::fwd::Fp4Expansion::fold_pass) {
   const AttentionShape& s = c.shape;
   DeviceBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
-  sm90::fwd::MxOperands ops(s, c.recipe);
+  sm90::fwd::MxOperands ops(s, c.recipe, MxScaleRule::round_up, expansion);
   ops.prepare(dq.view, dk.view, dv.view, c.smooth_k, scale, nullptr);
   ops.check_finite(nullptr);
 
@@ -268,6 +297,19 @@ TEST_P(GpuForwardMxGrid, MatchesEmulator) {
   const auto v = mx_input(s.B, s.Sk, s.Hkv, s.D, 1.0f, c.block_outliers, kMxfp4Block, rng);
   const GpuResult got = run_gpu(c, q, k, v);
   check_against_emulator(c, got, run_emulator(c, q, k, v), describe(c, seed));
+  if (c.recipe == Recipe::mxfp4) {
+    // The kernel that reads MXFP4 and expands it in its producer warpgroup
+    // must hand the tensor cores the fold pass's bytes: O and LSE equal bit
+    // for bit (NaN positions included).
+    const GpuResult expanded = run_gpu(c, q, k, v, sm90::fwd::Fp4Expansion::in_kernel);
+    std::size_t o_differ = 0, lse_differ = 0;
+    for (std::size_t i = 0; i < got.o.size(); ++i)
+      o_differ += std::memcmp(&got.o[i], &expanded.o[i], sizeof(float)) != 0;
+    for (std::size_t i = 0; i < got.lse.size(); ++i)
+      lse_differ += std::memcmp(&got.lse[i], &expanded.lse[i], sizeof(float)) != 0;
+    EXPECT_EQ(o_differ, 0u) << "in-kernel expansion, " << describe(c, seed);
+    EXPECT_EQ(lse_differ, 0u) << "in-kernel expansion, " << describe(c, seed);
+  }
 }
 
 constexpr Recipe kTrain = Recipe::mxfp4_train, kMx = Recipe::mxfp4;

@@ -24,21 +24,6 @@ void check_cuda(cudaError_t err, const char* what) {
 
 __device__ __forceinline__ int mx_exponent(std::uint8_t code) { return static_cast<int>(code) - kE8M0Bias; }
 
-// The signs of four nibbles (bits 3, 7, 11, 15 of t) moved to bit 7 of bytes 0 .. 3.
-__device__ __forceinline__ std::uint32_t nibble_signs_to_bytes(std::uint32_t t) {
-  return ((t & 0x8u) << 4) | ((t & 0x80u) << 8) | ((t & 0x800u) << 12) | ((t & 0x8000u) << 16);
-}
-
-// Eight E4M3 bytes of the eight nibbles of `codes` (element 2i in the low
-// nibble of byte i) by table: a byte permute picks each magnitude's byte
-// from the block's fold_table (fold_table.hpp), then the nibble's sign is set.
-__device__ __forceinline__ uint2 fold_word(std::uint32_t codes, FoldTable table) {
-  const std::uint32_t mag = codes & 0x77777777u;  // selectors 0 .. 7: plain byte picks
-  const std::uint32_t lo = __byte_perm(table.lo, table.hi, mag) | nibble_signs_to_bytes(codes & 0x8888u);
-  const std::uint32_t hi = __byte_perm(table.lo, table.hi, mag >> 16) | nibble_signs_to_bytes(codes >> 16 & 0x8888u);
-  return make_uint2(lo, hi);
-}
-
 // Max of v over the CTA (kFoldThreads threads), returned to every thread.
 __device__ int cta_max(int v, int* scratch) {
   for (int off = 16; off > 0; off /= 2) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
@@ -70,6 +55,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_qk_kernel(const std::uint8_
   if (s < S && static_cast<int>(threadIdx.x) % fold_rows == 0)
     factor[(static_cast<std::int64_t>(b) * H + h) * ((S + fold_rows - 1) / fold_rows) + s / fold_rows] =
         exp2i(r - kFoldHeadroom);
+  if (out == nullptr) return;  // factors only: the forward kernel expands the codes itself
   __syncthreads();
 
   // Four code bytes (eight elements) per item; a row is D / 8 items.
@@ -101,6 +87,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_v_kernel(const std::uint8_t
   for (int blk = threadIdx.x; blk < sblocks; blk += kFoldThreads) r = max(r, mx_exponent(head_scales[blk * D + d]));
   r = cta_max(r, scratch);
   if (threadIdx.x == 0) factor[head * D + d] = exp2i(r - kFoldHeadroom);
+  if (vt == nullptr) return;  // factors only
 
   const std::uint8_t* row = codes + (head * D + d) * (s_pad / 2);
   std::uint8_t* out = vt + (head * D + d) * vt_keys;

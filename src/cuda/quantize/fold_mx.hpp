@@ -18,6 +18,9 @@
 //               → Vᵀ (B, H, D, vt_keys), keys permuted inside each group of 32
 //               by vt_key_of_slot and zero past S; one factor per channel over
 //               the whole sequence (where the FP8 recipe's v_scale goes).
+//   With a null e4m3 / vt only the factors are written: the forward kernel
+//   that expands MXFP4 itself (fp8_direct_p/fp4_expand.cuh) reads each
+//   group's R back from them.
 //   mx_lse_shift: smooth_k's LSE correction softmax_scale · Σ_d q[d]·k_mean[d]
 //               over Q's dequantized MXFP4 values, summed in d order with
 //               separate multiply and add (emulator::smooth_k_shift).

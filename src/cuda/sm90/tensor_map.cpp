@@ -40,7 +40,9 @@ CUtensorMap make_byte_tensor_map(const void* base, const std::array<std::uint64_
   const CUresult res = encode_tiled()(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(base), dims.data(), byte_strides.data(), box.data(),
       element_strides.data(), CU_TENSOR_MAP_INTERLEAVE_NONE,
-      swizzle == TmaSwizzle::b128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+      swizzle == TmaSwizzle::b128  ? CU_TENSOR_MAP_SWIZZLE_128B
+      : swizzle == TmaSwizzle::b64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                   : CU_TENSOR_MAP_SWIZZLE_NONE,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS) throw Error(name, "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(res));
   return map;

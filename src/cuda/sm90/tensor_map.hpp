@@ -10,7 +10,9 @@
 
 namespace fp4attn::sm90 {
 
-enum class TmaSwizzle : std::uint8_t { b64, b128 };
+// none: the box lands densely, rows one after another (staging buffers that
+// ordinary loads read, not wgmma).
+enum class TmaSwizzle : std::uint8_t { none, b64, b128 };
 
 // A rank-4 tensor of one-byte elements: dims innermost first, byte strides of
 // dims 1..3 (each a multiple of 16), box = the tile one TMA copy moves.

@@ -52,6 +52,18 @@ struct Fp8ForwardArgs {
   // synchronise to raise an error (the zero-copy device path) still never
   // return finite numbers computed from non-finite input.
   const int* nonfinite = nullptr;
+  // Recipe mxfp4 with MXFP4 in memory (cuda/quantize/quantize_fp4.hpp's
+  // layouts): when q_fp4 is set the kernel reads these codes and E8M0 scales
+  // instead of q, k and vt, and expands them into its E4M3 tiles itself
+  // (fp8_direct_p/fp4_expand.cuh). q_scale, k_scale and v_scale are then the
+  // fold factors 2^(R − 6) of fold_mx.hpp, from which it takes each group's R.
+  const std::uint8_t* q_fp4 = nullptr;  // (B, Hq, Sq, D/2) codes, then (B, Hq, Sq, D/32) scales
+  const std::uint8_t* q_fp4_scales = nullptr;
+  const std::uint8_t* k_fp4 = nullptr;  // (B, Hkv, Sk, D/2), (B, Hkv, Sk, D/32)
+  const std::uint8_t* k_fp4_scales = nullptr;
+  const std::uint8_t* vt_fp4 = nullptr;  // (B, Hkv, D, S_pad/2), (B, Hkv, S_pad/32, D)
+  const std::uint8_t* v_fp4_scales = nullptr;
+  std::int64_t v_fp4_tokens = 0;  // S_pad: Sk rounded up to a multiple of 32
   // Query rows that share one q_scale: 128 (the fp8 recipe's token block) or
   // 1 (MXFP4 Q folded into E4M3 per row, cuda/quantize/fold_mx.hpp).
   int q_scale_rows = 128;

@@ -24,7 +24,8 @@ struct Layout {
 
 // The one place that sizes and places every buffer (sizes from
 // cuda/quantize/quantize_fp4.hpp, quantize_fp8.hpp and fold_mx.hpp).
-Layout layout(const AttentionShape& s, Recipe recipe, unsigned char* base) {
+Layout layout(const AttentionShape& s, Recipe recipe, Fp4Expansion expansion, unsigned char* base) {
+  const bool fold = expansion == Fp4Expansion::fold_pass;
   WorkspaceRegions r(base);
   Layout l;
   const auto fp4_out = [&](cq::Fp4Operand op, std::int64_t S, std::int64_t H) {
@@ -42,16 +43,16 @@ Layout layout(const AttentionShape& s, Recipe recipe, unsigned char* base) {
   l.fp4.workspace = r.take<unsigned char>(static_cast<std::int64_t>(
       std::max(cq::fp4_workspace_bytes(s.B, s.Sq, s.Hq, s.D), cq::fp4_workspace_bytes(s.B, s.Sk, s.Hkv, s.D))));
 
-  l.folded.q = r.take<std::uint8_t>(s.q_elems());
+  l.folded.q = fold ? r.take<std::uint8_t>(s.q_elems()) : nullptr;
   l.folded.q_scale = r.take<float>(s.B * s.Hq * s.Sq);  // one factor per query row
-  l.folded.k = r.take<std::uint8_t>(s.kv_elems());
+  l.folded.k = fold ? r.take<std::uint8_t>(s.kv_elems()) : nullptr;
   l.folded.k_scale = r.take<float>(s.B * s.Hkv * ceil_div(s.Sk, cq::kMxFoldKeyTile));
   l.folded.lse_shift = r.take<float>(s.lse_elems());
   l.folded.k_mean = l.fp4.k_mean;
   l.folded.nonfinite = l.fp4.nonfinite;
   l.folded.vt_keys = cq::padded_keys(s.Sk);
   if (recipe == Recipe::mxfp4) {
-    l.folded.vt = r.take<std::uint8_t>(s.B * s.Hkv * s.D * l.folded.vt_keys);
+    l.folded.vt = fold ? r.take<std::uint8_t>(s.B * s.Hkv * s.D * l.folded.vt_keys) : nullptr;
     l.folded.v_scale = r.take<float>(s.B * s.Hkv * s.D);
   } else {
     // V alone by the fp8 quantizer (null q and k codes), which shares the
@@ -69,33 +70,36 @@ Layout layout(const AttentionShape& s, Recipe recipe, unsigned char* base) {
   return l;
 }
 
-void check_recipe(Recipe recipe) {
+void check_recipe(Recipe recipe, Fp4Expansion expansion) {
   if (recipe != Recipe::mxfp4 && recipe != Recipe::mxfp4_train)
     throw Error("recipe", "MxOperands serves recipes mxfp4 and mxfp4_train");
+  if (expansion == Fp4Expansion::in_kernel && recipe != Recipe::mxfp4)
+    throw Error("expansion", "the in-kernel MXFP4 expansion serves recipe mxfp4 (mxfp4_train's V is FP8)");
 }
 
 }  // namespace
 
-std::size_t MxOperands::workspace_bytes(const AttentionShape& shape, Recipe recipe) {
-  check_recipe(recipe);
-  return layout(shape, recipe, nullptr).bytes;
+std::size_t MxOperands::workspace_bytes(const AttentionShape& shape, Recipe recipe, Fp4Expansion expansion) {
+  check_recipe(recipe, expansion);
+  return layout(shape, recipe, expansion, nullptr).bytes;
 }
 
-MxOperands::MxOperands(const AttentionShape& s, Recipe recipe, MxScaleRule mx_scale_rule)
-    : shape_(s), recipe_(recipe), mx_scale_rule_(mx_scale_rule) {
-  owned_ = cuda_common::device_alloc(workspace_bytes(s, recipe));
+MxOperands::MxOperands(const AttentionShape& s, Recipe recipe, MxScaleRule mx_scale_rule, Fp4Expansion expansion)
+    : shape_(s), recipe_(recipe), mx_scale_rule_(mx_scale_rule), expansion_(expansion) {
+  owned_ = cuda_common::device_alloc(workspace_bytes(s, recipe, expansion));
   carve(static_cast<unsigned char*>(owned_.get()));
 }
 
-MxOperands::MxOperands(const AttentionShape& s, Recipe recipe, MxScaleRule mx_scale_rule, void* workspace)
-    : shape_(s), recipe_(recipe), mx_scale_rule_(mx_scale_rule) {
-  check_recipe(recipe);
+MxOperands::MxOperands(const AttentionShape& s, Recipe recipe, MxScaleRule mx_scale_rule, void* workspace,
+                       Fp4Expansion expansion)
+    : shape_(s), recipe_(recipe), mx_scale_rule_(mx_scale_rule), expansion_(expansion) {
+  check_recipe(recipe, expansion);
   if (workspace == nullptr) throw Error("workspace", "is a null device pointer");
   carve(static_cast<unsigned char*>(workspace));
 }
 
 void MxOperands::carve(unsigned char* base) {
-  const Layout l = layout(shape_, recipe_, base);
+  const Layout l = layout(shape_, recipe_, expansion_, base);
   fp4_ = l.fp4;
   fp8_v_ = l.fp8_v;
   folded_ = l.folded;
@@ -120,6 +124,7 @@ void MxOperands::prepare(const cq::StridedInput& q, const cq::StridedInput& k, c
   } else {
     cq::quantize_fp8(q, k, v, false, softmax_scale, fp8_v_, stream);
   }
+  // in_kernel: folded_.q, k and vt are null, so the folds write only the factors.
   cq::fold_mx_qk(fp4_.q, s.B, s.Sq, s.Hq, s.D, 1, folded_.q, folded_.q_scale, stream);
   cq::fold_mx_qk(fp4_.k, s.B, s.Sk, s.Hkv, s.D, cq::kMxFoldKeyTile, folded_.k, folded_.k_scale, stream);
   if (smooth_k)
@@ -135,12 +140,26 @@ Fp8ForwardArgs MxOperands::forward_args(MaskKind mask, bool direct_p, float soft
   a.q_scale_rows = 1;
   a.mx_scale_rule = mx_scale_rule_;
   a.nonfinite = fp4_.nonfinite;
+  if (expansion_ == Fp4Expansion::in_kernel) {
+    a.q_fp4 = fp4_.q.codes, a.q_fp4_scales = fp4_.q.scales;
+    a.k_fp4 = fp4_.k.codes, a.k_fp4_scales = fp4_.k.scales;
+    a.vt_fp4 = fp4_.v.codes, a.v_fp4_scales = fp4_.v.scales;
+    a.v_fp4_tokens = cq::fp4_padded_tokens(shape_.Sk);
+  }
   return a;
 }
 
 std::size_t MxOperands::kernel_code_bytes() const {
-  return static_cast<std::size_t>(shape_.q_elems() + shape_.kv_elems() +
-                                  shape_.B * shape_.Hkv * shape_.D * folded_.vt_keys);
+  const AttentionShape& s = shape_;
+  if (expansion_ == Fp4Expansion::in_kernel) {
+    const auto bytes = [&](cq::Fp4Operand op, std::int64_t S, std::int64_t H) {
+      const cq::Fp4Sizes z = cq::fp4_sizes(op, TensorFormat::mxfp4, s.B, S, H, s.D);
+      return z.code_bytes + z.scale_bytes;
+    };
+    return static_cast<std::size_t>(bytes(cq::Fp4Operand::q, s.Sq, s.Hq) + bytes(cq::Fp4Operand::k, s.Sk, s.Hkv) +
+                                    bytes(cq::Fp4Operand::v, s.Sk, s.Hkv));
+  }
+  return static_cast<std::size_t>(s.q_elems() + s.kv_elems() + s.B * s.Hkv * s.D * folded_.vt_keys);
 }
 
 }  // namespace fp4attn::sm90::fwd

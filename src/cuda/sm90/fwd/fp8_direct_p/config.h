@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/sm90/fwd/consumer_common.cuh"
 #include "cuda/sm90/fwd/fwd.hpp"
@@ -73,18 +74,47 @@ struct Fp8Config {
   // this keeps softmax from overlapping the consumer's own products).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= kRegisterFile,
-                "register split exceeds the register file");
+  // setmaxnreg moves registers only within what the CTA got at launch: the
+  // per-thread count ptxas allocates under __launch_bounds__(kThreads, 1),
+  // the register file over kThreads rounded down to 8 (168), for every warp.
+  static constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
+                "register split exceeds the CTA's registers");
+  // With MXFP4 operands in memory the whole producer warpgroup expands them
+  // (fp4_expand.cuh); it needs 40 registers to run without spills, which the
+  // consumers give up (232 each: no spills either, by ptxas -v).
+  static constexpr int kExpandingProducerRegs = 40;
+  static constexpr int kExpandingConsumerRegs = 232;
+  static_assert(kExpandingProducerRegs + kConsumers * kExpandingConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
+                "register split exceeds the CTA's registers");
 };
+
+// MXFP4 codes staged for the expansion into E4M3 (fp4_expand.cuh): Q once,
+// and a ring of K and Vᵀ tiles that TMA fills ahead of the producer.
+template <class Cfg>
+struct Fp4Staging {
+  static constexpr int kStages = 3;
+  static constexpr int kQBytes = Cfg::kBlockQ * Cfg::kHeadDim / 2;
+  static constexpr int kKBytes = Cfg::kBlockK * Cfg::kHeadDim / 2;
+  static constexpr int kVBytes = Cfg::kHeadDim * Cfg::kBlockK / 2;  // D rows of 64 bytes (128 keys)
+  alignas(128) std::uint8_t q[kQBytes];
+  alignas(128) std::uint8_t k[kStages][kKBytes];
+  alignas(128) std::uint8_t v[kStages][kVBytes];
+  std::uint64_t q_full;
+  std::uint64_t full[kStages];
+};
+struct NoFp4Staging {};
 
 static_assert(kBarrierConsumerTurn + Fp8Config<128>::kConsumers <= 16, "named barrier ids run out at 16");
 
-// Shared memory of one CTA. Tiles first (1024-byte aligned), barriers last.
-template <class Cfg>
+// Shared memory of one CTA. Tiles first (1024-byte aligned), then the FP4
+// staging when the kernel expands MXFP4 itself, barriers last.
+template <class Cfg, bool kFp4In>
 struct alignas(Cfg::kSwizzleAlign) SharedStorage {
   std::uint8_t q[Cfg::kQBytes];
   std::uint8_t k[Cfg::kStages][Cfg::kKBytes];
   std::uint8_t v[Cfg::kStages][Cfg::kVStageBytes];  // Vᵀ tile, then kOnesRows rows of ones
+  [[no_unique_address]] std::conditional_t<kFp4In, Fp4Staging<Cfg>, NoFp4Staging> fp4;
   std::uint64_t q_full;
   std::uint64_t kv_full[Cfg::kStages];
   std::uint64_t kv_empty[Cfg::kStages];
@@ -92,11 +122,13 @@ struct alignas(Cfg::kSwizzleAlign) SharedStorage {
 
 // Dynamic shared memory is only guaranteed 16-byte aligned: ask for one
 // alignment unit more and align the base by hand.
-template <class Cfg>
+template <class Cfg, bool kFp4In>
 constexpr int smem_bytes() {
-  return static_cast<int>(sizeof(SharedStorage<Cfg>)) + Cfg::kSwizzleAlign;
+  return static_cast<int>(sizeof(SharedStorage<Cfg, kFp4In>)) + Cfg::kSwizzleAlign;
 }
-static_assert(smem_bytes<Fp8Config<128>>() <= kSmemPerBlockLimit, "D=128 shared memory over budget");
-static_assert(smem_bytes<Fp8Config<64>>() <= kSmemPerBlockLimit, "D=64 shared memory over budget");
+static_assert(smem_bytes<Fp8Config<128>, false>() <= kSmemPerBlockLimit, "D=128 shared memory over budget");
+static_assert(smem_bytes<Fp8Config<64>, false>() <= kSmemPerBlockLimit, "D=64 shared memory over budget");
+static_assert(smem_bytes<Fp8Config<128>, true>() <= kSmemPerBlockLimit, "D=128 FP4 staging over budget");
+static_assert(smem_bytes<Fp8Config<64>, true>() <= kSmemPerBlockLimit, "D=64 FP4 staging over budget");
 
 }  // namespace fp4attn::sm90::fwd

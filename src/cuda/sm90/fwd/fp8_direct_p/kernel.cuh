@@ -26,6 +26,10 @@
 //     turn N: PV of the last tile, added to O the same way
 //   epilogue: O·v_scale / l → bf16, LSE = (m + log2 l − 8)·ln 2 (+ smooth_k shift)
 //
+// kFp4In (recipe mxfp4 with MXFP4 in memory): the producer warpgroup loads
+// FP4 codes instead and expands them into the same E4M3 tiles, all 128
+// threads of it (fp4_expand.cuh); the consumers do not change.
+//
 // Ping-pong: consumer c issues its wgmmas only after the other consumer has
 // issued its own (named turn barriers), so the tensor core runs one
 // consumer's PV and QKᵀ back to back while the other consumer does softmax.
@@ -41,6 +45,7 @@
 #include <cuda/ptx>
 
 #include "cuda/sm90/fwd/fp8_direct_p/config.h"
+#include "cuda/sm90/fwd/fp8_direct_p/fp4_expand.cuh"
 #include "cuda/sm90/fwd/fp8_direct_p/p_operand.cuh"
 #include "fp4attn/direct_p.hpp"
 
@@ -165,7 +170,7 @@ struct OnlineSoftmax {
   }
 };
 
-template <int HeadDim, PCode kPCode>
+template <int HeadDim, PCode kPCode, bool kFp4In>
 __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
@@ -175,7 +180,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   // P (q·2^(E + 8), kPRowExponent) alike.
   constexpr float kPOffset = direct_p::kFp8Offset;
   extern __shared__ std::uint8_t smem_raw[];
-  auto& smem = *reinterpret_cast<SharedStorage<Cfg>*>(
+  auto& smem = *reinterpret_cast<SharedStorage<Cfg, kFp4In>*>(
       (reinterpret_cast<std::uintptr_t>(smem_raw) + Cfg::kSwizzleAlign - 1) & ~std::uintptr_t{Cfg::kSwizzleAlign - 1});
 
   // Causal grids run their longest CTAs (last query blocks) first.
@@ -198,10 +203,17 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   // threadIdx in every iteration.
   const int wg = __shfl_sync(kFullWarp, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (threadIdx.x == 0) {
-    cuda::ptx::mbarrier_init(&smem.q_full, 1);
+    // Filled by TMA (one arrival with the byte count) or, expanding FP4, by
+    // the producer warpgroup's 128 threads.
+    constexpr unsigned kFillers = kFp4In ? kWarpgroupThreads : 1;
+    cuda::ptx::mbarrier_init(&smem.q_full, kFillers);
     for (int s = 0; s < Cfg::kStages; ++s) {
-      cuda::ptx::mbarrier_init(&smem.kv_full[s], 1);
+      cuda::ptx::mbarrier_init(&smem.kv_full[s], kFillers);
       cuda::ptx::mbarrier_init(&smem.kv_empty[s], Cfg::kConsumers * kWarpgroupThreads);
+    }
+    if constexpr (kFp4In) {
+      cuda::ptx::mbarrier_init(&smem.fp4.q_full, 1);
+      for (int s = 0; s < Fp4Staging<Cfg>::kStages; ++s) cuda::ptx::mbarrier_init(&smem.fp4.full[s], 1);
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
@@ -215,6 +227,11 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
 
   if (wg == 0) {
     // ---- producer
+    if constexpr (kFp4In) {
+      set_max_registers_dec<Cfg::kExpandingProducerRegs>();
+      produce_expanded<Cfg>(smem, args, &tm_vt, q0, head, kv_head, batch, k_tiles);
+      return;
+    }
     set_max_registers_dec<Cfg::kProducerRegs>();
     if (threadIdx.x != 0) return;
     const std::int32_t q_coord[4] = {0, q0, head, batch};
@@ -238,7 +255,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
   }
 
   // ---- consumers
-  set_max_registers_inc<Cfg::kConsumerRegs>();
+  set_max_registers_inc<kFp4In ? Cfg::kExpandingConsumerRegs : Cfg::kConsumerRegs>();
   const int consumer = wg - 1;
   const Fragment frag(threadIdx.x % kWarpgroupThreads);
   const int first_row = q0 + consumer * Cfg::kRowsPerConsumer;

@@ -14,6 +14,30 @@ void check_cuda(cudaError_t err, const char* what) {
 
 std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 
+template <int HeadDim, PCode kPCode, bool kFp4In>
+void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_vt,
+                cudaStream_t stream) {
+  using Cfg = Fp8Config<HeadDim>;
+  auto* kernel = &fp8_forward_kernel<HeadDim, kPCode, kFp4In>;
+  constexpr int kSmem = smem_bytes<Cfg, kFp4In>();
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
+  const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(a, tm_q, tm_k, tm_vt);
+  check_cuda(cudaGetLastError(), "fp8_forward_kernel launch");
+}
+
+// Recipe mxfp4 from MXFP4 in memory (Fp8ForwardArgs::q_fp4): its two P codes only.
+void check_fp4_inputs(const Fp8ForwardArgs& a) {
+  if (a.p_code != PCode::mxfp4_direct_p && a.p_code != PCode::mxfp4_exp2)
+    throw Error("p_code", "MXFP4 operands in memory serve recipe mxfp4's FP4 P only");
+  if (a.k_fp4 == nullptr || a.vt_fp4 == nullptr || a.q_fp4_scales == nullptr || a.k_fp4_scales == nullptr ||
+      a.v_fp4_scales == nullptr)
+    throw Error("q_fp4", "MXFP4 operands need Q, K and Vᵀ codes and scales together");
+  if (a.v_fp4_tokens % 32 != 0 || a.v_fp4_tokens < a.Sk)
+    throw Error("v_fp4_tokens", "must be Sk padded to a multiple of 32");
+  if (a.q_scale_rows != 1) throw Error("q_scale_rows", "MXFP4 Q folds per row: must be 1");
+}
+
 template <int HeadDim, PCode kPCode>
 void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
   using Cfg = Fp8Config<HeadDim>;
@@ -29,13 +53,19 @@ void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
       a.vt, {u64(a.vt_keys), u64(HeadDim), u64(a.Hkv), u64(a.B)},
       {u64(vt_row), u64(vt_row * HeadDim), u64(vt_row * HeadDim * a.Hkv)}, {Cfg::kBlockK, HeadDim, 1, 1},
       TmaSwizzle::b128, "vt");
+  run_kernel<HeadDim, kPCode, false>(a, tm_q, tm_k, tm_vt, stream);
+}
 
-  auto* kernel = &fp8_forward_kernel<HeadDim, kPCode>;
-  constexpr int kSmem = smem_bytes<Cfg>();
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
-  const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(a, tm_q, tm_k, tm_vt);
-  check_cuda(cudaGetLastError(), "fp8_forward_kernel launch");
+// MXFP4 in memory: Q and K come by plain bulk copies (their maps are unused);
+// Vᵀ's codes by a dense TMA box of the tile's 128 keys (64 bytes) × D rows.
+template <int HeadDim, PCode kPCode>
+void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
+  using Cfg = Fp8Config<HeadDim>;
+  const std::int64_t row = a.v_fp4_tokens / 2;
+  const CUtensorMap tm_vt = make_byte_tensor_map(a.vt_fp4, {u64(row), u64(HeadDim), u64(a.Hkv), u64(a.B)},
+                                                 {u64(row), u64(row * HeadDim), u64(row * HeadDim * a.Hkv)},
+                                                 {Cfg::kBlockK / 2, HeadDim, 1, 1}, TmaSwizzle::none, "vt_fp4");
+  run_kernel<HeadDim, kPCode, true>(a, CUtensorMap{}, CUtensorMap{}, tm_vt, stream);
 }
 
 }  // namespace
@@ -52,6 +82,13 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if (a.D != 64 && a.D != 128)
     throw Error("D", "the sm90 fp8 kernel supports D = 64 and 128, got " + std::to_string(a.D));
   const bool d128 = a.D == 128;
+  if (a.q_fp4 != nullptr) {
+    check_fp4_inputs(a);
+    if (a.p_code == PCode::mxfp4_direct_p)
+      return d128 ? launch_fp4<128, PCode::mxfp4_direct_p>(a, stream)
+                  : launch_fp4<64, PCode::mxfp4_direct_p>(a, stream);
+    return d128 ? launch_fp4<128, PCode::mxfp4_exp2>(a, stream) : launch_fp4<64, PCode::mxfp4_exp2>(a, stream);
+  }
   switch (a.p_code) {
     case PCode::direct_p: return d128 ? launch<128, PCode::direct_p>(a, stream) : launch<64, PCode::direct_p>(a, stream);
     case PCode::exp2_cvt: return d128 ? launch<128, PCode::exp2_cvt>(a, stream) : launch<64, PCode::exp2_cvt>(a, stream);
