@@ -9,8 +9,10 @@ kernel reads, as many as the fp8 recipe reads (variants mxfp4_train, mxfp4),
 or a pass that writes only the fold factors and a kernel that reads the MXFP4
 codes and scales and expands them itself (variant mxfp4_in_kernel). Rows
 report the kernel's operand bytes (kernel_bytes) and the MXFP4 storage.
-  op fwd      the kernel alone on prepared operands
-  op fwd_e2e  quantize + fold (or factors) from bf16, then the kernel
+  op fwd       the kernel alone on prepared operands
+  op fwd_fold  MX only: the fold (or the factors) and the kernel, on kept MXFP4
+               operands (what a cache of MXFP4 K and V would run per call)
+  op fwd_e2e   quantize + fold (or factors) from bf16, then the kernel
 
 Timing: CUDA events around each call, warm-up first, median of --reps runs,
 two input sets alternated so that consecutive runs never find their inputs in L2.
@@ -48,6 +50,7 @@ def declare_mx(lib):
     ll3 = ctypes.c_longlong * 3
     lib.fp4attn_mx_prepare.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ll3, ll3, ll3, ctypes.c_void_p]
     lib.fp4attn_mx_check_finite.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.fp4attn_mx_fold.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.fp4attn_mx_attend.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ll3, ctypes.c_void_p, ctypes.c_void_p]
 
 
@@ -63,23 +66,23 @@ def strides(ll3, t):
 class Runner:
     """One plan per input set for one recipe (fp8 through capi.cpp, MX through capi_mx.cpp)."""
 
-    def __init__(self, lib, ll3, sets, B, S, recipe, expand_in_kernel=False):
+    def __init__(self, lib, ll3, sets, B, Sq, Sk, recipe, expand_in_kernel=False):
         self.lib, self.ll3, self.sets, self.mx = lib, ll3, sets, recipe != "fp8"
         self.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.plans = []
         for _ in sets:
             if self.mx:
-                p = lib.fp4attn_mx_plan_create(B, H, H, S, S, D, RECIPES[recipe], 0, 1, 1, 0.0,
+                p = lib.fp4attn_mx_plan_create(B, H, H, Sq, Sk, D, RECIPES[recipe], 0, 1, 1, 0.0,
                                                int(expand_in_kernel))
                 if not p:
                     raise RuntimeError(lib.fp4attn_mx_last_error().decode())
             else:
-                p = lib.fp4attn_plan_create(B, H, H, S, S, D, 0, 1, 1, 0.0)
+                p = lib.fp4attn_plan_create(B, H, H, Sq, Sk, D, 0, 1, 1, 0.0)
                 if not p:
                     raise RuntimeError(lib.fp4attn_last_error().decode())
             self.plans.append(p)
-        self.o = torch.empty(B, S, H, D, device="cuda", dtype=torch.bfloat16)
-        self.lse = torch.empty(B, H, S, device="cuda", dtype=torch.float32)
+        self.o = torch.empty(B, Sq, H, D, device="cuda", dtype=torch.bfloat16)
+        self.lse = torch.empty(B, H, Sq, device="cuda", dtype=torch.float32)
         for i in range(len(sets)):
             self.prepare(i)
         if self.mx:
@@ -110,6 +113,11 @@ class Runner:
             mx_check(self.lib, self.lib.fp4attn_mx_attend(p, o, strides(self.ll3, self.o), lse, self.stream))
         else:
             check(self.lib, self.lib.fp4attn_attend(p, o, strides(self.ll3, self.o), lse, self.stream))
+
+    def fold_attend(self, i):
+        """MX: the fold (or, in_kernel, the factors) and the kernel, on kept MXFP4 operands."""
+        mx_check(self.lib, self.lib.fp4attn_mx_fold(self.plans[i % len(self.plans)], self.stream))
+        self.attend(i)
 
     def e2e(self, i):
         self.prepare(i)
@@ -142,6 +150,8 @@ def main():
     ap.add_argument("--seqs", default=",".join(map(str, GRID_S)))
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
+    ap.add_argument("--sq", type=int, default=0, help="query length (default: each --seqs length)")
+    ap.add_argument("--batch", type=int, default=0, help="batch (default: 32768 tokens / key length)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated: " + ", ".join(VARIANTS))
     args = ap.parse_args()
@@ -152,40 +162,49 @@ def main():
     gpu = torch.cuda.get_device_name()
     rows, log = [], []
     for S in map(int, args.seqs.split(",")):
-        B = TOKENS // S
-        elems = B * S * H * D
-        sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                for _ in range(INPUT_SETS)]
-        tf = lambda ms: 4.0 * B * H * D * S * S / (ms * 1e-3) / 1e12
+        Sq = args.sq or S  # keys: S; queries: --sq (a prefill chunk against a long context) or S
+        B = args.batch or TOKENS // S
+        q_elems, kv_elems = B * Sq * H * D, B * S * H * D
+        sets = [(torch.randn(B, Sq, H, D, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16),
+                 torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)) for _ in range(INPUT_SETS)]
+        tf = lambda ms: 4.0 * B * H * D * Sq * S / (ms * 1e-3) / 1e12
         cudnn, fa2 = sdpa(SDPBackend.CUDNN_ATTENTION, sets), sdpa(SDPBackend.FLASH_ATTENTION, sets)
         ms_cudnn = time_ms(cudnn, args.reps, args.warmup)
         ms_fa2 = time_ms(fa2, args.reps, args.warmup)
         ref = cudnn(0).transpose(1, 2)
-        base = dict(causal=False, B=B, H=H, Hkv=H, Sq=S, Sk=S, D=D)
+        base = dict(causal=False, B=B, H=H, Hkv=H, Sq=Sq, Sk=S, D=D)
+        bf16_bytes = (q_elems + 2 * kv_elems) * 2
         rows.append(dict(op="fwd", impl="cudnn_bf16", recipe="bf16", direct_p=False, ms=round(ms_cudnn, 4),
-                         tflops=round(tf(ms_cudnn), 1), kernel_bytes=3 * elems * 2, **base))
+                         tflops=round(tf(ms_cudnn), 1), kernel_bytes=bf16_bytes, **base))
         rows.append(dict(op="fwd", impl="fa2_bf16", recipe="bf16", direct_p=False, ms=round(ms_fa2, 4),
-                         tflops=round(tf(ms_fa2), 1), kernel_bytes=3 * elems * 2, **base))
-        line = [f"S={S:5d} B={B:2d} cudnn {tf(ms_cudnn):6.1f} fa2 {tf(ms_fa2):6.1f}"]
+                         tflops=round(tf(ms_fa2), 1), kernel_bytes=bf16_bytes, **base))
+        line = [f"Sq={Sq:5d} Sk={S:5d} B={B:2d} cudnn {tf(ms_cudnn):6.1f} fa2 {tf(ms_fa2):6.1f}"]
         for variant in args.variants.split(","):
             recipe = VARIANTS[variant]
             in_kernel = variant == "mxfp4_in_kernel"
-            r = Runner(lib, ll3, sets, B, S, recipe, in_kernel)
-            ms = time_ms(r.attend, args.reps, args.warmup)
-            ms_e2e = time_ms(r.e2e, args.reps, args.warmup)
+            r = Runner(lib, ll3, sets, B, Sq, S, recipe, in_kernel)
+            timed = [("fwd", time_ms(r.attend, args.reps, args.warmup))]
+            if r.mx:
+                timed.append(("fwd_fold", time_ms(r.fold_attend, args.reps, args.warmup)))
+            timed.append(("fwd_e2e", time_ms(r.e2e, args.reps, args.warmup)))
             r.e2e(0)
             torch.cuda.synchronize()
             err = rel_l2(r.o, ref)
-            kb = r.kernel_bytes() or (3 * elems + 0)  # fp8: E4M3 Q, K and Vᵀ (keys padded to 128: none here)
+            kb = r.kernel_bytes() or (q_elems + 2 * kv_elems)  # fp8: E4M3 Q, K and Vᵀ (keys padded to 128: none here)
             # MXFP4 storage: half a byte per element plus one E8M0 scale per 32 elements.
-            fp4_storage = 3 * (elems // 2 + elems // 32) if recipe == "mxfp4" else (
-                2 * (elems // 2 + elems // 32) + elems if recipe == "mxfp4_train" else None)
-            for op, t in (("fwd", ms), ("fwd_e2e", ms_e2e)):
+            mx_bytes = lambda n: n // 2 + n // 32
+            fp4_storage = mx_bytes(q_elems + 2 * kv_elems) if recipe == "mxfp4" else (
+                mx_bytes(q_elems + kv_elems) + kv_elems if recipe == "mxfp4_train" else None)
+            for op, t in timed:
                 rows.append(dict(op=op, impl="fp4attn", recipe=recipe, direct_p=True, ms=round(t, 4),
                                  expansion=None if recipe == "fp8" else ("in_kernel" if in_kernel else "fold_pass"),
                                  tflops=round(tf(t), 1), kernel_bytes=kb, fp4_storage_bytes=fp4_storage,
                                  rel_l2_vs_cudnn=round(err, 5), **base))
-            line.append(f"{variant} {tf(ms):6.1f} (x{ms_cudnn / ms:.2f} cudnn, e2e {tf(ms_e2e):6.1f}, relL2 {err:.4f})")
+            t = dict(timed)
+            fold = f", fold+kernel {tf(t['fwd_fold']):6.1f}" if "fwd_fold" in t else ""
+            line.append(f"{variant} {tf(t['fwd']):6.1f} (x{ms_cudnn / t['fwd']:.2f} cudnn{fold}, "
+                        f"e2e {tf(t['fwd_e2e']):6.1f}, relL2 {err:.4f})")
             r.close()
         print("  ".join(line), flush=True)
         log.append("  ".join(line))

@@ -64,6 +64,15 @@ int fp4attn_mx_prepare(void* plan, const void* q, const void* k, const void* v, 
                        [&] { plan_of(plan).prepare(q, k, v, dtype, q_strides, k_strides, v_strides, stream); });
 }
 
+// The fold step alone (the fold factors alone when the kernel expands MXFP4):
+// what runs per call when the MXFP4 operands are kept, e.g. as a cache.
+int fp4attn_mx_fold(void* plan, void* stream) {
+  return capi::guarded(g_mx_last_error, [&] {
+    MxPlan& p = plan_of(plan);
+    p.operands->fold(p.smooth_k, p.softmax_scale, static_cast<cudaStream_t>(stream));
+  });
+}
+
 int fp4attn_mx_check_finite(void* plan, void* stream) {
   return capi::guarded(g_mx_last_error,
                        [&] { plan_of(plan).operands->check_finite(static_cast<cudaStream_t>(stream)); });

@@ -48,7 +48,7 @@ def main() -> None:
         if args.D != 128 or args.causal or args.exp2:
             raise SystemExit("the MX plan here is D = 128, noncausal, Direct-P")
         bench_fwd_mx.declare_mx(lib)
-        ours = bench_fwd_mx.Runner(lib, ll3, sets, B, args.S, args.recipe, args.in_kernel)
+        ours = bench_fwd_mx.Runner(lib, ll3, sets, B, args.S, args.S, args.recipe, args.in_kernel)
         run = ours.prepare if args.prepare else ours.attend
     for _ in range(args.calls):
         run(0)

@@ -91,6 +91,12 @@ if has_stage bench-mx; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_fwd_mx.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
     --seqs 4096,16384 ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-mx-stdout.log" | grep -v "^$" | tail -4
   summary+=("bench mx: rc=${PIPESTATUS[0]}")
+  # A 256-query chunk against long keys: where the in-kernel expansion of
+  # MXFP4 repeats least (two query tiles per head) and the fold pass weighs most.
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_fwd_mx.py --lib "$BUILD/libfp4attn_capi.so" \
+    --out "$OUT/chunk" --sq 256 --batch 8 --seqs 16384,65536 --variants fp8,mxfp4,mxfp4_in_kernel \
+    ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-mx-chunk-stdout.log" | grep -v "^$" | tail -2
+  summary+=("bench mx chunk: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage bench-nvfp4; then

@@ -107,7 +107,6 @@ void MxOperands::carve(unsigned char* base) {
 
 void MxOperands::prepare(const cq::StridedInput& q, const cq::StridedInput& k, const cq::StridedInput& v,
                          bool smooth_k, float softmax_scale, cudaStream_t stream) {
-  const AttentionShape& s = shape_;
   // The buffers may arrive with any content: the flags start clear on every call.
   cuda_common::check_cuda(cudaMemsetAsync(fp4_.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream),
                           "cudaMemsetAsync");
@@ -120,10 +119,16 @@ void MxOperands::prepare(const cq::StridedInput& q, const cq::StridedInput& k, c
   opt.smooth_k = false;
   if (recipe_ == Recipe::mxfp4) {
     cq::quantize_fp4(v, cq::Fp4Operand::v, opt, fp4_, stream);
-    cq::fold_mx_v(fp4_.v, s.B, s.Sk, s.Hkv, s.D, folded_.vt_keys, folded_.vt, folded_.v_scale, stream);
   } else {
     cq::quantize_fp8(q, k, v, false, softmax_scale, fp8_v_, stream);
   }
+  fold(smooth_k, softmax_scale, stream);
+}
+
+void MxOperands::fold(bool smooth_k, float softmax_scale, cudaStream_t stream) {
+  const AttentionShape& s = shape_;
+  if (recipe_ == Recipe::mxfp4)
+    cq::fold_mx_v(fp4_.v, s.B, s.Sk, s.Hkv, s.D, folded_.vt_keys, folded_.vt, folded_.v_scale, stream);
   // in_kernel: folded_.q, k and vt are null, so the folds write only the factors.
   cq::fold_mx_qk(fp4_.q, s.B, s.Sq, s.Hq, s.D, 1, folded_.q, folded_.q_scale, stream);
   cq::fold_mx_qk(fp4_.k, s.B, s.Sk, s.Hkv, s.D, cq::kMxFoldKeyTile, folded_.k, folded_.k_scale, stream);

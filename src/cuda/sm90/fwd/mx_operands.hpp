@@ -56,6 +56,10 @@ class MxOperands {
   // `softmax_scale` is computed.
   void prepare(const cuda_quantize::StridedInput& q, const cuda_quantize::StridedInput& k,
                const cuda_quantize::StridedInput& v, bool smooth_k, float softmax_scale, cudaStream_t stream);
+  // The step of prepare after the quantizers: the folds (factors only when
+  // in_kernel) and smooth_k's LSE correction. What a caller that keeps the
+  // MXFP4 operands (a cache) runs before each kernel call.
+  void fold(bool smooth_k, float softmax_scale, cudaStream_t stream);
   // Synchronizes `stream`; throws fp4attn::Error naming q, k or v if one held a non-finite value.
   void check_finite(cudaStream_t stream) const;
 
