@@ -31,9 +31,9 @@ FP4ATTN_HD inline std::uint32_t fold_magnitude(std::uint32_t q, int e, int r) {
 // A block more than 11 binades below r: E4M3 subnormals and zeros, rounded
 // to nearest even. The host converts magnitude by magnitude; the device lets
 // cvt.rn.satfinite.e4m3x2 round q·2^k (exact in fp32, or far below E4M3's
-// smallest subnormal where fp32 flushes it), four instructions that keep the
-// forward kernel's expanding producer inside its 32 registers. A GPU test
-// compares both for every pair of E8M0 exponents.
+// smallest subnormal where fp32 flushes it): four conversions instead of a
+// loop of encodes, which kept the forward kernel's expanding producer within
+// its 40 registers. A GPU test compares both for every pair of E8M0 exponents.
 FP4ATTN_HD inline FoldTable fold_table_exact(int e, int r) {
   FoldTable t{0, 0};
 #if defined(__CUDA_ARCH__)
