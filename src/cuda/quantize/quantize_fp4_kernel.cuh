@@ -39,6 +39,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/quantize/e2m1_pairs.cuh"
 #include "cuda/quantize/fp4_codes.cuh"
@@ -70,6 +71,11 @@ inline constexpr int kRowCtasPerSm = sizeof(T) == 2 ? 4 : 3;
 inline constexpr int kColumnCtasPerSm = 3;
 inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chains
 inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_partial_kernel CTA
+// A register budget (128 per thread) for the mean pass: without it ptxas
+// used 48 registers and placed each token's load just before its adds, one
+// load in flight per thread; with it the batch's 16 loads issue together
+// (perf log fp4-q11: 4 CTAs per SM measured as 6, 8 spilled).
+inline constexpr int kMeanCtasPerSm = 4;
 
 static_assert(kColumnTileElems / kStripTokens == kThreads, "one strip per thread");
 static_assert(kStripTokens % kRunTokens == 0 && kRunTokens == kMxfp4Block && kRunTokens == 2 * kNvfp4Block);
@@ -810,7 +816,7 @@ __global__ void __launch_bounds__(kThreads) fp4_amax_kernel(const __grid_constan
 // grid is small (chunks × B × H·D / 512 CTAs). Grid: x = chunk ·
 // channel_blocks + channel block (kMeanThreads quads), y = b.
 template <class T>
-__global__ void __launch_bounds__(kMeanThreads)
+__global__ void __launch_bounds__(kMeanThreads, kMeanCtasPerSm)
     fp4_mean_partial_kernel(const __grid_constant__ Job<T> job, Workspace ws, int chunks, int channel_blocks,
                             bool want_range) {
   const int chunk = static_cast<int>(blockIdx.x) / channel_blocks;
@@ -834,20 +840,27 @@ __global__ void __launch_bounds__(kMeanThreads)
       mag = max(mag, magnitude_bits(x[e]));
     }
   };
-  int t = 0;
-  for (; t + kMeanSumBatch <= tokens; t += kMeanSumBatch) {
-    float x[kMeanSumBatch][kQuad];
+  // One whole walk per value of the uniform layout flag (as in fp4_rows_kernel):
+  // with the flag inside the loop every token was loaded both ways, predicated.
+  const auto walk = [&](auto vector) {
+    constexpr bool kVector = decltype(vector)::value;
+    int t = 0;
+    for (; t + kMeanSumBatch <= tokens; t += kMeanSumBatch) {
+      float x[kMeanSumBatch][kQuad];
 #pragma unroll
-    for (int u = 0; u < kMeanSumBatch; ++u)
-      load_quad<L2Reuse::keep>(p + static_cast<std::int64_t>(t + u) * job.in.stride_s, job.in.vector_loads, x[u]);
+      for (int u = 0; u < kMeanSumBatch; ++u)
+        load_quad<L2Reuse::keep>(p + static_cast<std::int64_t>(t + u) * job.in.stride_s, kVector, x[u]);
 #pragma unroll
-    for (int u = 0; u < kMeanSumBatch; ++u) take(x[u]);
-  }
-  for (; t < tokens; ++t) {
-    float x[kQuad];
-    load_quad<L2Reuse::keep>(p + static_cast<std::int64_t>(t) * job.in.stride_s, job.in.vector_loads, x);
-    take(x);
-  }
+      for (int u = 0; u < kMeanSumBatch; ++u) take(x[u]);
+    }
+    for (; t < tokens; ++t) {
+      float x[kQuad];
+      load_quad<L2Reuse::keep>(p + static_cast<std::int64_t>(t) * job.in.stride_s, kVector, x);
+      take(x);
+    }
+  };
+  if (job.in.vector_loads) walk(std::true_type{});
+  else walk(std::false_type{});
   if (mag >= kInfBits) *job.nonfinite = 1;
   const std::int64_t at = (static_cast<std::int64_t>(b) * chunks + chunk) * (job.H * job.D) + quad * kQuad;
 #pragma unroll
