@@ -74,7 +74,7 @@ inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_p
 // A register budget (128 per thread) for the mean pass: without it ptxas
 // used 48 registers and placed each token's load just before its adds, one
 // load in flight per thread; with it the batch's 16 loads issue together
-// (perf log fp4-q11: 4 CTAs per SM measured as 6, 8 spilled).
+// (perf log fp4-q11: 4 CTAs per SM measured at least as fast as 6; 8 spilled).
 inline constexpr int kMeanCtasPerSm = 4;
 
 static_assert(kColumnTileElems / kStripTokens == kThreads, "one strip per thread");
