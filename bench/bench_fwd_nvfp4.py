@@ -6,8 +6,9 @@ one process (DESIGN §8). Head dims 128 (H = 16) and 64 (H = 32), B·S = 32k.
 Recipe nvfp4 runs through bench/capi_nvfp4.cpp: the NVFP4 quantizer, then the
 expansion pre-pass to BF16 (cuda/sm90/fwd/nvfp4_bf16/expand.hpp), then the
 kernel, which reads BF16 Q, K and Vᵀ (kernel_bytes: as many as cuDNN's BF16).
-  op fwd      the kernel alone on prepared operands
-  op fwd_e2e  quantize + expand from bf16, then the kernel
+  op fwd      the kernel alone on prepared operands, P by Direct-P
+              (direct_p true) and by the exp2 baseline (direct_p false)
+  op fwd_e2e  quantize + expand from bf16, then the kernel (Direct-P)
 
 Timing: CUDA events around each call, warm-up first, median of --reps runs,
 two input sets alternated so that consecutive runs never find their inputs in L2.
@@ -36,6 +37,7 @@ def declare(lib):
     lib.fp4attn_nvfp4_plan_create.restype = ctypes.c_void_p
     lib.fp4attn_nvfp4_plan_create.argtypes = [ctypes.c_int] * 8 + [ctypes.c_float]
     lib.fp4attn_nvfp4_plan_destroy.argtypes = [ctypes.c_void_p]
+    lib.fp4attn_nvfp4_plan_set_direct_p.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.fp4attn_nvfp4_kernel_operand_bytes.restype = ctypes.c_longlong
     lib.fp4attn_nvfp4_kernel_operand_bytes.argtypes = [ctypes.c_void_p]
     ll3 = ctypes.c_longlong * 3
@@ -67,6 +69,10 @@ class Runner:
         for i in range(len(sets)):
             self.prepare(i)
         check(lib, lib.fp4attn_nvfp4_check_finite(self.plans[0], self.stream))
+
+    def set_direct_p(self, on):
+        for p in self.plans:
+            self.lib.fp4attn_nvfp4_plan_set_direct_p(p, int(on))
 
     def strides(self, t):
         return self.ll3(t.stride(0), t.stride(1), t.stride(2))
@@ -124,18 +130,26 @@ def main():
         r.e2e(0)
         torch.cuda.synchronize()
         err = ((r.o.float() - ref.float()).norm() / ref.float().norm()).item()
+        r.set_direct_p(False)
+        ms_exp2 = time_ms(r.attend, args.reps, args.warmup)
+        r.attend(0)
+        torch.cuda.synchronize()
+        err_exp2 = ((r.o.float() - ref.float()).norm() / ref.float().norm()).item()
+        r.set_direct_p(True)
         base = dict(causal=causal, B=B, H=H, Hkv=H, Sq=S, Sk=S, D=D)
         rows.append(dict(op="fwd", impl="cudnn_bf16", recipe="bf16", ms=round(ms_cudnn, 4),
                          tflops=round(tf(ms_cudnn), 1), **base))
         rows.append(dict(op="fwd", impl="fa2_bf16", recipe="bf16", ms=round(ms_fa2, 4), tflops=round(tf(ms_fa2), 1),
                          **base))
-        for op, t in (("fwd", ms), ("fwd_e2e", ms_e2e)):
-            rows.append(dict(op=op, impl="fp4attn", recipe="nvfp4", direct_p=True, ms=round(t, 4),
+        for op, dp, t, e in (("fwd", True, ms, err), ("fwd_e2e", True, ms_e2e, err), ("fwd", False, ms_exp2, err_exp2)):
+            rows.append(dict(op=op, impl="fp4attn", recipe="nvfp4", direct_p=dp, ms=round(t, 4),
                              tflops=round(tf(t), 1), kernel_bytes=lib.fp4attn_nvfp4_kernel_operand_bytes(r.plans[0]),
-                             rel_l2_vs_cudnn=round(err, 5), **base))
+                             rel_l2_vs_cudnn=round(e, 5), **base))
         line = (f"D={D:3d} S={S:5d} B={B:2d} H={H} causal={int(causal)} cudnn {tf(ms_cudnn):6.1f} "
                 f"fa2 {tf(ms_fa2):6.1f} TFLOP/s  nvfp4 {tf(ms):6.1f} (x{ms_cudnn / ms:.2f} cudnn, "
-                f"x{ms_fa2 / ms:.2f} fa2, e2e {tf(ms_e2e):6.1f}, relL2 vs cudnn {err:.4f})")
+                f"x{ms_fa2 / ms:.2f} fa2, e2e {tf(ms_e2e):6.1f}, relL2 vs cudnn {err:.4f})  "
+                f"exp2 {tf(ms_exp2):6.1f} (x{ms_cudnn / ms_exp2:.2f} cudnn, Direct-P x{ms_exp2 / ms:.2f}, "
+                f"relL2 {err_exp2:.4f})")
         print(line, flush=True)
         log.append(line)
         r.close()

@@ -43,6 +43,9 @@ void* fp4attn_nvfp4_plan_create(int B, int Hq, int Hkv, int Sq, int Sk, int D, i
 
 void fp4attn_nvfp4_plan_destroy(void* plan) { delete static_cast<Nvfp4Plan*>(plan); }
 
+// P of the plan's later attend calls: 1 Direct-P (the default), 0 the exp2 baseline.
+void fp4attn_nvfp4_plan_set_direct_p(void* plan, int direct_p) { plan_of(plan).args.direct_p = direct_p != 0; }
+
 // Bytes of BF16 operands the kernel reads per call (Q, K and Vᵀ).
 long long fp4attn_nvfp4_kernel_operand_bytes(void* plan) {
   return static_cast<long long>(plan_of(plan).operands->kernel_operand_bytes());

@@ -31,7 +31,8 @@ fi
 if has_stage sanitize; then
   # One small case of each kernel: forward (causal GQA, exp2 path), backward
   # (noncausal and causal GQA; mxfp4_train causal GQA), the zero-copy forward
-  # of every GPU recipe, both quantizers and recipe mxfp4's two expansions.
+  # of every GPU recipe, both quantizers, recipe mxfp4's two expansions and
+  # recipe nvfp4's exp2 baseline.
   small='Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk'
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq2_Hkv1_Sq300_Sk150_D128_causal_exp2'
   small+=':*GpuBackwardGrid.MatchesEmulatorAndReference/B1_Hq2_Hkv2_Sq128_Sk128_D128_full_directp_smoothk_f32'
@@ -40,6 +41,8 @@ if has_stage sanitize; then
   small+=':MxShapes/GpuBackwardGrid.MatchesEmulatorAndReference/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk_f32_mxfp4train'
   # recipe mxfp4 through the fold pass and through the in-kernel MXFP4 expansion
   small+=':Shapes/GpuForwardMxGrid.MatchesEmulator/mxfp4_B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk'
+  # recipe nvfp4's exp2 baseline
+  small+=':Shapes/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_smoothk_exp2'
   for tool in memcheck racecheck; do
     FP4ATTN_REQUIRE_GPU=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 7 \
       "$BUILD/tests/fp4attn_gpu_tests" --gtest_filter="$small" >"$OUT/sanitize-$tool.log" 2>&1

@@ -20,11 +20,15 @@ constexpr std::uint32_t kCell = 1u << ex2::kGridShift;
 std::uint32_t ulps_apart(std::uint32_t a, std::uint32_t b) { return a > b ? a - b : b - a; }
 
 // Every code decision the exp2 paths make from a P value r: E4M3 of r (FP8
-// P), the MX block scale of r as block maximum (both rules), and the E2M1
-// code of r·2^-E for every block exponent E that puts r·2^-E in [2^-4, 16).
+// P), the MX block scale of r as block maximum (both rules), the E2M1 code
+// of r·2^-E for every block exponent E that puts r·2^-E in [2^-4, 16), the
+// NVFP4 block scale of r as block maximum (tensor scale 1), and the E2M1 code
+// of fl(r / s_b) for every nonzero UE4M3 scale s_b.
 struct Decisions {
   std::uint8_t e4m3, scale_up, scale_ocp;
   std::uint8_t e2m1[8];
+  std::uint8_t nv_scale;
+  std::uint8_t nv_e2m1[127];
   bool operator==(const Decisions&) const = default;
 };
 
@@ -35,6 +39,8 @@ Decisions decide(float r) {
   d.scale_ocp = mx_scale_code(r, MxScaleRule::ocp_floor);
   const int e = floor_log2(r);
   for (int i = 0; i < 8; ++i) d.e2m1[i] = encode_rne_sat(ElemFormat::e2m1, r * exp2i(-(e - 4 + i)));
+  d.nv_scale = nvfp4_block_scale_code(r, 1.0f);
+  for (int c = 1; c < 128; ++c) d.nv_e2m1[c - 1] = encode_rne_sat(ElemFormat::e2m1, r / decode(ElemFormat::ue4m3, c));
   return d;
 }
 
@@ -46,11 +52,14 @@ bool boundary_between(std::uint32_t a, std::uint32_t b) {
 }
 
 TEST(Ex2Model, BoundariesCoverEveryCodeDecision) {
-  // Values near the 1/16-binade grid (where all boundaries lie) and anywhere,
+  // Values near the 1/64-binade grid (where all boundaries lie) and anywhere,
   // over the results the exp2 paths see: two floats with no boundary between
   // them must get the same codes and scales.
   std::mt19937 rng(20261130);
-  std::uniform_int_distribution<int> binade(-120, 8), sixteenth(0, 15), offset(-40, 40), step(1, 40);
+  std::uniform_int_distribution<int> binade(-120, 8), grid_point(0, ex2::kGridSteps - 1), offset(-40, 40),
+      step(1, 40);
+  // Half the grid samples in NVFP4's binades, where most boundaries are.
+  std::uniform_int_distribution<int> nv_binade(ex2::kNvfp4FirstBinade, ex2::kNvfp4LastBinade);
   std::uniform_int_distribution<std::uint32_t> any_bits(float_bits(0x1p-120f), float_bits(512.0f));
   int compared = 0, across = 0;
   for (int n = 0; n < 400000; ++n) {
@@ -58,8 +67,9 @@ TEST(Ex2Model, BoundariesCoverEveryCodeDecision) {
     if (n % 4 == 0) {
       a = any_bits(rng);
     } else {
-      const std::uint32_t g = (static_cast<std::uint32_t>(binade(rng) + 127) << 23) |
-                              (static_cast<std::uint32_t>(sixteenth(rng)) << ex2::kGridShift);
+      const int be = n % 2 == 0 ? nv_binade(rng) : binade(rng);
+      const std::uint32_t g = (static_cast<std::uint32_t>(be + 127) << 23) |
+                              (static_cast<std::uint32_t>(grid_point(rng)) << ex2::kGridShift);
       a = g + static_cast<std::uint32_t>(offset(rng));
     }
     const std::uint32_t b = a + static_cast<std::uint32_t>(step(rng));
@@ -79,6 +89,26 @@ TEST(Ex2Model, E4m3MidpointsAreBoundaries) {
     const float mid = 0.5f * (decode(ElemFormat::e4m3, c) + decode(ElemFormat::e4m3, c + 1));
     EXPECT_TRUE(ex2::near_decision_boundary(float_bits(mid), 0)) << std::hexfloat << mid;
   }
+}
+
+TEST(Ex2Model, Nvfp4ThresholdsAreBoundaries) {
+  // Up to P's largest value 2^8: 6 × every UE4M3 rounding midpoint (block
+  // scale), and every E2M1 midpoint times every nonzero UE4M3 value (codes).
+  int checked = 0;
+  for (std::uint32_t c = 0; c < 0x7E; ++c) {
+    const float mid = 0.5f * (decode(ElemFormat::ue4m3, c) + decode(ElemFormat::ue4m3, c + 1));
+    if (6.0f * mid > 256.0f) break;
+    ++checked;
+    EXPECT_TRUE(ex2::near_decision_boundary(float_bits(6.0f * mid), 0)) << std::hexfloat << 6.0f * mid;
+  }
+  for (std::uint32_t c = 1; c < 0x7F; ++c)
+    for (float m : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f}) {
+      const float t = m * decode(ElemFormat::ue4m3, c);
+      if (t > 256.0f) continue;
+      ++checked;
+      EXPECT_TRUE(ex2::near_decision_boundary(float_bits(t), 0)) << std::hexfloat << t << " code " << c;
+    }
+  EXPECT_GT(checked, 500);
 }
 
 TEST(Ex2Model, TableIsSortedDisjointAndInsideTheWindows) {

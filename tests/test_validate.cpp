@@ -148,14 +148,13 @@ TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
   EXPECT_FALSE(sm90_supports(s, opt));
   opt = {};
   // The MX recipes fold into E4M3 for the same kernel; NVFP4 runs on BF16
-  // wgmma with Direct-P only (the exp2 baseline stays on the emulator).
-  for (Recipe r : {Recipe::fp8, Recipe::mxfp4, Recipe::mxfp4_train, Recipe::nvfp4}) {
-    opt.recipe = r;
-    EXPECT_TRUE(sm90_supports(s, opt)) << to_string(r);
-  }
-  opt.recipe = Recipe::nvfp4;
-  opt.direct_p = false;
-  EXPECT_FALSE(sm90_supports(s, opt));
+  // wgmma. Every recipe has both P paths (Direct-P and the exp2 baseline).
+  for (Recipe r : {Recipe::fp8, Recipe::mxfp4, Recipe::mxfp4_train, Recipe::nvfp4})
+    for (bool direct_p : {true, false}) {
+      opt.recipe = r;
+      opt.direct_p = direct_p;
+      EXPECT_TRUE(sm90_supports(s, opt)) << to_string(r) << " direct_p " << direct_p;
+    }
 }
 
 TEST(Dispatch, DescribesTheDevice) {

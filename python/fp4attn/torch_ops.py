@@ -6,7 +6,8 @@ torch.compile(fullgraph=True) keeps it in the graph without running it.
 Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
   compute-capability 9.0 GPU and the executor implements the call (recipes
-  fp8, mxfp4_train, mxfp4 and nvfp4 (Direct-P), target sm90, D = 64 or 128):
+  fp8, mxfp4_train, mxfp4 and nvfp4, Direct-P on or off, target sm90, D = 64
+  or 128):
   the device path.
   The GPU quantizers read q, k and v where they are (any strides with D
   contiguous, both layouts, no copy), the kernel writes O and LSE into
@@ -18,8 +19,8 @@ Execution:
   would need a synchronisation): it makes every element of O and the LSE NaN.
 * Every other call goes through the host entry point: CPU tensors run on the
   emulator (or on the sm90 kernels when this build has them and a Hopper GPU
-  is present); other CUDA tensors (nvfp4 with Direct-P off, target sm100, other head dims,
-  GPUs other than sm90, CPU-only builds) are COPIED TO THE HOST, run
+  is present); other CUDA tensors (target sm100, other head dims, GPUs other
+  than sm90, CPU-only builds) are COPIED TO THE HOST, run
   there, and the results copied back. That synchronises with the device and
   cannot be captured in a CUDA graph.
 

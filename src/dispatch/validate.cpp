@@ -20,7 +20,7 @@ constexpr int kMaxTile = 256;
 // What the sm90 executor implements so far (its kernels grow recipe by
 // recipe); automatic dispatch sends everything else to the emulator.
 // mxfp4 and mxfp4_train: MXFP4 folded into E4M3 before the same kernel (DESIGN §3.4).
-// nvfp4: NVFP4 expanded to BF16 for the BF16 wgmma kernel, Direct-P only.
+// nvfp4: NVFP4 expanded to BF16 for the BF16 wgmma kernel.
 constexpr Recipe kSm90Recipes[] = {Recipe::fp8, Recipe::mxfp4, Recipe::mxfp4_train, Recipe::nvfp4};
 // The kernel's query/key tile, which is also its FP8 scale block.
 constexpr int kSm90Tile = 128;
@@ -80,7 +80,6 @@ bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt) {
   if (opt.target != Target::sm90) return false;  // sm100 numerics exist only in the emulator
   if (std::find(std::begin(kSm90Recipes), std::end(kSm90Recipes), opt.recipe) == std::end(kSm90Recipes))
     return false;
-  if (opt.recipe == Recipe::nvfp4 && !opt.direct_p) return false;  // the exp2 baseline has no NVFP4 kernel
   if (opt.block_q != kSm90Tile || opt.block_k != kSm90Tile) return false;
   return std::find(std::begin(kSm90HeadDims), std::end(kSm90HeadDims), shape.D) != std::end(kSm90HeadDims);
 }

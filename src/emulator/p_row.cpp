@@ -114,7 +114,7 @@ float nvfp4_row(const PConfig& cfg, std::span<const float> u, std::span<float> v
     } else {
       float amax = 0.0f;
       for (std::size_t j = 0; j < len; ++j) {
-        value[j0 + j] = exp2f(ub[j] + direct_p::kNvfp4Offset);
+        value[j0 + j] = ex2_for_target(cfg.target, ub[j] + direct_p::kNvfp4Offset);
         amax = std::max(amax, value[j0 + j]);
       }
       scale = nvfp4_block_scale_code(amax, kPTensorScale);

@@ -1,5 +1,6 @@
 // GPU suite of the zero-copy forward (dispatch::sm90_forward_device, what the
-// PyTorch layer's CUDA path calls), for recipes fp8, mxfp4_train and mxfp4: it
+// PyTorch layer's CUDA path calls), for recipes fp8, mxfp4_train and mxfp4 and
+// recipe nvfp4's exp2 baseline (its Direct-P path: the nvfp4 suite): it
 // agrees with the host entry point on the same bf16 inputs, and non-finite
 // input, which it cannot report without a host synchronisation, makes every
 // output NaN instead of plausible numbers.
@@ -121,7 +122,8 @@ INSTANTIATE_TEST_SUITE_P(Recipes, GpuForwardDevice,
                                            DeviceCase{Recipe::mxfp4_train, MaskKind::causal, true, true},
                                            DeviceCase{Recipe::mxfp4_train, MaskKind::none, false, false},
                                            DeviceCase{Recipe::mxfp4, MaskKind::none, true, true},
-                                           DeviceCase{Recipe::mxfp4, MaskKind::causal, false, true}),
+                                           DeviceCase{Recipe::mxfp4, MaskKind::causal, false, true},
+                                           DeviceCase{Recipe::nvfp4, MaskKind::causal, true, false}),
                          [](const ::testing::TestParamInfo<DeviceCase>& info) {
                            const DeviceCase& c = info.param;
                            return std::string(to_string(c.recipe)) +
@@ -190,21 +192,6 @@ TEST(GpuForwardDeviceErrors, NamesTheWorkspaceWhenItFitsAnotherRecipe) {
     FAIL() << "an fp8-sized workspace was accepted for recipe mxfp4";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "workspace");
-  }
-}
-
-TEST(GpuForwardDeviceErrors, RefusesNvfp4Exp2ByName) {
-  FP4ATTN_REQUIRE_HOPPER();
-  const AttentionShape s{1, 2, 2, 128, 128, 64};
-  DeviceCall call(s, Recipe::nvfp4);
-  AttentionOptions opt;
-  opt.recipe = Recipe::nvfp4;
-  opt.direct_p = false;  // no sm90 kernel: the emulator runs it through the host entry point
-  try {
-    call.run(opt);
-    FAIL() << "the zero-copy path accepted recipe nvfp4 with Direct-P off";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "executor");
   }
 }
 

@@ -4,7 +4,8 @@
 // emulator::forward (target sm90, same inputs): known answer, random shapes
 // with odd lengths, GQA and MQA, bottom-right causal with Sq ≠ Sk (fully
 // masked rows), top-left causal, smooth_k on and off, both head dims, inputs
-// with outliers, non-finite input and the arguments the kernel refuses.
+// with outliers, non-finite input and the arguments the kernel refuses;
+// Direct-P and the exp2 baseline (Direct-P off).
 //
 // The emulator sums both products in fp32 (it does not model the BF16 tensor
 // core's accumulation), so O is compared within the forward bounds (rel L2,
@@ -20,6 +21,7 @@
 #include "cuda/sm90/fwd/nvfp4_fwd.hpp"
 #include "cuda/sm90/fwd/nvfp4_operands.hpp"
 #include "dispatch/sm90_executor.hpp"
+#include "emulator/ex2_sm90.hpp"
 #include "emulator/operands.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/direct_p.hpp"
@@ -45,11 +47,13 @@ struct Nvfp4Case {
   MaskKind mask;
   bool smooth_k;
   bool outliers = false;
+  bool direct_p = true;  // false: the exp2 baseline
 };
 
 std::string case_name(const ::testing::TestParamInfo<Nvfp4Case>& info) {
   const Nvfp4Case& c = info.param;
-  return gpu_test::shape_mask_name(c.shape, c.mask) + (c.smooth_k ? "_smoothk" : "") + (c.outliers ? "_outliers" : "");
+  return gpu_test::shape_mask_name(c.shape, c.mask) + (c.smooth_k ? "_smoothk" : "") + (c.outliers ? "_outliers" : "") +
+         (c.direct_p ? "" : "_exp2");
 }
 
 // A contiguous (B, S, H, D) tensor on the device as bf16.
@@ -131,6 +135,68 @@ TEST(GpuNvfp4PHelpers, MatchSharedFunctions) {
   for (int i = 0; i < n_codes; ++i) bad_code += got_code[i] != direct_p::nvfp4_code(u[i], log2_sb[i]);
   EXPECT_EQ(bad_scale, 0u) << "of " << n_scales;
   EXPECT_EQ(bad_code, 0u) << "of " << n_codes;
+}
+
+// The exp2 baseline's P helpers: the block scale of u_max and the element code
+// of u under every UE4M3 scale, against the emulator's rules on the
+// emulator's sm90 exp2 (ex2::sm90), bit for bit. Inputs crowd around every
+// decision: u whose 2^(u + 8) is 6 × a UE4M3 rounding midpoint (scale) or an
+// E2M1 midpoint × s_b (codes), a few dozen ulps either side, where only the
+// measured ex2.approx table can make the two sides agree.
+__global__ void p_exp2_helpers_kernel(const float* u, const std::uint8_t* scale_code, int n, std::uint32_t* scale,
+                                      std::uint32_t* code) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  namespace nv = sm90::fwd::nvfp4;
+  scale[i] = nv::nvfp4_block_scale_exp2(u[i]);
+  const nv::PScaleEntry e = nv::p_scale_entry<false>(scale_code[i]);
+  const std::uint32_t pair = nv::nvfp4_exp2_q_pair(u[i], u[i], e.scale * nv::kScaleFromTable, e.code_term);
+  // Both halves carry the same code: 0x8 flags a difference between them.
+  const std::uint32_t lo = (pair & 0xFFFFu) >> direct_p::kE2M1CodeShift, hi = pair >> (16 + direct_p::kE2M1CodeShift);
+  code[i] = lo | (lo == hi ? 0u : 8u);
+}
+
+TEST(GpuNvfp4PHelpers, Exp2PathMatchesEmulatorRules) {
+  FP4ATTN_REQUIRE_HOPPER();
+  std::mt19937 rng(gpu_test::fresh_seed());
+  std::vector<float> u;
+  std::vector<std::uint8_t> sc;
+  auto around = [&](double v, int ulps, std::uint8_t scale_code) {
+    float x = static_cast<float>(std::log2(v) - direct_p::kNvfp4Offset);
+    for (int k = 0; k < ulps; ++k) x = std::nextafter(x, -INFINITY);
+    for (int k = 0; k < 2 * ulps; ++k, x = std::nextafter(x, INFINITY)) u.push_back(x), sc.push_back(scale_code);
+  };
+  for (int c = 0; c < 0x7E; ++c) {
+    const double mid = 0.5 * (decode(ElemFormat::ue4m3, c) + decode(ElemFormat::ue4m3, c + 1));
+    if (6.0 * mid <= 256.0) around(6.0 * mid, 48, static_cast<std::uint8_t>(c));
+  }
+  for (int c = 1; c < 0x7F; ++c)
+    for (double m : {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0})
+      if (m * decode(ElemFormat::ue4m3, c) <= 256.0) around(m * decode(ElemFormat::ue4m3, c), 24, c);
+  std::uniform_real_distribution<float> wide(-24.0f, 0.0f);
+  std::uniform_int_distribution<int> any_scale(0, 0x7E);
+  for (int k = 0; k < (1 << 18); ++k) u.push_back(wide(rng)), sc.push_back(static_cast<std::uint8_t>(any_scale(rng)));
+  for (float x : {-INFINITY, -200.0f, 0.0f}) u.push_back(x), sc.push_back(0), u.push_back(x), sc.push_back(44);
+  const int n = static_cast<int>(u.size());
+  DeviceArray<float> d_u(u.size());
+  DeviceArray<std::uint8_t> d_sc(sc.size());
+  DeviceArray<std::uint32_t> d_scale(u.size()), d_code(u.size());
+  d_u.upload(u), d_sc.upload(sc);
+  p_exp2_helpers_kernel<<<(n + 255) / 256, 256>>>(d_u.ptr, d_sc.ptr, n, d_scale.ptr, d_code.ptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto got_scale = d_scale.download(), got_code = d_code.download();
+  std::size_t bad_scale = 0, bad_code = 0;
+  for (int i = 0; i < n; ++i) {
+    const float v = emulator::ex2_for_target(Target::sm90, u[i] + direct_p::kNvfp4Offset);
+    bad_scale += got_scale[i] != nvfp4_block_scale_code(v, 1.0f);
+    const float sb = decode(ElemFormat::ue4m3, sc[i]);
+    const std::uint32_t want = sb > 0.0f ? encode_rne_sat(ElemFormat::e2m1, v / sb) : 0u;
+    if (got_code[i] != want && bad_code++ < 5)
+      ADD_FAILURE() << std::hexfloat << "u " << u[i] << " v " << v << " s_b " << sb << ": code " << got_code[i]
+                    << ", emulator " << want;
+  }
+  EXPECT_EQ(bad_scale, 0u) << "of " << n;
+  EXPECT_EQ(bad_code, 0u) << "of " << n;
 }
 
 // The kernel's BF16 operand of P: for every E2M1 code and UE4M3 scale, the
@@ -234,7 +300,7 @@ GpuResult run_gpu(const Nvfp4Case& c, const std::vector<float>& q, const std::ve
   DeviceArray<float> lse(s.lse_elems());
   o.poison();
   lse.poison();
-  sm90::fwd::Nvfp4ForwardArgs a = ops.forward_args(c.mask, true, scale, c.smooth_k);
+  sm90::fwd::Nvfp4ForwardArgs a = ops.forward_args(c.mask, c.direct_p, scale, c.smooth_k);
   a.o = o.ptr, a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
   a.lse = lse.ptr;
   sm90::fwd::forward_nvfp4(a, nullptr);
@@ -252,7 +318,7 @@ emulator::ForwardResult run_emulator(const Nvfp4Case& c, const std::vector<float
   AttentionOptions opt;
   opt.recipe = Recipe::nvfp4;
   opt.mask = c.mask;
-  opt.direct_p = true;
+  opt.direct_p = c.direct_p;
   opt.smooth_k = c.smooth_k;
   opt.target = Target::sm90;
   return emulator::forward(c.shape, q, k, v, opt);
@@ -291,13 +357,16 @@ TEST(GpuForwardNvfp4, KnownAnswerZeroScoresUnitValues) {
   FP4ATTN_REQUIRE_HOPPER();
   // Q = K = 0, V = 1: every key weighs the same, so O = 1 exactly. P of a zero
   // score is not 2^8 but 6 · 44: s_b = UE4M3(2^8 / 6 = 42.7) = 44 and the
-  // code of 2^8 / 44 = 5.8 is 6, so LSE = ln(Sk · 264 / 256).
-  const Nvfp4Case c{{1, 2, 1, 200, 333, 128}, MaskKind::none, true};
-  const AttentionShape& s = c.shape;
-  const std::vector<float> q(s.q_elems(), 0.0f), k(s.kv_elems(), 0.0f), v(s.kv_elems(), 1.0f);
-  const GpuResult r = run_gpu(c, q, k, v);
-  for (float x : r.o) ASSERT_EQ(x, 1.0f);
-  for (float x : r.lse) ASSERT_NEAR(x, std::log(s.Sk * 264.0 / 256.0), kMaxLseDiff);
+  // code of 2^8 / 44 = 5.8 is 6, so LSE = ln(Sk · 264 / 256). Both P paths
+  // (ex2.approx(8) is 256 exactly).
+  for (bool direct_p : {true, false}) {
+    const Nvfp4Case c{{1, 2, 1, 200, 333, 128}, MaskKind::none, true, false, direct_p};
+    const AttentionShape& s = c.shape;
+    const std::vector<float> q(s.q_elems(), 0.0f), k(s.kv_elems(), 0.0f), v(s.kv_elems(), 1.0f);
+    const GpuResult r = run_gpu(c, q, k, v);
+    for (float x : r.o) ASSERT_EQ(x, 1.0f) << "direct_p " << direct_p;
+    for (float x : r.lse) ASSERT_NEAR(x, std::log(s.Sk * 264.0 / 256.0), kMaxLseDiff) << "direct_p " << direct_p;
+  }
 }
 
 TEST(GpuForwardNvfp4, NonFiniteInputPoisonsOutputs) {
@@ -351,9 +420,6 @@ TEST(GpuForwardNvfp4, RefusesWhatItDoesNotImplementByName) {
     }
   };
   auto a = args();
-  a.direct_p = false;
-  expect_refused(a, "direct_p");
-  a = args();
   a.D = 96;
   expect_refused(a, "D");
   a = args();
@@ -382,16 +448,12 @@ TEST(GpuForwardNvfp4, PublicApiRunsNvfp4OnSm90) {
   EXPECT_EQ(got.executor, Executor::sm90);
   expect_matches_emulator({got.o, got.lse}, emulator::forward(s, q, k, v, opt),
                           "public API seed=" + std::to_string(seed));
-  // Direct-P off has no NVFP4 kernel: automatic dispatch takes the emulator,
-  // and asking for the sm90 executor names the argument.
+  // The exp2 baseline runs on the GPU too.
   opt.direct_p = false;
-  EXPECT_EQ(forward(s, q, k, v, opt, Executor::automatic).executor, Executor::emulator);
-  try {
-    forward(s, q, k, v, opt, Executor::sm90);
-    ADD_FAILURE() << "the sm90 executor accepted nvfp4 with Direct-P off";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "direct_p");
-  }
+  const ForwardOutput exp2 = forward(s, q, k, v, opt, Executor::automatic);
+  EXPECT_EQ(exp2.executor, Executor::sm90);
+  expect_matches_emulator({exp2.o, exp2.lse}, emulator::forward(s, q, k, v, opt),
+                          "public API, exp2, seed=" + std::to_string(seed));
 }
 
 TEST(GpuForwardNvfp4, DevicePathMatchesHostPath) {
@@ -483,7 +545,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Nvfp4Case{{1, 4, 4, 1024, 1024, 128}, MaskKind::causal, true, true},
                       Nvfp4Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true},
                       Nvfp4Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true},
-                      Nvfp4Case{{1, 2, 2, 129, 257, 64}, MaskKind::causal_top_left, false}),
+                      Nvfp4Case{{1, 2, 2, 129, 257, 64}, MaskKind::causal_top_left, false},
+                      // The exp2 baseline (Direct-P off) over the same kinds of shapes.
+                      Nvfp4Case{{1, 2, 2, 128, 128, 128}, MaskKind::none, false, false, false},
+                      Nvfp4Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, false, false},
+                      Nvfp4Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false, false, false},
+                      Nvfp4Case{{1, 2, 2, 100, 17, 64}, MaskKind::causal, true, false, false},
+                      Nvfp4Case{{2, 2, 2, 513, 1000, 64}, MaskKind::none, false, true, false},
+                      Nvfp4Case{{1, 4, 4, 1024, 1024, 128}, MaskKind::causal, true, true, false},
+                      Nvfp4Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, false, false},
+                      Nvfp4Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true, false, false}),
     case_name);
 
 }  // namespace

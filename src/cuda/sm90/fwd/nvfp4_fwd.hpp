@@ -40,7 +40,7 @@ struct Nvfp4ForwardArgs {
   int B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0;
   float softmax_scale = 0.0f;  // already resolved (> 0)
   MaskKind mask = MaskKind::none;
-  bool direct_p = true;  // the exp2 baseline is not implemented on the GPU: false is an error
+  bool direct_p = true;  // false: P by the exp2 baseline (ex2.approx, then the NVFP4 quantizer's rules)
 };
 
 // Launches the kernel for args.D (64 or 128) on `stream`. Throws fp4attn::Error

@@ -24,6 +24,8 @@
 //         fixed point + fp16 curve, s_b in the FFMA's addend); the operand
 //         is Pₙ·2^-8 in BF16, exactly; l = l·2^(m − m') + Σ Pₙ (fp32, per
 //         thread until the end)
+//       (Direct-P off, kDirectP = false: v = ex2.approx(u + 8), s_b and q by
+//         the NVFP4 quantizer's rules on v; the rest as above)
 //       O = O · 2^(m − m') before the next PV adds to it
 //     turn N: O += P·V of the last tile
 //   epilogue: l summed over the quad; O / l · 2^8 / S_v → bf16,
@@ -45,6 +47,8 @@
 
 #include <cuda/ptx>
 
+#include "cuda/quantize/fma_quotient.hpp"
+#include "cuda/quantize/fp4_codes.cuh"
 #include "cuda/sm90/fwd/nvfp4_bf16/config.h"
 #include "cuda/sm90/fwd/nvfp4_bf16/wgmma_bf16.cuh"
 #include "fp4attn/direct_p.hpp"
@@ -84,34 +88,71 @@ FP4ATTN_DEVICE_INLINE void block_max(const float (&s)[N], float (&bm)[2][N / 8],
 // of masked scores (u_max = −inf) gets x = 2^-12 / 6 < 2^-10, which rounds to
 // scale 0 as the shared function's early return does; the high byte is the
 // code of 0.0, 0.
-static_assert(direct_p::kMinExp2Arg <= -8.0f, "a masked block's x = 2^kMinExp2Arg / 6 must round to scale 0");
-FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_block_scale(float u_max) {
-  constexpr float kInv6 = 1.0f / 6.0f;
-  const float x = direct_p::exp2_poly(u_max + direct_p::kNvfp4Offset) * kInv6;
+FP4ATTN_DEVICE_INLINE std::uint32_t ue4m3_code(float x) {
   std::uint32_t pair;
   asm("{\n .reg .b16 p;\n cvt.rn.satfinite.e4m3x2.f32 p, %1, %2;\n cvt.u32.u16 %0, p;\n}"
       : "=r"(pair)
       : "f"(0.0f), "f"(x));  // second source → low byte
   return pair;
 }
+inline constexpr float kInv6 = 1.0f / 6.0f;  // round to nearest, as the shared functions' constant
+static_assert(direct_p::kMinExp2Arg <= -8.0f, "a masked block's x = 2^kMinExp2Arg / 6 must round to scale 0");
+FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_block_scale(float u_max) {
+  return ue4m3_code(direct_p::exp2_poly(u_max + direct_p::kNvfp4Offset) * kInv6);
+}
+
+// ---- the exp2 baseline (Direct-P off): P as the emulator's Target::sm90
+// computes it (emulator/p_row.cpp, nvfp4_row). v = ex2.approx.ftz(fl(u + 8)),
+// whose result the emulator's ex2::sm90 reproduces wherever a code depends
+// on it; s_b = UE4M3(fl(v_max / 6)) and q = E2M1(fl(v / s_b)), the NVFP4
+// quantizer's rules with tensor scale 1 (nvfp4_block_scale_code,
+// encode_rne_sat). Both quotients are fma_quotient's IEEE quotient (v ≤ 2^8
+// and v / s_b ≤ 449 keep it exact; with s_b = 0 and r = 0 it gives 0, the
+// emulator's code for a zero scale). ex2.approx and fl(· + 8) never
+// decrease, so the block's largest v is that of its largest u.
+FP4ATTN_DEVICE_INLINE float exp2_p_value(float u) {
+  float v;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(v) : "f"(__fadd_rn(u, direct_p::kNvfp4Offset)));
+  return v;
+}
+
+FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_block_scale_exp2(float u_max) {
+  return ue4m3_code(cuda_quantize::fma_quotient(exp2_p_value(u_max), kE2M1Max, kInv6));
+}
+
+// q·2^-14 of two elements as device::nvfp4_q_pair returns it (fp16 patterns
+// c·2^9 in both halves); sb = s_b, r = RN(1 / s_b) (0 for s_b = 0).
+FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_exp2_q_pair(float u0, float u1, float sb, float r) {
+  const std::uint32_t c0 = cuda_quantize::fp4::e2m1_code(cuda_quantize::fma_quotient(exp2_p_value(u0), sb, r));
+  const std::uint32_t c1 = cuda_quantize::fp4::e2m1_code(cuda_quantize::fma_quotient(exp2_p_value(u1), sb, r));
+  return (c0 << direct_p::kE2M1CodeShift) | (c1 << (16 + direct_p::kE2M1CodeShift));
+}
 
 // P's per-block constants, one table entry per UE4M3 code of s_b (shared
 // memory, filled in the prologue by the shared functions themselves):
-// offset = direct_p::nvfp4_fixed_offset(log2 s_b), the FFMA addend of the
-// element code; scale = s_b · 2^118 (exact), whose upper 16 bits are the bf16
+// code_term = direct_p::nvfp4_fixed_offset(log2 s_b), the FFMA addend of the
+// element code with Direct-P, RN(1 / s_b) for the exp2 baseline's quotients
+// (0 for s_b = 0); scale = s_b · 2^118 (exact), whose upper 16 bits are the bf16
 // multiplier of device::nvfp4_bf16_pair (P·V gets P·2^-8, taken back in the
-// epilogue) and which, times 2^-104, weighs the row sum. Code 0 (a block of masked or underflowing scores) has offset 0,
-// so its codes are 0 for every u ≤ 0, and scale 0.
+// epilogue) and which, times 2^-104, weighs the row sum. Code 0 (a block of
+// masked or underflowing scores) has code_term 0, so its codes are 0 for every
+// u ≤ 0 on both paths, and scale 0.
 struct PScaleEntry {
-  float offset, scale;
+  float code_term, scale;
 };
 static_assert(kUe4m3Codes * sizeof(PScaleEntry) == kStaticSmemBytes, "config.h budgets the block-scale table");
 inline constexpr float kRowSumFromTableScale = 0x1p-104f;  // the row sum adds q·2^-14 times s_b·2^14
+inline constexpr float kScaleFromTable = 0x1p-118f;         // s_b from the table's s_b·2^118
 static_assert(direct_p::kNvfp4Bf16ScaleExp - 14 == 104, "kRowSumFromTableScale follows the table's exponent");
 
+template <bool kDirectP>
 FP4ATTN_DEVICE_INLINE PScaleEntry p_scale_entry(int code) {
-  const float log2_sb = direct_p::log2_of_ue4m3(static_cast<std::uint8_t>(code));
-  return {direct_p::nvfp4_fixed_offset(log2_sb), decode(ElemFormat::ue4m3, code) * exp2i(direct_p::kNvfp4Bf16ScaleExp)};
+  const float sb = decode(ElemFormat::ue4m3, code);
+  const float scale = sb * exp2i(direct_p::kNvfp4Bf16ScaleExp);
+  if constexpr (kDirectP)
+    return {direct_p::nvfp4_fixed_offset(direct_p::log2_of_ue4m3(static_cast<std::uint8_t>(code))), scale};
+  else
+    return {sb == 0.0f ? 0.0f : __frcp_rn(sb), scale};
 }
 
 // bf16x2 of s_b·2^118 in both halves: the table float's upper 16 bits (exact).
@@ -129,7 +170,7 @@ FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_code(float u, float log2_block_scale) 
 // the pattern c·2^9).
 FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_p_value_bits(std::uint32_t code, int scale_code) {
   const std::uint32_t q = code << direct_p::kE2M1CodeShift;
-  return direct_p::device::nvfp4_bf16_pair(q, bf16_multiplier(p_scale_entry(scale_code).scale)) & 0xFFFFu;
+  return direct_p::device::nvfp4_bf16_pair(q, bf16_multiplier(p_scale_entry<true>(scale_code).scale)) & 0xFFFFu;
 }
 
 // Online softmax of one consumer's two rows per thread, in the log2 domain.
@@ -142,7 +183,7 @@ struct OnlineSoftmax {
   // goes with it (l is rescaled here). A row with nothing visible yet keeps
   // m = −inf and subtracts 0 in its place, so that no −inf − (−inf) appears.
   // scale_table: P's per-block constants by UE4M3 code (PScaleEntry).
-  template <int N>
+  template <bool kDirectP, int N>
   __device__ void step(const float (&s)[N], float c, const PScaleEntry* scale_table, std::uint32_t (&p)[N / 8][4],
                        float (&alpha)[2]) {
     constexpr int kBlocks = N / 8;
@@ -161,7 +202,8 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int t = 0; t < kBlocks; ++t) {
         // u is monotone in s (c > 0), so the block's largest u is that of its largest score.
-        const std::uint32_t scale = nvfp4_block_scale(direct_p::log2_score(bm[r][t], c, m_use[r]));
+        const float u_max = direct_p::log2_score(bm[r][t], c, m_use[r]);
+        const std::uint32_t scale = kDirectP ? nvfp4_block_scale(u_max) : nvfp4_block_scale_exp2(u_max);
         const PScaleEntry entry = scale_table[scale];
         const std::uint32_t multiplier = bf16_multiplier(entry.scale);
         auto u = [&](int i) { return direct_p::log2_score(s[i], c, m_use[r]); };
@@ -169,7 +211,10 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int i = 8 * t + 4 * h + 2 * r;
-          q[h] = direct_p::device::nvfp4_q_pair(u(i), u(i + 1), entry.offset);
+          if constexpr (kDirectP)
+            q[h] = direct_p::device::nvfp4_q_pair(u(i), u(i + 1), entry.code_term);
+          else
+            q[h] = nvfp4_exp2_q_pair(u(i), u(i + 1), entry.scale * kScaleFromTable, entry.code_term);
           p[t][2 * h + r] = direct_p::device::nvfp4_bf16_pair(q[h], multiplier);
         }
         // l adds what P·V uses: Σ q·2^-14 of the block's four elements here is
@@ -216,7 +261,8 @@ FP4ATTN_DEVICE_INLINE void issue_pv(float (&o)[Cfg::kORegs], const std::uint32_t
   }
 }
 
-template <int HeadDim>
+// kDirectP: P by Direct-P (the recipe's path) or by the exp2 baseline.
+template <int HeadDim, bool kDirectP>
 __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
     nvfp4_forward_kernel(const __grid_constant__ Nvfp4ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
@@ -251,7 +297,8 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
   // themselves, so that the offsets are the emulator's bit for bit. A static
   // shared array, so that lookups are one LDS.64 each, not generic loads.
   __shared__ PScaleEntry p_scale_table[kUe4m3Codes];
-  for (int code = threadIdx.x; code < kUe4m3Codes; code += blockDim.x) p_scale_table[code] = p_scale_entry(code);
+  for (int code = threadIdx.x; code < kUe4m3Codes; code += blockDim.x)
+    p_scale_table[code] = p_scale_entry<kDirectP>(code);
   __syncthreads();
 
   if (wg == 0) {
@@ -362,7 +409,7 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
     fence_registers(s);
     scale_scores(s);
     mask_tile(s, 0);
-    softmax.step(s, c, p_scale_table, p, alpha);
+    softmax.step<kDirectP>(s, c, p_scale_table, p, alpha);
 
     for (int n = 1; n < k_tiles; ++n) {
       const unsigned tile = n;  // unsigned: % and / are a mask and a shift
@@ -383,7 +430,7 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
       cuda::ptx::mbarrier_arrive(&smem.kv_empty[prev]);
       scale_scores(s);
       mask_tile(s, n);
-      softmax.step(s, c, p_scale_table, p, alpha);
+      softmax.step<kDirectP>(s, c, p_scale_table, p, alpha);
       rescale_o(o, alpha);
     }
 

@@ -16,7 +16,7 @@ std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 
 constexpr std::int64_t kVtKeyMultiple = 32;  // the NVFP4 quantizer's padded sequence
 
-template <int HeadDim>
+template <int HeadDim, bool kDirectP>
 void launch(const Nvfp4ForwardArgs& a, cudaStream_t stream) {
   using Cfg = nvfp4::Config<HeadDim>;
   // bf16 tensors seen as bytes: a box is one 128-byte atom of 64 elements.
@@ -32,7 +32,7 @@ void launch(const Nvfp4ForwardArgs& a, cudaStream_t stream) {
                                                  {u64(vt_row), u64(vt_row * HeadDim), u64(vt_row * HeadDim * a.Hkv)},
                                                  {Cfg::kAtomBytes, HeadDim, 1, 1}, TmaSwizzle::b128, "vt");
 
-  auto* kernel = &nvfp4::nvfp4_forward_kernel<HeadDim>;
+  auto* kernel = &nvfp4::nvfp4_forward_kernel<HeadDim, kDirectP>;
   constexpr int kSmem = nvfp4::smem_bytes<Cfg>();
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
   const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
@@ -43,8 +43,6 @@ void launch(const Nvfp4ForwardArgs& a, cudaStream_t stream) {
 }  // namespace
 
 void forward_nvfp4(const Nvfp4ForwardArgs& a, cudaStream_t stream) {
-  if (!a.direct_p)
-    throw Error("direct_p", "the sm90 nvfp4 kernel implements Direct-P only; the exp2 baseline runs on the emulator");
   if (a.D != 64 && a.D != 128)
     throw Error("D", "the sm90 nvfp4 kernel supports D = 64 and 128, got " + std::to_string(a.D));
   if (a.B <= 0 || a.Hq <= 0 || a.Sq <= 0 || a.Sk <= 0)
@@ -62,7 +60,8 @@ void forward_nvfp4(const Nvfp4ForwardArgs& a, cudaStream_t stream) {
     throw Error("tensor_scale", "the three NVFP4 tensor scales must be device pointers");
   if (a.o == nullptr) throw Error("o", "is a null device pointer");
   if (a.lse == nullptr) throw Error("lse", "is a null device pointer");
-  return a.D == 128 ? launch<128>(a, stream) : launch<64>(a, stream);
+  if (a.D == 128) return a.direct_p ? launch<128, true>(a, stream) : launch<128, false>(a, stream);
+  return a.direct_p ? launch<64, true>(a, stream) : launch<64, false>(a, stream);
 }
 
 }  // namespace fp4attn::sm90::fwd
