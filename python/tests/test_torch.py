@@ -142,7 +142,7 @@ def host_path(fn, *tensors, **kwargs):
 
 
 @needs_sm90
-@pytest.mark.parametrize("recipe", ["fp8", "mxfp4_train", "mxfp4"])
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4_train", "mxfp4", "nvfp4"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", [64, 128])
@@ -152,6 +152,17 @@ def test_device_path_matches_host_path(recipe, dtype, causal, D):
     got = fp4attn.attention(q, k, v, causal=causal, recipe=recipe, return_lse=True)
     expected = host_path(fp4attn.attention, q, k, v, causal=causal, recipe=recipe, return_lse=True)
     assert got[0].dtype == dtype and got[0].device == q.device and got[1].dtype == torch.float32
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e, rtol=0, atol=1e-6)
+
+
+@needs_sm90
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4_train", "mxfp4", "nvfp4"])
+def test_device_path_matches_host_path_with_direct_p_off(recipe):
+    # The exp2 baseline of every recipe runs on the device path too.
+    q, k, v = (x.transpose(1, 2) for x in make_bhsd(14, 2, 4, 2, 200, 300, 128, "cuda", torch.bfloat16))
+    got = fp4attn.attention(q, k, v, causal=True, recipe=recipe, direct_p=False, return_lse=True)
+    expected = host_path(fp4attn.attention, q, k, v, causal=True, recipe=recipe, direct_p=False, return_lse=True)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g.cpu(), e, rtol=0, atol=1e-6)
 
