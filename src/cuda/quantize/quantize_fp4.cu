@@ -7,8 +7,9 @@
 //                             (backwards)
 // The quantize launch for q and k of 16-bit data in a 16-byte aligned layout
 // with D ≥ 32 is the pipelined fp4_rows_stream_kernel, else fp4_rows_kernel;
-// for Vᵀ of 16-bit data in such a layout the pipelined
-// fp4_columns_stream_kernel, else (fp32, untransposed V) fp4_columns_kernel.
+// for Vᵀ of 16-bit data in such a layout with D = 64 or 128 the pipelined
+// fp4_columns_stream_kernel, else (fp32, other D, untransposed V)
+// fp4_columns_kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -105,17 +106,24 @@ void allow_rows_stream_smem(std::size_t bytes, int first_device) {
   if (device == first_device) allowed.store(std::max(bytes, allowed.load(std::memory_order_relaxed)));
 }
 
-// The same for fp4_columns_stream_kernel, whose size is fixed.
-template <class T>
-void allow_columns_stream_smem(std::size_t bytes) {
+// fp4_columns_stream_kernel for D = kD (its shared memory, kStreamBuffers
+// tile buffers, is allowed once per device, as above; its size is fixed).
+template <class T, int kD>
+void launch_columns_stream(const fp4::Job<T>& job, std::int64_t tiles, cudaStream_t stream) {
+  constexpr std::size_t kSmem = fp4::kStreamBuffers * sizeof(T) * fp4::kColumnTileElems;
   static std::atomic<int> allowed_on{-1};
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  if (allowed_on.load(std::memory_order_relaxed) == device) return;
-  check_cuda(cudaFuncSetAttribute(fp4::fp4_columns_stream_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)),
-             "cudaFuncSetAttribute");
-  allowed_on.store(device, std::memory_order_relaxed);
+  if (allowed_on.load(std::memory_order_relaxed) != device) {
+    check_cuda(cudaFuncSetAttribute(fp4::fp4_columns_stream_kernel<T, kD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)),
+               "cudaFuncSetAttribute");
+    allowed_on.store(device, std::memory_order_relaxed);
+  }
+  const auto ctas = static_cast<unsigned>(
+      std::min<std::int64_t>(tiles, std::int64_t{stream_grid_limits().sms} * fp4::kStreamCtasPerSm));
+  fp4::fp4_columns_stream_kernel<T, kD><<<ctas, fp4::kThreads, kSmem, stream>>>(job, static_cast<int>(tiles));
+  check_cuda(cudaGetLastError(), "quantize_fp4 launch");
 }
 
 constexpr std::size_t kSmemReservedPerCta = 1024;  // what the runtime keeps per resident CTA
@@ -248,14 +256,10 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
     job.tiles_per_slice = static_cast<int>(ceil_div(job.padded_tokens, tile_tokens));
     if constexpr (sizeof(T) == 2) {
       const std::int64_t tiles = slices * job.tiles_per_slice;
-      if (opt.v_transposed && job.in.vector_loads && tiles <= std::numeric_limits<int>::max()) {
-        // Two tile buffers per CTA.
-        constexpr std::size_t kSmem = 2 * sizeof(T) * fp4::kColumnTileElems;
-        allow_columns_stream_smem<T>(kSmem);
-        const auto ctas = static_cast<unsigned>(
-            std::min<std::int64_t>(tiles, std::int64_t{stream_grid_limits().sms} * fp4::kColumnCtasPerSm));
-        fp4::fp4_columns_stream_kernel<T><<<ctas, fp4::kThreads, kSmem, stream>>>(job, static_cast<int>(tiles));
-        check_cuda(cudaGetLastError(), "quantize_fp4 launch");
+      if (opt.v_transposed && job.in.vector_loads && (D == 64 || D == 128) &&
+          tiles <= std::numeric_limits<int>::max()) {
+        if (D == 128) launch_columns_stream<T, 128>(job, tiles, stream);
+        else launch_columns_stream<T, 64>(job, tiles, stream);
         return;
       }
     }

@@ -28,6 +28,10 @@
 //                       shared memory; thread (d, strip) then walks 64 tokens
 //                       of channel d, two 32-token runs, each one MX block or
 //                       two NV blocks, and writes 16 bytes of a Vᵀ row
+//   fp4_columns_stream_kernel  Vᵀ of 16-bit data in a 16-byte aligned layout,
+//                       D = 64 or 128: persistent, two tile buffers (the next
+//                       tile's copies in flight), a thread per 32-token run
+//                       of two neighbouring channels
 //   fp4_amax_kernel     NVFP4: the tensor's amax (atomicMax on float bits)
 //   fp4_mean_*          smooth_k: chunk sums (and, for NVFP4, each chunk's
 //                       per-channel max and min), then the mean per channel
@@ -69,6 +73,11 @@ inline constexpr int kAmaxItems = 4;
 template <class T>
 inline constexpr int kRowCtasPerSm = sizeof(T) == 2 ? 4 : 3;
 inline constexpr int kColumnCtasPerSm = 3;
+// fp4_columns_stream_kernel: tile buffers per CTA (tiles in flight while one
+// is coded: kStreamBuffers − 1) and CTAs per SM (the buffers' shared memory).
+// Three buffers at two CTAs per SM measured the same (perf log fp4-q13).
+inline constexpr int kStreamBuffers = 2;
+inline constexpr int kStreamCtasPerSm = 3;
 inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chains
 inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_partial_kernel CTA
 // A register budget (128 per thread) for the mean pass: without it ptxas
@@ -76,6 +85,10 @@ inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_p
 // load in flight per thread; with it the batch's 16 loads issue together
 // (perf log fp4-q11: 4 CTAs per SM measured at least as fast as 6; 8 spilled).
 inline constexpr int kMeanCtasPerSm = 4;
+
+// Scale blocks along the sequence as shifts (the Vᵀ stream kernel's scale rows).
+inline constexpr int kMxfp4BlockShift = 5, kNvfp4BlockShift = 4;
+static_assert(1 << kMxfp4BlockShift == kMxfp4Block && 1 << kNvfp4BlockShift == kNvfp4Block);
 
 static_assert(kColumnTileElems / kStripTokens == kThreads, "one strip per thread");
 static_assert(kStripTokens % kRunTokens == 0 && kRunTokens == kMxfp4Block && kRunTokens == 2 * kNvfp4Block);
@@ -274,6 +287,22 @@ __device__ __forceinline__ std::uint32_t encode_run(const float (&v)[kRunTokens]
   return run_mag;
 }
 
+// The packed MXFP4 code of one run from its pairs p[4g + j] = tokens
+// (8g + j, 8g + j + 4): encode_run_pairs once the run is gathered.
+template <class T>
+__device__ __forceinline__ bool encode_pairs(const std::uint32_t (&p)[kRunTokens / 2], bool round_up,
+                                             std::uint32_t (&words)[kRunTokens / kSegment], std::uint8_t* scale,
+                                             std::uint32_t& mag) {
+  mag = pairs_amax_bits<T>(p);
+  const std::uint32_t scale_code = mx_scale_code(mag, round_up);
+  if (!mx_pairs_apply<T>(scale_code)) return false;
+  const typename Pairs<T>::H2 factor = mx_pair_scale<T>(scale_code);
+#pragma unroll
+  for (int g = 0; g < kRunTokens / kSegment; ++g) words[g] = mx_codes_x8<T>(p + 4 * g, factor);
+  *scale = static_cast<std::uint8_t>(scale_code);
+  return true;
+}
+
 // encode_run for MXFP4 of 16-bit data, two tokens per instruction, reading
 // the run's 32 tokens of one channel from the staged tile (`column` points
 // at the first, `pitch` elements apart); `mag` receives the run's largest
@@ -291,34 +320,56 @@ __device__ __forceinline__ bool encode_run_pairs(const T* column, int pitch, boo
 #pragma unroll
     for (int j = 0; j < kSegment / 2; ++j)
       p[4 * g + j] = raw[(kSegment * g + j) * pitch] | static_cast<std::uint32_t>(raw[(kSegment * g + j + 4) * pitch]) << 16;
-  mag = pairs_amax_bits<T>(p);
-  const std::uint32_t scale_code = mx_scale_code(mag, round_up);
-  if (!mx_pairs_apply<T>(scale_code)) return false;
-  const typename Pairs<T>::H2 factor = mx_pair_scale<T>(scale_code);
-#pragma unroll
-  for (int g = 0; g < kRunTokens / kSegment; ++g) words[g] = mx_codes_x8<T>(p + 4 * g, factor);
-  *scale = static_cast<std::uint8_t>(scale_code);
-  return true;
+  return encode_pairs<T>(p, round_up, words, scale, mag);
 }
 
-// The 32-token run of channel d starting at token `first` of a staged tile:
-// four code words, the run's scale codes written to `scales` (D bytes apart).
-// Returns the run's largest |x| as float bits.
+__device__ __forceinline__ float widen(std::uint32_t bits, __nv_bfloat16) { return __uint_as_float(bits << 16); }
+__device__ __forceinline__ float widen(std::uint32_t bits, __half) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+// column_run from the run's gathered pairs (encode_pairs' order), the scale
+// codes `dim` bytes apart.
 template <class T>
-__device__ __forceinline__ std::uint32_t column_run(const Job<T>& job, const T* tile, int first, int d,
+__device__ __forceinline__ std::uint32_t run_from_pairs(const Job<T>& job, const std::uint32_t (&p)[kRunTokens / 2],
+                                                        int dim, std::uint8_t* scales, float s_enc,
+                                                        std::uint32_t (&words)[kRunTokens / kSegment]) {
+#pragma unroll
+  for (int w = 0; w < kRunTokens / kSegment; ++w) words[w] = 0;
+  std::uint32_t mag = 0;
+  if (!job.nvfp4 && encode_pairs<T>(p, job.round_up, words, scales, mag)) return mag;
+  float v[kRunTokens];
+#pragma unroll
+  for (int g = 0; g < kRunTokens / kSegment; ++g)
+#pragma unroll
+    for (int j = 0; j < kSegment / 2; ++j) {
+      v[kSegment * g + j] = widen(p[4 * g + j] & 0xFFFFu, T{});
+      v[kSegment * g + j + 4] = widen(p[4 * g + j] >> 16, T{});
+    }
+  if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, dim);
+  return encode_run<false>(v, job.round_up, s_enc, words, scales, dim);
+}
+
+// The 32-token run of channel d starting at token `first` of a staged tile
+// whose rows hold D = `dim` elements: four code words, the run's scale codes
+// written to `scales` (D bytes apart). Returns the run's largest |x| as float
+// bits. A caller that passes a compile-time dim gets every shared-memory
+// address as one register plus an immediate offset.
+template <class T>
+__device__ __forceinline__ std::uint32_t column_run(const Job<T>& job, const T* tile, int dim, int first, int d,
                                                     std::uint8_t* scales, float s_enc,
                                                     std::uint32_t (&words)[kRunTokens / kSegment]) {
 #pragma unroll
   for (int w = 0; w < kRunTokens / kSegment; ++w) words[w] = 0;
   std::uint32_t mag = 0;
   if constexpr (sizeof(T) == 2)
-    if (!job.nvfp4 && encode_run_pairs<T>(tile + first * job.D + d, job.D, job.round_up, words, scales, mag))
+    if (!job.nvfp4 && encode_run_pairs<T>(tile + first * dim + d, dim, job.round_up, words, scales, mag))
       return mag;
   float v[kRunTokens];
 #pragma unroll
-  for (int t = 0; t < kRunTokens; ++t) v[t] = to_float(tile[(first + t) * job.D + d]);
-  if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, job.D);
-  return encode_run<false>(v, job.round_up, s_enc, words, scales, job.D);
+  for (int t = 0; t < kRunTokens; ++t) v[t] = to_float(tile[(first + t) * dim + d]);
+  if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, dim);
+  return encode_run<false>(v, job.round_up, s_enc, words, scales, dim);
 }
 
 template <class T>
@@ -366,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
     if (t0 + first >= job.padded_tokens) break;
     std::uint32_t words[kRunTokens / kSegment];
     std::uint8_t* scales = job.scales + (static_cast<std::int64_t>(slice) * scale_rows + (t0 + first) / block) * job.D + d;
-    column_run(job, tile, first, d, scales, s_enc, words);
+    column_run(job, tile, job.D, first, d, scales, s_enc, words);
     if (job.v_transposed) {
       const std::int64_t row = static_cast<std::int64_t>(slice) * job.D + d;
       __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (t0 + first) / 2),
@@ -392,75 +443,138 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
   }
 }
 
-// Vᵀ of 16-bit data in a 16-byte aligned layout, pipelined: persistent CTAs
-// (3 per SM), each walking tiles blockIdx.x, blockIdx.x + gridDim.x, … of
-// fp4_columns_kernel's order with two shared-memory tile buffers. The next
-// tile's 16-byte cp.async copies (zero-filled past S) are in flight while
-// the CTA computes the current one, where fp4_columns_kernel stages, waits
-// and only then computes. Non-finite input shows in the runs' amax.
-template <class T>
-__global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_stream_kernel(
+// Vᵀ of 16-bit data in a 16-byte aligned layout with D = kD (64 or 128),
+// pipelined: persistent CTAs (kStreamCtasPerSm per SM), each walking tiles
+// blockIdx.x, blockIdx.x + gridDim.x, … of fp4_columns_kernel's order with
+// kStreamBuffers shared-memory tile buffers. The next tiles' 16-byte cp.async
+// copies (zero-filled past S) are in flight while the CTA computes the
+// current one, where fp4_columns_kernel stages, waits and only then
+// computes. A thread codes one 32-token run of two neighbouring channels
+// (one 32-bit shared load per token for both). Non-finite input shows in the
+// runs' amax. D is a template parameter so that the tile's row pitch is one:
+// shared-memory addresses become immediate offsets, and a copy's source
+// steps by a fixed number of rows (perf log fp4-q13: with a run-time D, an
+// IMAD per shared load and ≈ 26 instructions per copy).
+template <class T, int kD>
+__global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream_kernel(
     const __grid_constant__ Job<T> job, int tiles) {
   static_assert(sizeof(T) == 2, "16-byte copies of 8 elements");
+  static_assert(kD == 64 || kD == 128, "the head dims with a compile-time tile pitch");
+  constexpr int kTileTokens = kColumnTileElems / kD;
+  constexpr int kSegsPerRow = kD / kSegment;
+  constexpr int kRowsPerItem = kThreads / kSegsPerRow;  // tokens between a thread's consecutive copies
+  constexpr int kChannelPairs = kD / 2;
+  static_assert(kThreads / kChannelPairs * kRunTokens == kTileTokens, "one run of two channels per thread");
   extern __shared__ __align__(16) unsigned char smem[];
   T* const buffers = reinterpret_cast<T*>(smem);  // buffer k at buffers + k · kColumnTileElems
-  const int tile_tokens = kColumnTileElems / job.D;
-  const int g = static_cast<int>(threadIdx.x) & ((1 << job.seg_shift) - 1);
-  const auto place = [&](int walk, int& b, int& h, int& t0) {
-    int tile_index;
-    tile_of(job, static_cast<unsigned>(job.reverse ? tiles - 1 - walk : walk), b, h, tile_index);
-    t0 = tile_index * tile_tokens;
-  };
-  const auto stage = [&](int walk, T* dst) {
+  struct TileAt {
     int b, h, t0;
-    place(walk, b, h, t0);
+  };
+  const auto place = [&](int walk) {
+    TileAt at;
+    int tile_index;
+    tile_of(job, static_cast<unsigned>(job.reverse ? tiles - 1 - walk : walk), at.b, at.h, tile_index);
+    at.t0 = tile_index * kTileTokens;
+    return at;
+  };
+  const auto copy16 = [](T* dst, const T* src, unsigned bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                     static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+                 "l"(src), "r"(bytes)
+                 : "memory");
+  };
+  const auto stage = [&](const TileAt& at, T* dst) {
+    // This thread's copies: segment g of rows tok0, tok0 + kRowsPerItem, …
+    // The thread index is read here by a volatile move, which the compiler
+    // cannot hoist: a destination offset kept live across the tile loop was
+    // the one register the fp16 instance spilled (80-register budget).
+    int tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    const int g = tid % kSegsPerRow;
+    const int tok0 = tid / kSegsPerRow;
+    T* const first_dst = dst + tok0 * kD + kSegment * g;
+    if (at.t0 + kTileTokens <= job.S) {  // a whole tile: one address, then fixed steps
+      const T* src = job.in.segment(at.b, at.t0 + tok0, at.h, kSegment * g);
+      const std::int64_t step = kRowsPerItem * job.in.stride_s;
 #pragma unroll
-    for (int r = 0; r < kColumnItems; ++r) {
-      const int tok = (r * kThreads + static_cast<int>(threadIdx.x)) >> job.seg_shift;
-      const int s = t0 + tok;
-      const T* src = job.in.segment(b, min(s, job.S - 1), h, kSegment * g);
-      const unsigned bytes = s < job.S ? kVectorBytes : 0u;  // 0: sixteen zero bytes
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                       static_cast<unsigned>(__cvta_generic_to_shared(dst + tok * job.D + kSegment * g))),
-                   "l"(src), "r"(bytes)
-                   : "memory");
+      for (int r = 0; r < kColumnItems; ++r) copy16(first_dst + r * kRowsPerItem * kD, src + r * step, kVectorBytes);
+    } else {
+#pragma unroll
+      for (int r = 0; r < kColumnItems; ++r) {
+        const int s = at.t0 + tok0 + r * kRowsPerItem;
+        // Past S: sixteen zero bytes, read from nowhere (the clamped address stays valid).
+        copy16(first_dst + r * kRowsPerItem * kD, job.in.segment(at.b, min(s, job.S - 1), at.h, kSegment * g),
+               s < job.S ? kVectorBytes : 0u);
+      }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
   const float s_enc = tensor_scale_of(job, blockIdx.x);
-  const int d = static_cast<int>(threadIdx.x) & (job.D - 1);
-  const int strip = static_cast<int>(threadIdx.x) / job.D;
-  const int block = job.nvfp4 ? kNvfp4Block : kMxfp4Block;
-  const int scale_rows = job.padded_tokens / block;
+  const int block_shift = job.nvfp4 ? kNvfp4BlockShift : kMxfp4BlockShift;
+  const int scale_rows = job.padded_tokens >> block_shift;
   std::uint32_t mag = 0;
-  int walk = static_cast<int>(blockIdx.x);
-  if (walk < tiles) stage(walk, buffers);
-#pragma unroll 1
-  for (int i = 0; walk < tiles; ++i, walk += static_cast<int>(gridDim.x)) {
-    // The buffer the next tile goes to was last read in iteration i − 1,
-    // before the barrier that ended it.
-    const int next = walk + static_cast<int>(gridDim.x);
-    if (next < tiles) stage(next, buffers + ((i + 1) & 1) * kColumnTileElems);
-    else asm volatile("cp.async.commit_group;" ::: "memory");  // an empty group keeps the count
-    asm volatile("cp.async.wait_group 1;" ::: "memory");      // this tile's copies have landed
-    __syncthreads();
-    const T* tile = buffers + (i & 1) * kColumnTileElems;
-    int b, h, t0;
-    place(walk, b, h, t0);
-    const int slice = b * job.H + h;
-#pragma unroll 1
-    for (int run = 0; run < kStripTokens / kRunTokens; ++run) {
-      const int first = strip * kStripTokens + run * kRunTokens;  // in the tile
-      if (t0 + first >= job.padded_tokens) break;
-      std::uint32_t words[kRunTokens / kSegment];
-      mag = max(mag, column_run(job, tile, first, d,
-                                job.scales + (static_cast<std::int64_t>(slice) * scale_rows + (t0 + first) / block) *
-                                                 job.D + d,
-                                s_enc, words));
-      const std::int64_t row = static_cast<std::int64_t>(slice) * job.D + d;
-      __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (t0 + first) / 2),
-             make_uint4(words[0], words[1], words[2], words[3]));
+  // ahead[k]: the tile of iteration i + k (k < kStreamBuffers − 1 staged).
+  TileAt ahead[kStreamBuffers] = {};
+  const int stride = static_cast<int>(gridDim.x);
+#pragma unroll
+  for (int k = 0; k + 1 < kStreamBuffers; ++k) {
+    const int w = static_cast<int>(blockIdx.x) + k * stride;
+    if (w < tiles) {
+      ahead[k] = place(w);
+      stage(ahead[k], buffers + k * kColumnTileElems);
+    } else {
+      asm volatile("cp.async.commit_group;" ::: "memory");  // empty groups keep the count
     }
+  }
+#pragma unroll 1
+  for (int i = 0, walk = static_cast<int>(blockIdx.x); walk < tiles; ++i, walk += stride) {
+    // The buffer the furthest tile goes to was last read in iteration i − 1,
+    // before the barrier that ended it.
+    const int far = walk + (kStreamBuffers - 1) * stride;
+    if (far < tiles) {
+      ahead[kStreamBuffers - 1] = place(far);
+      stage(ahead[kStreamBuffers - 1], buffers + ((i + kStreamBuffers - 1) % kStreamBuffers) * kColumnTileElems);
+    } else {
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    // This tile's copies have landed once at most kStreamBuffers − 1 newer groups are pending.
+    asm volatile("cp.async.wait_group %0;" ::"n"(kStreamBuffers - 1) : "memory");
+    __syncthreads();
+    const TileAt at = ahead[0];
+    const T* tile = buffers + (i % kStreamBuffers) * kColumnTileElems;
+    const int slice = at.b * job.H + at.h;
+    // One 32-token run of channels 2c and 2c + 1: a 32-bit shared load gives
+    // both channels' values of a token, and a byte permute splits them into
+    // each channel's pairs.
+    const int c = static_cast<int>(threadIdx.x) % kChannelPairs;
+    const int first = static_cast<int>(threadIdx.x) / kChannelPairs * kRunTokens;  // in the tile
+    if (at.t0 + first < job.padded_tokens) {
+      const auto* col = reinterpret_cast<const std::uint32_t*>(tile + first * kD) + c;
+      std::uint32_t p[2][kRunTokens / 2];
+#pragma unroll
+      for (int g = 0; g < kRunTokens / kSegment; ++g)
+#pragma unroll
+        for (int j = 0; j < kSegment / 2; ++j) {
+          const std::uint32_t a = col[(kSegment * g + j) * kChannelPairs];
+          const std::uint32_t b = col[(kSegment * g + j + 4) * kChannelPairs];
+          p[0][4 * g + j] = __byte_perm(a, b, 0x5410);
+          p[1][4 * g + j] = __byte_perm(a, b, 0x7632);
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int d = 2 * c + h;
+        std::uint32_t words[kRunTokens / kSegment];
+        mag = max(mag, run_from_pairs(job, p[h], kD,
+                                      job.scales + (static_cast<std::int64_t>(slice) * scale_rows +
+                                                    ((at.t0 + first) >> block_shift)) * kD + d,
+                                      s_enc, words));
+        const std::int64_t row = static_cast<std::int64_t>(slice) * kD + d;
+        __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (at.t0 + first) / 2),
+               make_uint4(words[0], words[1], words[2], words[3]));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k + 1 < kStreamBuffers; ++k) ahead[k] = ahead[k + 1];
     __syncthreads();
   }
   if (mag >= kInfBits) *job.nonfinite = 1;
