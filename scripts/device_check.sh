@@ -4,7 +4,8 @@
 # short table last.
 #   usage: scripts/device_check.sh [build-dir]   (default build)
 #   env:   STAGES picks stages (default "tests sanitize python bench");
-#          bench-bwd, bench-quant, bench-quant-fp4, bench-mx, bench-nvfp4 and accuracy-gpu
+#          bench-bwd, bench-quant, bench-quant-fp4, bench-mx, bench-nvfp4,
+#          bench-shapes (model-shaped problems) and accuracy-gpu
 #          (the H200 columns of examples/accuracy; needs the python stage's
 #          package) are further stages;
 #          BENCH_ARGS adds options to bench/bench_fwd.py; COMMIT names the
@@ -72,6 +73,12 @@ if has_stage bench; then
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_fwd.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
     ${COMMIT:+--commit "$COMMIT"} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-stdout.log" | grep -v "^$" | tail -25
   summary+=("bench fwd: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-shapes; then
+  PYTHONUNBUFFERED=1 timeout 200 python3 bench/bench_fwd_shapes.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
+    ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-shapes-stdout.log" | grep -v "^$" | tail -8
+  summary+=("bench shapes: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage bench-bwd; then
