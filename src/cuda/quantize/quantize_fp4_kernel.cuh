@@ -451,10 +451,10 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
 // current one, where fp4_columns_kernel stages, waits and only then
 // computes. A thread codes one 32-token run of two neighbouring channels
 // (one 32-bit shared load per token for both). Non-finite input shows in the
-// runs' amax. D is a template parameter so that the tile's row pitch is one:
-// shared-memory addresses become immediate offsets, and a copy's source
-// steps by a fixed number of rows (perf log fp4-q13: with a run-time D, an
-// IMAD per shared load and ≈ 26 instructions per copy).
+// runs' amax. D is a template parameter so that the tile's row pitch is a
+// constant: shared-memory addresses become immediate offsets, and a copy's
+// source steps by a fixed number of rows (perf log fp4-q13: with a run-time
+// D, an IMAD per shared load and ≈ 26 instructions per copy).
 template <class T, int kD>
 __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream_kernel(
     const __grid_constant__ Job<T> job, int tiles) {

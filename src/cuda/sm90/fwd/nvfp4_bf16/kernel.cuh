@@ -79,15 +79,11 @@ FP4ATTN_DEVICE_INLINE void block_max(const float (&s)[N], float (&bm)[2][N / 8],
   }
 }
 
-// direct_p::nvfp4_block_scale with the UE4M3 rounding done by the E4M3
-// conversion (one F2FP instead of encode_rne_sat's integer sequence): for
-// x ≥ 0 the UE4M3 and E4M3 codes coincide (same exponent, mantissa, bias and
-// saturation), and the H200's cvt.rn.satfinite.e4m3x2 equals encode_rne_sat
-// for every float (DESIGN §3.1). kInv6 is the shared function's constant.
-// Branch- and select-free: exp2_poly clamps its argument at −12, so a block
-// of masked scores (u_max = −inf) gets x = 2^-12 / 6 < 2^-10, which rounds to
-// scale 0 as the shared function's early return does; the high byte is the
-// code of 0.0, 0.
+// UE4M3 code of x ≥ 0 by the E4M3 conversion (one F2FP instead of
+// encode_rne_sat's integer sequence): for x ≥ 0 the UE4M3 and E4M3 codes
+// coincide (same exponent, mantissa, bias and saturation), and the H200's
+// cvt.rn.satfinite.e4m3x2 equals encode_rne_sat for every float (DESIGN
+// §3.1). The high byte is the code of 0.0, 0.
 FP4ATTN_DEVICE_INLINE std::uint32_t ue4m3_code(float x) {
   std::uint32_t pair;
   asm("{\n .reg .b16 p;\n cvt.rn.satfinite.e4m3x2.f32 p, %1, %2;\n cvt.u32.u16 %0, p;\n}"
@@ -95,7 +91,12 @@ FP4ATTN_DEVICE_INLINE std::uint32_t ue4m3_code(float x) {
       : "f"(0.0f), "f"(x));  // second source → low byte
   return pair;
 }
-inline constexpr float kInv6 = 1.0f / 6.0f;  // round to nearest, as the shared functions' constant
+
+// direct_p::nvfp4_block_scale through ue4m3_code. kInv6 is the shared
+// function's constant. Branch- and select-free: exp2_poly clamps its argument
+// at −12, so a block of masked scores (u_max = −inf) gets x = 2^-12 / 6 <
+// 2^-10, which rounds to scale 0 as the shared function's early return does.
+inline constexpr float kInv6 = 1.0f / 6.0f;
 static_assert(direct_p::kMinExp2Arg <= -8.0f, "a masked block's x = 2^kMinExp2Arg / 6 must round to scale 0");
 FP4ATTN_DEVICE_INLINE std::uint32_t nvfp4_block_scale(float u_max) {
   return ue4m3_code(direct_p::exp2_poly(u_max + direct_p::kNvfp4Offset) * kInv6);
