@@ -1,12 +1,15 @@
 // The GPU FP4 quantizer's per-element rules (cuda/quantize/fp4_codes.cuh)
 // against the CPU rules they replace: the E2M1 encoder over every float bit
 // pattern, and the MX scale code over a dense sample of every finite amax,
-// both rules. The quantizer's bit-exactness tests sample real tensors; these
-// cover the inputs such tensors rarely hit (subnormals, saturation, every tie).
+// both rules, and the packed encoder on f16 pairs rounded to odd (the fp32
+// paths of the pipelined rows kernel) over every float below 256. The
+// quantizer's bit-exactness tests sample real tensors; these cover the inputs
+// such tensors rarely hit (subnormals, saturation, every tie).
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "cuda/quantize/e2m1_pairs.cuh"
 #include "cuda/quantize/fp4_codes.cuh"
 #include "fp4attn/formats.hpp"
 #include "fp4attn/quantize.hpp"
@@ -40,6 +43,29 @@ __global__ void e2m1_all_floats(Mismatches* out) {
   atomicAdd(&out->visited, visited);
 }
 
+// Every float with |x| < 256 (f16x2_round_to_odd's domain), NaNs excluded:
+// the packed encoder's code of the rounded pair, in both halves, against the CPU.
+__global__ void rto_pairs_all_floats(Mismatches* out) {
+  namespace fp4 = cuda_quantize::fp4;
+  const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  const __half2 one = __float2half2_rn(1.0f);
+  unsigned long long visited = 0;
+  for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32);
+       i += stride) {
+    const auto bits = static_cast<std::uint32_t>(i);
+    const float x = __uint_as_float(bits);
+    if (!(fabsf(x) < 256.0f)) continue;
+    ++visited;
+    const std::uint32_t p[4] = {fp4::f16x2_round_to_odd(x, x), 0, 0, 0};
+    const std::uint32_t word = fp4::mx_codes_x8<__half>(p, one);  // element 0 at nibble 0, element 4 at nibble 4
+    const std::uint32_t want = encode_rne_sat(ElemFormat::e2m1, x);
+    if ((word & 0xFu) != want || ((word >> 16) & 0xFu) != want) {
+      if (atomicAdd(&out->count, 1ull) == 0) out->first_bits = bits;
+    }
+  }
+  atomicAdd(&out->visited, visited);
+}
+
 __global__ void mx_scale_codes(const std::uint32_t* amax_bits, int n, bool round_up, std::uint8_t* codes) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     codes[i] = static_cast<std::uint8_t>(cuda_quantize::fp4::mx_scale_code(amax_bits[i], round_up));
@@ -54,6 +80,18 @@ TEST(GpuFp4Codes, E2M1EncoderMatchesTheCpuOnEveryFloat) {
   const Mismatches m = out.download()[0];
   constexpr unsigned long long kNaNs = 2 * ((1ull << 23) - 1);  // exponent all ones, mantissa not zero, both signs
   EXPECT_EQ(m.visited, (1ull << 32) - kNaNs);
+  EXPECT_EQ(m.count, 0u) << "first differing float bits 0x" << std::hex << m.first_bits;
+}
+
+TEST(GpuFp4Codes, RoundToOddPairsGiveTheCpuCodesBelow256) {
+  FP4ATTN_REQUIRE_HOPPER();
+  DeviceArray<Mismatches> out(1);
+  FP4ATTN_CUDA_OK(cudaMemset(out.ptr, 0, sizeof(Mismatches)));
+  rto_pairs_all_floats<<<1024, 256>>>(out.ptr);
+  FP4ATTN_CUDA_OK(cudaDeviceSynchronize());
+  const Mismatches m = out.download()[0];
+  // |x| < 256: biased exponents 0 .. 134, every mantissa, both signs.
+  EXPECT_EQ(m.visited, 2ull * 135 * (1ull << 23));
   EXPECT_EQ(m.count, 0u) << "first differing float bits 0x" << std::hex << m.first_bits;
 }
 

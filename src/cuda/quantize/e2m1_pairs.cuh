@@ -137,6 +137,26 @@ __device__ __forceinline__ std::uint32_t mx_codes_x8_fp32(const std::uint32_t* p
   return word;
 }
 
+// Two fp32 values y as f16x2 (lo in the low half) rounded to odd: toward
+// zero, then the last mantissa bit set wherever that dropped a nonzero bit.
+// For fp32 results that mx_codes_x8 then codes (scale 1). Why that equals
+// encode_rne_sat(e2m1, y) for |y| < 256: every point where a piece of
+// mx_code_bits_x2 changes its rounded value is a multiple of 1/4 below 256,
+// at most 10 significant bits, so it is an f16 whose last mantissa bit is 0.
+// The rounded value is on the same side of each such point as y and equals
+// it only when y does (a value rounded down onto the point had dropped bits,
+// and its set last bit moves it above; one just below the point is odd
+// already). Below f16's normal range (|y| < 2^-14) the sticky test can miss
+// dropped bits, but such y are far under 0.25 and get code 0 either way.
+__device__ __forceinline__ std::uint32_t f16x2_round_to_odd(float lo, float hi) {
+  std::uint32_t h;
+  asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));  // first source → high half
+  constexpr std::uint32_t kDropped = (1u << 13) - 1u;  // fp32 mantissa bits below f16's (normal range)
+  const std::uint32_t d = (__float_as_uint(lo) & kDropped) | ((__float_as_uint(hi) & kDropped) << 16);
+  // Adding 0x1FFF carries into bit 13 of a half exactly when its dropped bits are nonzero.
+  return h | (((d + (kDropped | kDropped << 16)) >> 13) & 0x00010001u);
+}
+
 // The pairs mx_codes_x8 takes, from words w[0..3] holding elements (0, 1),
 // (2, 3), (4, 5), (6, 7) as a segment does.
 __device__ __forceinline__ void segment_pairs(const std::uint32_t (&w)[4], std::uint32_t (&p)[4]) {
