@@ -253,6 +253,43 @@ __global__ void __launch_bounds__(kThreads, kRowCtasPerSm<T>) fp4_rows_kernel(co
   if (bad) *job.nonfinite = 1;
 }
 
+// ---- E2M1 codes of fp32 values through the packed encoder ------------------------
+
+// Eight codes (element e at nibble e) of the fp32 values y(0 .. 7), |y| < 256:
+// f16 pairs rounded to odd, then the packed encoder with scale 1, equal to
+// encode_rne_sat(e2m1, y) (f16x2_round_to_odd says why): about 4
+// instructions a value where e2m1_code takes 8 and a shift and OR to place
+// its nibble (perf log fp4-q14).
+template <class Y>
+__device__ __forceinline__ std::uint32_t e2m1_codes_x8_fp32(Y y) {
+  std::uint32_t p[4];  // p[j] = (y(j), y(j + 4)), as mx_codes_x8 takes them
+#pragma unroll
+  for (int j = 0; j < 4; ++j) p[j] = f16x2_round_to_odd(y(j), y(j + 4));
+  return mx_codes_x8<__half>(p, __float2half2_rn(1.0f));
+}
+
+// The NVFP4 block of v at `first` (a multiple of 16): codes of fl(fl(x · S_enc)
+// / s_b) into its two words. A zero scale leaves them at +0, as the CPU
+// writes them (the quotients of negative elements would be −0).
+template <int N>
+__device__ __forceinline__ void nv_block_codes(const float (&v)[N], int first, float s_enc, const NvDivisor& div,
+                                               std::uint32_t* words) {
+  static_assert(kNvfp4Block == 2 * kSegment, "an NVFP4 block is two words of codes");
+  if (div.sb == 0.0f) return;
+#pragma unroll
+  for (int g = first / kSegment; g < first / kSegment + 2; ++g)
+    words[g] = e2m1_codes_x8_fp32(
+        [&](int e) { return fma_quotient(__fmul_rn(v[kSegment * g + e], s_enc), div.sb, div.r); });
+}
+
+// The MX block's codes of v[0 .. 32) scaled by inv = 2^-k (exact products).
+__device__ __forceinline__ void mx_block_codes_fp32(const float (&v)[kMxfp4Block], float inv,
+                                                    std::uint32_t (&words)[kMxfp4Block / kSegment]) {
+#pragma unroll
+  for (int g = 0; g < kMxfp4Block / kSegment; ++g)
+    words[g] = e2m1_codes_x8_fp32([&](int e) { return __fmul_rn(v[kSegment * g + e], inv); });
+}
+
 // ---- v: blocks along the sequence ------------------------------------------------
 
 // Codes of 32 consecutive tokens of one channel (one MX block, two NV
@@ -274,13 +311,11 @@ __device__ __forceinline__ std::uint32_t encode_run(const float (&v)[kRunTokens]
     std::uint32_t scale_code;
     if constexpr (kNv) {
       scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
-      nv_codes<kBlock>(v, k * kBlock, s_enc, make_nv_divisor(scale_code), words);
+      nv_block_codes(v, k * kBlock, s_enc, make_nv_divisor(scale_code), words);
     } else {
+      static_assert(kBlock == kRunTokens, "one MX block per run");
       scale_code = mx_scale_code(mag, round_up);
-      const float inv = exp2i(kE8M0Bias - static_cast<int>(scale_code));  // 2^-k: the product is exact
-#pragma unroll
-      for (int t = k * kBlock; t < (k + 1) * kBlock; ++t)
-        words[t / kSegment] |= e2m1_code(__fmul_rn(v[t], inv)) << (4 * (t % kSegment));
+      mx_block_codes_fp32(v, exp2i(kE8M0Bias - static_cast<int>(scale_code)), words);  // 2^-k: exact products
     }
     scales[k * pitch] = static_cast<std::uint8_t>(scale_code);
   }
@@ -676,9 +711,7 @@ __device__ __forceinline__ std::uint32_t mx_block_codes(const std::uint32_t (&p)
 // Segment g of x is the lane's chunk g ^ swizzle (see fp4_rows_stream_kernel),
 // and so are mean[8g .. 8g + 7] when kSmooth; codes and scale codes stay in
 // slot order. The fp32 values to code (x · 2^-k, or the NVFP4 quotient) go
-// to the packed E2M1 encoder as f16 pairs rounded to odd, which keeps every
-// code (f16x2_round_to_odd): about 4 instructions per element instead of
-// e2m1_code's 8 and the nibble's shift and OR (perf log fp4-q14).
+// to the packed E2M1 encoder (e2m1_codes_x8_fp32).
 template <class T, bool kSmooth>
 __device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)[4], const float (&mean)[kMxfp4Block],
                                                            bool nvfp4, float s_enc, bool round_up,
@@ -693,14 +726,6 @@ __device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)
     for (int t = 0; t < kMxfp4Block; ++t) v[t] = __fsub_rn(v[t], mean[t]);
 #pragma unroll
   for (int g = 0; g < 4; ++g) words[g] = 0;
-  const __half2 one = __float2half2_rn(1.0f);
-  // Segment g's codes from its eight fp32 values y(e), e = 0 .. 7.
-  auto code_segment = [&](int g, auto y) {
-    std::uint32_t p[4];  // p[j] = (y(j), y(j + 4)), as mx_codes_x8 takes them
-#pragma unroll
-    for (int j = 0; j < 4; ++j) p[j] = f16x2_round_to_odd(y(j), y(j + 4));
-    words[g] = mx_codes_x8<__half>(p, one);
-  };
   if (nvfp4) {
     std::uint32_t codes = 0;
     bad = false;
@@ -711,13 +736,7 @@ __device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)
       for (int t = k * kNvfp4Block; t < (k + 1) * kNvfp4Block; ++t) mag = max(mag, magnitude_bits(v[t]));
       bad |= mag >= kInfBits;
       const std::uint32_t scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
-      const NvDivisor div = make_nv_divisor(scale_code);
-      // A zero scale leaves the codes at +0, as the CPU writes them (quotients
-      // of negative elements would be −0).
-      if (div.sb != 0.0f)
-#pragma unroll
-        for (int g = 2 * k; g < 2 * k + 2; ++g)
-          code_segment(g, [&](int e) { return fma_quotient(__fmul_rn(v[kSegment * g + e], s_enc), div.sb, div.r); });
+      nv_block_codes(v, k * kNvfp4Block, s_enc, make_nv_divisor(scale_code), words);
       codes |= scale_code << (8 * k);
     }
     return codes;
@@ -727,9 +746,7 @@ __device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)
   for (int t = 0; t < kMxfp4Block; ++t) mag = max(mag, magnitude_bits(v[t]));
   bad = mag >= kInfBits;
   const std::uint32_t scale_code = mx_scale_code(mag, round_up);
-  const float inv = exp2i(kE8M0Bias - static_cast<int>(scale_code));  // 2^-k: the product is exact
-#pragma unroll
-  for (int g = 0; g < 4; ++g) code_segment(g, [&](int e) { return __fmul_rn(v[kSegment * g + e], inv); });
+  mx_block_codes_fp32(v, exp2i(kE8M0Bias - static_cast<int>(scale_code)), words);  // 2^-k: exact products
   return scale_code;
 }
 
