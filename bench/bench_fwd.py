@@ -40,14 +40,14 @@ def flops(B, H, S, D, causal):
 
 
 class Ours:
-    """Plans (one per input set) holding the quantized operands."""
+    """Plans (one per input set) holding the quantized operands; Hkv = H unless given (GQA)."""
 
-    def __init__(self, lib, ll3, sets, B, H, S, D, causal):
+    def __init__(self, lib, ll3, sets, B, H, S, D, causal, Hkv=None):
         self.lib, self.ll3, self.sets = lib, ll3, sets
         self.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.plans = []
         for _ in sets:
-            p = lib.fp4attn_plan_create(B, H, H, S, S, D, int(causal), 1, 1, 0.0)
+            p = lib.fp4attn_plan_create(B, H, Hkv or H, S, S, D, int(causal), 1, 1, 0.0)
             if not p:
                 raise RuntimeError(lib.fp4attn_last_error().decode())
             self.plans.append(p)

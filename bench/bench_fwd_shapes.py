@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench_fwd import DTYPE_BF16, bshd_strides, rel_l2
-from capi_lib import check, load_lib, time_ms
+from bench_fwd import Ours, flops, rel_l2
+from capi_lib import load_lib, time_ms
 
 # (name, B, Hq, Hkv, S, D, causal)
 SHAPES = [
@@ -34,34 +34,6 @@ SHAPES = [
     ("ViT-L/14 336px", 64, 16, 16, 577, 64, False),
     ("short batch", 16, 16, 16, 1000, 128, False),
 ]
-
-
-def flops(B, Hq, S, D, causal):
-    pairs = S * (S + 1) / 2 if causal else S * S
-    return 4.0 * B * Hq * D * pairs
-
-
-class Fp8Plan:
-    def __init__(self, lib, ll3, B, Hq, Hkv, S, D, causal):
-        self.lib, self.ll3 = lib, ll3
-        self.stream = torch.cuda.current_stream().cuda_stream
-        self.plan = lib.fp4attn_plan_create(B, Hq, Hkv, S, S, D, int(causal), 1, 1, 0.0)
-        if not self.plan:
-            raise RuntimeError(lib.fp4attn_last_error().decode())
-        self.o = torch.empty(B, S, Hq, D, device="cuda", dtype=torch.bfloat16)
-        self.lse = torch.empty(B, Hq, S, device="cuda", dtype=torch.float32)
-
-    def quantize(self, q, k, v):
-        s = lambda t: bshd_strides(self.ll3, t)
-        check(self.lib, self.lib.fp4attn_quantize(self.plan, q.data_ptr(), k.data_ptr(), v.data_ptr(), DTYPE_BF16,
-                                                  s(q), s(k), s(v), self.stream))
-
-    def attend(self):
-        check(self.lib, self.lib.fp4attn_attend(self.plan, self.o.data_ptr(), bshd_strides(self.ll3, self.o),
-                                                self.lse.data_ptr(), self.stream))
-
-    def close(self):
-        self.lib.fp4attn_plan_destroy(self.plan)
 
 
 def sdpa_runner(backend, sets, causal, gqa):
@@ -93,13 +65,9 @@ def main():
                  torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
         fl = flops(B, Hq, S, D, causal)
         tf = lambda ms: fl / (ms * 1e-3) / 1e12
-        plans = [Fp8Plan(lib, ll3, B, Hq, Hkv, S, D, causal) for _ in bshd]
-        for p, (q, k, v) in zip(plans, bshd):
-            p.quantize(q, k, v)
-        check(lib, lib.fp4attn_check_finite(plans[0].plan, plans[0].stream))
-        ms_fwd = time_ms(lambda i: plans[i % len(plans)].attend(), args.reps, args.warmup)
-        ms_e2e = time_ms(lambda i: (plans[i % len(plans)].quantize(*bshd[i % len(bshd)]), plans[i % len(plans)].attend()),
-                         args.reps, args.warmup)
+        ours = Ours(lib, ll3, bshd, B, Hq, S, D, causal, Hkv=Hkv)
+        ms_fwd = time_ms(ours.attend, args.reps, args.warmup)
+        ms_e2e = time_ms(ours.e2e, args.reps, args.warmup)
         base = dict(causal=causal, B=B, H=Hq, Hkv=Hkv, Sq=S, Sk=S, D=D, shape=name)
         rows.append(dict(op="fwd", impl="fp4attn", recipe="fp8", direct_p=True, ms=round(ms_fwd, 4),
                          tflops=round(tf(ms_fwd), 1), **base))
@@ -125,10 +93,9 @@ def main():
             rows.append(dict(op="fwd", impl=impl, recipe="bf16", ms=round(ms_base[impl], 4),
                              tflops=round(tf(ms_base[impl]), 1), gqa=gqa if Hq != Hkv else None, **base))
             del sets, run, out
-        plans[0].quantize(*bshd[0])
-        plans[0].attend()
+        ours.e2e(0)
         torch.cuda.synchronize()
-        err = rel_l2(plans[0].o, ref)
+        err = rel_l2(ours.o, ref)
         rows[-4]["rel_l2_vs_cudnn"] = rows[-3]["rel_l2_vs_cudnn"] = round(err, 5)
         line = (f"{name:30s} B={B:2d} Hq={Hq:2d} Hkv={Hkv:2d} S={S:5d} D={D:3d} causal={int(causal)}  "
                 f"fp8 {tf(ms_fwd):6.1f}  e2e {tf(ms_e2e):6.1f}  cudnn {tf(ms_base['cudnn_bf16']):6.1f}  "
@@ -136,8 +103,7 @@ def main():
                 f"(e2e x{ms_base['cudnn_bf16'] / ms_e2e:.2f})  relL2 {err:.4f}")
         print(line, flush=True)
         log.append(line)
-        for p in plans:
-            p.close()
+        ours.close()
         del bshd, bhsd, ref
         torch.cuda.empty_cache()
     cmd = "python3 bench/bench_fwd_shapes.py " + " ".join(
