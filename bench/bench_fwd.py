@@ -5,6 +5,7 @@ FlashAttention-2 BF16 (PyTorch sdpa_kernel backends), in one process (DESIGN §8
 Ours runs through libfp4attn_capi.so (ctypes):
   op fwd      the kernel on pre-quantized fp8 inputs (Direct-P on and off)
   op fwd_e2e  GPU quantization from bf16 plus the kernel
+  op quantize the GPU quantization alone (the e2e row's first part), same plans
 
 Timing: CUDA events around each call, warm-up first, median of --reps runs,
 two input sets alternated so that consecutive runs never find their inputs
@@ -134,6 +135,10 @@ def main():
                 ours.set_direct_p(True)
                 r["e2e"] = add("fwd_e2e", "fp4attn", "fp8", True, causal, B, H, S, D,
                                time_ms(ours.e2e, args.reps, args.warmup))
+                # The quantizer alone (Q, K, V from bf16, same plans), so that e2e splits into its parts.
+                quant_ms = time_ms(ours.quantize, args.reps, args.warmup)
+                add("quantize", "fp4attn", "fp8", True, causal, B, H, S, D, quant_ms)
+                rows[-1]["tflops"] = None  # a quantizer does no attention FLOPs; read ms
                 cudnn, fa2 = sdpa(SDPBackend.CUDNN_ATTENTION, sets, causal), sdpa(SDPBackend.FLASH_ATTENTION, sets, causal)
                 r["cudnn"] = add("fwd", "cudnn_bf16", "bf16", False, causal, B, H, S, D,
                                  time_ms(cudnn, args.reps, args.warmup))
@@ -146,7 +151,7 @@ def main():
                 line = (f"D={D:3d} H={H:2d} S={S:5d} B={B:2d} causal={int(causal)}  "
                         f"ours dp {r['fwd_dp1']:6.1f}  exp2 {r['fwd_dp0']:6.1f}  e2e {r['e2e']:6.1f}  "
                         f"cudnn {r['cudnn']:6.1f}  fa2 {r['fa2']:6.1f} TF/s  x{r['fwd_dp1'] / r['cudnn']:.2f} "
-                        f"(e2e x{r['e2e'] / r['cudnn']:.2f}, dp/exp2 x{r['fwd_dp1'] / r['fwd_dp0']:.3f})  "
+                        f"(e2e x{r['e2e'] / r['cudnn']:.2f}, dp/exp2 x{r['fwd_dp1'] / r['fwd_dp0']:.3f})  quantize {quant_ms:.3f} ms  "
                         f"relL2 vs cudnn {err:.4f}")
                 print(line, flush=True)
                 log.append(line)
