@@ -7,6 +7,7 @@ batch) and a short-sequence batch. Against cuDNN BF16 and FA2 BF16 SDPA
 
   op fwd      recipe fp8 on pre-quantized inputs (Direct-P)
   op fwd_e2e  GPU quantization from bf16 (smooth_k) plus the kernel
+  op quantize the GPU quantization alone (fwd_e2e's first part)
 
 GQA baselines: SDPA with enable_gqa=True where the backend takes it, else K
 and V repeated to Hq heads first (the row says which; the repeat is not timed).
@@ -53,12 +54,16 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
+    ap.add_argument("--only", default="", help="comma-separated substrings: run the shapes whose name holds one")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     rows, log = [], []
+    only = [w for w in args.only.split(",") if w]
     for name, B, Hq, Hkv, S, D, causal in SHAPES:
+        if only and not any(w in name for w in only):
+            continue
         n_sets = 2 if 2 * B * S * (Hq + 2 * Hkv) * D < 60 * 2**20 else 1
         bshd = [(torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16),
                  torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16),
@@ -68,11 +73,14 @@ def main():
         ours = Ours(lib, ll3, bshd, B, Hq, S, D, causal, Hkv=Hkv)
         ms_fwd = time_ms(ours.attend, args.reps, args.warmup)
         ms_e2e = time_ms(ours.e2e, args.reps, args.warmup)
+        ms_quant = time_ms(ours.quantize, args.reps, args.warmup)
         base = dict(causal=causal, B=B, H=Hq, Hkv=Hkv, Sq=S, Sk=S, D=D, shape=name)
         rows.append(dict(op="fwd", impl="fp4attn", recipe="fp8", direct_p=True, ms=round(ms_fwd, 4),
                          tflops=round(tf(ms_fwd), 1), **base))
         rows.append(dict(op="fwd_e2e", impl="fp4attn", recipe="fp8", direct_p=True, ms=round(ms_e2e, 4),
                          tflops=round(tf(ms_e2e), 1), **base))
+        rows.append(dict(op="quantize", impl="fp4attn", recipe="fp8", direct_p=True, ms=round(ms_quant, 4),
+                         tflops=None, **base))
         bhsd = [tuple(t.transpose(1, 2) for t in s) for s in bshd]
         ref, ms_base = None, {}
         for impl, backend in (("cudnn_bf16", SDPBackend.CUDNN_ATTENTION), ("fa2_bf16", SDPBackend.FLASH_ATTENTION)):
@@ -96,11 +104,11 @@ def main():
         ours.e2e(0)
         torch.cuda.synchronize()
         err = rel_l2(ours.o, ref)
-        rows[-4]["rel_l2_vs_cudnn"] = rows[-3]["rel_l2_vs_cudnn"] = round(err, 5)
+        rows[-5]["rel_l2_vs_cudnn"] = rows[-4]["rel_l2_vs_cudnn"] = round(err, 5)
         line = (f"{name:30s} B={B:2d} Hq={Hq:2d} Hkv={Hkv:2d} S={S:5d} D={D:3d} causal={int(causal)}  "
                 f"fp8 {tf(ms_fwd):6.1f}  e2e {tf(ms_e2e):6.1f}  cudnn {tf(ms_base['cudnn_bf16']):6.1f}  "
                 f"fa2 {tf(ms_base['fa2_bf16']):6.1f} TF/s  x{ms_base['cudnn_bf16'] / ms_fwd:.2f} cudnn "
-                f"(e2e x{ms_base['cudnn_bf16'] / ms_e2e:.2f})  relL2 {err:.4f}")
+                f"(e2e x{ms_base['cudnn_bf16'] / ms_e2e:.2f})  quantize {ms_quant:.3f} ms  relL2 {err:.4f}")
         print(line, flush=True)
         log.append(line)
         ours.close()

@@ -292,6 +292,9 @@ TEST(GpuQuantizeFp8, MatchesCpuQuantizerBitForBit) {
   check_random_case<__nv_bfloat16>({3, 2, 2, 1, 5, 16}, true, kOddPad, true, "bf16");
   check_random_case<__half>({1, 3, 3, 77, 33, 128}, false, kDense, false, "fp16");
   check_random_case<__half>({2, 2, 1, 129, 385, 32}, true, kOddPad, true, "fp16");
+  // D = 32 and 16 with 16-byte loads: CTAs of 64 and 32 threads on the whole-block path.
+  check_random_case<__nv_bfloat16>({1, 4, 2, 300, 260, 32}, true, kDense, false, "bf16");
+  check_random_case<__half>({2, 2, 2, 130, 257, 16}, false, kAlignedPad, true, "fp16");
   check_random_case<float>({1, 2, 2, 200, 131, 128}, true, kAlignedPad, true, "fp32");
   check_random_case<float>({2, 4, 1, 250, 300, 64}, false, kOddPad, false, "fp32");
 }
@@ -310,7 +313,7 @@ TEST(GpuQuantizeFp8, ManyBlocksMatchTheCpu) {
 // scales), and the same input gives the same bits again.
 TEST(GpuQuantizeFp8, ReusedWorkspaceGivesEachCallItsOwnResult) {
   FP4ATTN_REQUIRE_HOPPER();
-  const AttentionShape s{2, 4, 4, 100, 700, 64};
+  for (const AttentionShape s : {AttentionShape{2, 4, 4, 100, 700, 64}, AttentionShape{1, 4, 2, 100, 2300, 64}})
   for (bool smooth_k : {true, false}) {
     const std::uint32_t seed = gpu_test::fresh_seed();
     std::mt19937 rng(seed);
@@ -358,24 +361,38 @@ TEST(GpuQuantizeFp8, TiesRoundLikeTheCpu) {
   expect_matches_cpu(got, in, false, "E4M3 ties");
 }
 
-// K = 2^60 at token 0, 2 at tokens 128..255, -2^60 at token 256. Chunk sums
-// are 2^60, 256 and -2^60: the chunked order keeps the 256, so the mean is
-// 256 / 257; one running sum would lose every 2 against 2^60 and give 0.
+// K = 2^60 at token 0, 2 at tokens 128 .. Sk − 2, -2^60 at token Sk − 1 (alone
+// in the last chunk). At Sk = 257 the chunk sums are 2^60, 256 and -2^60: the
+// chunked order keeps the 256, so the mean is 256 / 257; one running sum
+// would lose every 2 against 2^60 and give 0. Sk = 2305: 19 chunks, the
+// running total stays exact (multiples of 256 below 2^61).
 TEST(GpuQuantizeFp8, MeanUsesTheChunkedOrder) {
   FP4ATTN_REQUIRE_HOPPER();
-  const AttentionShape s{1, 2, 2, 64, 257, 64};
-  std::mt19937 rng(gpu_test::fresh_seed());
-  Inputs in = random_inputs<__nv_bfloat16>(s, rng);
-  for (std::int64_t i = 0; i < s.kv_elems(); ++i) {
-    const std::int64_t token = i / (s.Hkv * s.D);
-    in.k[i] = token == 0 ? 0x1p60f : token == s.Sk - 1 ? -0x1p60f : token >= cq::kTokenBlock ? 2.0f : 0.0f;
+  for (const std::int64_t Sk : {257, 2305}) {
+    const AttentionShape s{1, 2, 2, 64, Sk, 64};
+    std::mt19937 rng(gpu_test::fresh_seed());
+    Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+    for (std::int64_t i = 0; i < s.kv_elems(); ++i) {
+      const std::int64_t token = i / (s.Hkv * s.D);
+      in.k[i] = token == 0 ? 0x1p60f : token == s.Sk - 1 ? -0x1p60f : token >= cq::kTokenBlock ? 2.0f : 0.0f;
+    }
+    const DeviceInputs<__nv_bfloat16> dev_in(in, kDense);
+    DeviceOutputs dev(s, false);
+    const Fp8Result got = run_gpu(dev_in, s, true, dev);
+    const float want = static_cast<float>(2.0 * static_cast<double>(Sk - 1 - cq::kTokenBlock) / static_cast<double>(Sk));
+    for (float m : got.k_mean) ASSERT_EQ(m, want) << "Sk=" << Sk;
+    expect_matches_cpu(got, in, true, "chunked mean, Sk=" + std::to_string(Sk));
   }
-  const DeviceInputs<__nv_bfloat16> dev_in(in, kDense);
-  DeviceOutputs dev(s, false);
-  const Fp8Result got = run_gpu(dev_in, s, true, dev);
-  const float want = static_cast<float>(256.0 / 257.0);
-  for (float m : got.k_mean) ASSERT_EQ(m, want);
-  expect_matches_cpu(got, in, true, "chunked mean");
+}
+
+// Key lengths of 1, 8, 9, 16 and 17 token blocks (full and partial last
+// blocks), with and without smooth_k, bf16 and fp16, GQA.
+TEST(GpuQuantizeFp8, BlockCountsMatchTheCpu) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (const std::int64_t Sk : {100, 1024, 1025, 2048, 2049}) {
+    check_random_case<__nv_bfloat16>({2, 4, 2, 150, Sk, 128}, true, kDense, Sk % 2 == 0, "bf16");
+    check_random_case<__half>({1, 2, 1, 70, Sk, 64}, Sk % 2 == 0, kOddPad, false, "fp16");
+  }
 }
 
 TEST(GpuQuantizeFp8, ReportsNonFiniteInput) {

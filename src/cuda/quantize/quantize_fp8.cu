@@ -84,7 +84,7 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   const std::int64_t channels = slices * k.D;
   fp8_finalize_kernel<T><<<static_cast<unsigned>((channels + kThreads - 1) / kThreads), kThreads, 0, stream>>>(job);
   check_cuda(cudaGetLastError(), "fp8_finalize_kernel launch");
-  fp8_quantize_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(job);
+  fp8_quantize_kernel<T><<<static_cast<unsigned>(blocks), quantize_threads(job.D), 0, stream>>>(job);
   check_cuda(cudaGetLastError(), "fp8_quantize_kernel launch");
 }
 

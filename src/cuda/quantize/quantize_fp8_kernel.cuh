@@ -59,13 +59,16 @@ inline constexpr int kStatsThreads = 128;
 inline constexpr int kStatsBatch = 16;  // tokens loaded ahead of the double-add chains (8: 10 % slower, perf log q5)
 
 // ---- quantize -----------------------------------------------------------------------
-// Thread layout of a block (128 tokens × D): thread t owns the channels
-// [8g, 8g + 8), g = t mod (D / 8), of the token quads t / (D / 8) + r·(256 / (D / 8)).
-// A quad is the four tokens that one 32-bit word of Vᵀ holds (vt_key_of_slot),
-// so V codes go to shared memory a word at a time, and Q / K rows are written
-// 8 codes per store. A token's D / 8 segments sit in consecutive lanes: a
-// warp's load covers whole rows.
-inline constexpr int kThreads = 256;
+// A block (128 tokens × D) is one CTA of 2·D threads (quantize_threads), so
+// that every thread holds kMaxItems = 2 (quad, segment) items at every D:
+// thread t owns the channels [8g, 8g + 8), g = t mod (D / 8), of the token
+// quads t / (D / 8) and t / (D / 8) + 16. (A fixed 256 threads left D = 64
+// one item a thread and the kernel bound by its per-block instructions:
+// perf log q7.) A quad is the four tokens that one 32-bit word of Vᵀ holds
+// (vt_key_of_slot), so V codes go to shared memory a word at a time, and
+// Q / K rows are written 8 codes per store. A token's D / 8 segments sit in
+// consecutive lanes: a warp's load covers whole rows.
+inline constexpr int kThreads = 256;  // the largest CTA (D = 128); the finalize kernel's size
 inline constexpr int kWarps = kThreads / kWarpSize;
 inline constexpr int kQuadTokens = 4;  // keys of one 32-bit word of Vᵀ
 inline constexpr int kQuadsPerBlock = kTokenBlock / kQuadTokens;
@@ -81,6 +84,11 @@ inline constexpr int kQuantizeCtasPerSm = sizeof(T) == 2 ? 3 : 2;
 
 static_assert(kMaxItems * kThreads == kQuadsPerBlock * (kMaxHeadDim / kSegment), "items must tile the block");
 static_assert(kThreads % (kMaxHeadDim / kSegment) == 0, "a thread keeps one segment column for every item");
+
+// Threads of a quantize CTA for head dim D: 2·D, two items a thread.
+__host__ __device__ constexpr int quantize_threads(int D) { return kQuadsPerBlock * (D / kSegment) / kMaxItems; }
+static_assert(quantize_threads(kMaxHeadDim) == kThreads && quantize_threads(16) == kWarpSize,
+              "whole warps from D = 16 to 128");
 
 // Device view of Fp8Buffers::workspace (layout in quantize_fp8.cu).
 struct Workspace {
@@ -211,10 +219,11 @@ static_assert(quads_restate_vt_key_of_slot(), "quad_base and quad_offset must gi
 struct ThreadItems {
   int column;           // segment column g: channels [8g, 8g + 8)
   int first_d;          // 8g
-  int quad[kMaxItems];  // quad of item r, or -1 when the block has fewer items (D < 128)
-  int base[kMaxItems];  // quad_base of item r (when quad[r] ≥ 0)
+  int quad[kMaxItems];  // quad of item r
+  int base[kMaxItems];  // quad_base of item r
 };
 
+// With quantize_threads(D) threads, item r of thread t is t + r · blockDim.x.
 template <class T>
 __device__ __forceinline__ ThreadItems thread_items(const Job<T>& job) {
   ThreadItems items;
@@ -222,9 +231,9 @@ __device__ __forceinline__ ThreadItems thread_items(const Job<T>& job) {
   items.first_d = kSegment * items.column;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) {
-    const int item = static_cast<int>(threadIdx.x) + r * kThreads;
-    items.quad[r] = item < (kQuadsPerBlock << job.seg_shift) ? item >> job.seg_shift : -1;
-    items.base[r] = quad_base(max(items.quad[r], 0));
+    const int item = static_cast<int>(threadIdx.x + r * blockDim.x);
+    items.quad[r] = item >> job.seg_shift;
+    items.base[r] = quad_base(items.quad[r]);
   }
   return items;
 }
@@ -232,7 +241,7 @@ __device__ __forceinline__ ThreadItems thread_items(const Job<T>& job) {
 // Sequence position of element i of item r, or -1 past the tensor's end.
 __device__ __forceinline__ int item_token(const ThreadItems& items, int r, int i, int s0, int S) {
   const int s = s0 + items.base[r] + quad_offset(i);
-  return items.quad[r] >= 0 && s < S ? s : -1;
+  return s < S ? s : -1;
 }
 
 template <class T>
@@ -240,27 +249,21 @@ struct Block {
   Segment<T> seg[kMaxItems][kQuadTokens];
 };
 
-// A block whose every segment is in the tensor and on a 16-byte boundary,
-// with D ≥ 64 so that every thread holds D / 64 whole items: no per-element
-// bounds checks, one 16-byte load per segment.
+// A block whose every segment is in the tensor and on a 16-byte boundary:
+// no per-element bounds checks, one 16-byte load per segment.
 template <class T>
-__device__ __forceinline__ bool whole_block(const Job<T>& job, const InputView<T>& in, int s0, int S) {
-  return sizeof(T) == 2 && in.vector_loads && s0 + kTokenBlock <= S && job.D >= 64;
+__device__ __forceinline__ bool whole_block(const InputView<T>& in, int s0, int S) {
+  return sizeof(T) == 2 && in.vector_loads && s0 + kTokenBlock <= S;
 }
 
 template <L2Reuse R, class T>
-__device__ __forceinline__ void load_block(const Job<T>& job, const ThreadItems& items, const InputView<T>& in, int b,
-                                           int h, int s0, int S, bool whole, Block<T>& c) {
+__device__ __forceinline__ void load_block(const ThreadItems& items, const InputView<T>& in, int b, int h, int s0,
+                                           int S, bool whole, Block<T>& c) {
   const T* first = in.segment(b, s0, h, items.first_d);
   if constexpr (sizeof(T) == 2) {
     if (whole) {
 #pragma unroll
     for (int r = 0; r < kMaxItems; ++r) {
-      if (r >= job.D / 64) {
-#pragma unroll
-        for (int i = 0; i < kQuadTokens; ++i) zero_segment(c.seg[r][i]);
-        continue;
-      }
       const T* row = first + items.base[r] * in.stride_s;
 #pragma unroll
       for (int i = 0; i < kQuadTokens; ++i) {
@@ -298,9 +301,11 @@ __device__ __forceinline__ std::uint32_t block_max(std::uint32_t v, std::uint32_
   v = __reduce_max_sync(kFullWarp, v);
   if (threadIdx.x % kWarpSize == 0) warp_max[threadIdx.x / kWarpSize] = v;
   __syncthreads();
+  const int warps = static_cast<int>(blockDim.x) / kWarpSize;
   std::uint32_t m = warp_max[0];
 #pragma unroll
-  for (int w = 1; w < kWarps; ++w) m = max(m, warp_max[w]);
+  for (int w = 1; w < kWarps; ++w)
+    if (w < warps) m = max(m, warp_max[w]);
   return m;
 }
 
@@ -359,7 +364,7 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
     for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
       for (int i = 0; i < kQuadTokens; ++i)
-        if (whole ? r < job.D / 64 : item_token(items, r, i, s0, S) >= 0)
+        if (whole || item_token(items, r, i, s0, S) >= 0)
 #pragma unroll
           for (int e = 0; e < kSegment; ++e) {
             const float v = element(c.seg[r][i], e);
@@ -407,7 +412,6 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   const std::int64_t token_bytes = static_cast<std::int64_t>(H) * job.D;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) {
-    if (whole && r >= job.D / 64) break;
     std::uint8_t* row = first + items.base[r] * token_bytes;
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i)
@@ -425,9 +429,9 @@ __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& it
   const int s0 = blk * kTokenBlock;
   float mean[kSegment] = {};
   if (job.smooth_k) load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
-  const bool whole = whole_block(job, job.k, s0, job.Sk);
+  const bool whole = whole_block(job.k, s0, job.Sk);
   Block<T> c;
-  load_block<L2Reuse::last>(job, items, job.k, b, h, s0, job.Sk, whole, c);
+  load_block<L2Reuse::last>(items, job.k, b, h, s0, job.Sk, whole, c);
   std::uint32_t words[kMaxItems][kQuadTokens][2];
   quantize_token_block(job, items, c, job.smooth_k, mean, b, h, blk, job.Sk, job.Hkv, job.k_blocks, whole, job.out.k,
                        job.out.k_scale, job.out.nonfinite + kK, warp_max, words);
@@ -447,16 +451,15 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
   float recip[kSegment];
 #pragma unroll
   for (int e = 0; e < kSegment; ++e) recip[e] = __frcp_rn(scale[e]);
-  const bool whole = whole_block(job, job.v, s0, job.Sk);
+  const bool whole = whole_block(job.v, s0, job.Sk);
   Block<T> c;
-  load_block<L2Reuse::last>(job, items, job.v, b, h, s0, job.Sk, whole, c);
+  load_block<L2Reuse::last>(items, job.v, b, h, s0, job.Sk, whole, c);
   // Keys past Sk hold zeros, whose code is 0. One item (a quad of keys × 8
   // channels) at a time, so that only its 8 words are live.
   const int g = items.column;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) {
     const int q = items.quad[r];
-    if (q < 0) continue;
     const Segment<T>(&x)[kQuadTokens] = c.seg[r];
     std::uint32_t words[kSegment];
 #pragma unroll
@@ -481,10 +484,12 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
   constexpr int kChunksPerRow = kTokenBlock / 16;
   std::uint8_t* rows = job.out.vt + static_cast<std::int64_t>(j) * job.D * job.out.vt_keys + blk * kTokenBlock;
   const int chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
+  // quantize_threads(D) = 2·D threads, kChunksPerRow to a row: D / 4 rows a pass.
+  constexpr int kPasses = kChunksPerRow / kMaxItems;
+  static_assert(kPasses * kMaxItems == kChunksPerRow, "whole passes");
 #pragma unroll
-  for (int k = 0; k < kMaxHeadDim * kChunksPerRow / kThreads; ++k) {
-    const int d = static_cast<int>(threadIdx.x) / kChunksPerRow + k * (kThreads / kChunksPerRow);
-    if (d >= job.D) break;
+  for (int k = 0; k < kPasses; ++k) {
+    const int d = static_cast<int>(threadIdx.x) / kChunksPerRow + k * (static_cast<int>(blockDim.x) / kChunksPerRow);
     const std::uint32_t* from = tile + d * kVtPitchWords + 4 * chunk;
     __stcs(reinterpret_cast<uint4*>(rows + static_cast<std::int64_t>(d) * job.out.vt_keys) + chunk,
            make_uint4(from[0], from[1], from[2], from[3]));
@@ -502,9 +507,9 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
     const int j = b * job.Hkv + kv_head;
     load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   }
-  const bool whole = whole_block(job, job.q, s0, job.Sq);
+  const bool whole = whole_block(job.q, s0, job.Sq);
   Block<T> c;
-  load_block<L2Reuse::last>(job, items, job.q, b, h, s0, job.Sq, whole, c);
+  load_block<L2Reuse::last>(items, job.q, b, h, s0, job.Sq, whole, c);
   const float zero[kSegment] = {};
   std::uint32_t words[kMaxItems][kQuadTokens][2];
   const float scale = quantize_token_block(job, items, c, false, zero, b, h, blk, job.Sq, job.Hq, job.q_blocks, whole,
