@@ -32,6 +32,7 @@ struct Case {
   bool direct_p;
   bool smooth_k;
   float outlier = 1.0f;  // magnitude of the rare outliers in Q and K (1: none)
+  int consumers = 0;     // Fp8ForwardArgs::consumers (0: the launcher's choice)
 };
 
 std::string describe(const Case& c, std::uint32_t seed) {
@@ -40,7 +41,7 @@ std::string describe(const Case& c, std::uint32_t seed) {
          " Sq=" + std::to_string(s.Sq) + " Sk=" + std::to_string(s.Sk) + " D=" + std::to_string(s.D) +
          " mask=" + std::to_string(static_cast<int>(c.mask)) + " direct_p=" + std::to_string(c.direct_p) +
          " smooth_k=" + std::to_string(c.smooth_k) + " outlier=" + std::to_string(c.outlier) +
-         " seed=" + std::to_string(seed);
+         " consumers=" + std::to_string(c.consumers) + " seed=" + std::to_string(seed);
 }
 
 // Test name of a grid case, e.g. B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk,
@@ -50,6 +51,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::string name = gpu_test::shape_mask_name(c.shape, c.mask) + (c.direct_p ? "_directp" : "_exp2") +
                      (c.smooth_k ? "_smoothk" : "");
   if (c.outlier != 1.0f) name += "_outliers";
+  if (c.consumers != 0) name += "_" + std::to_string(c.consumers) + "consumers";
   return name;
 }
 
@@ -125,6 +127,7 @@ GpuResult run_gpu(const Case& c, const std::vector<float>& q, const std::vector<
   a.softmax_scale = scale;
   a.mask = c.mask;
   a.p_code = c.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt;
+  a.consumers = c.consumers;
   sm90::fwd::forward_fp8(a, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -191,8 +194,39 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, true},
         Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true, true},
         Case{{1, 2, 2, 256, 512, 128}, MaskKind::none, true, true, 8.0f},   // rare 8x outliers in Q and K
-        Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f}),
+        Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f},
+        // Three consumer warpgroups (192-row CTAs, D = 64): the launcher picks
+        // them for long noncausal sequences only, which these sizes are not.
+        Case{{2, 2, 2, 513, 1000, 64}, MaskKind::none, true, true, 1.0f, 3},    // last CTA: one row of 192
+        Case{{1, 4, 4, 1024, 1024, 64}, MaskKind::none, false, true, 1.0f, 3},
+        Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, false, 1.0f, 3},
+        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, 1.0f, 3},
+        Case{{1, 2, 2, 450, 257, 64}, MaskKind::causal_top_left, true, true, 1.0f, 3},
+        Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f, 3}),
     case_name);
+
+// consumers = 3 exists at D = 64 only, and never where the producer expands
+// MXFP4 (its 128 threads fill 128 query rows); other counts do not exist.
+TEST(GpuForwardFp8, RejectsConsumerCountsTheKernelDoesNotHave) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const auto rejects = [](int D, int consumers, bool fp4_in) {
+    sm90::fwd::Fp8ForwardArgs a;
+    a.vt_keys = 128, a.B = 1, a.Hq = 1, a.Hkv = 1, a.Sq = 1, a.Sk = 1, a.D = D, a.softmax_scale = 1.0f;
+    a.consumers = consumers;
+    const std::uint8_t byte = 0;
+    if (fp4_in) a.q_fp4 = &byte;
+    try {
+      sm90::fwd::forward_fp8(a, nullptr);
+    } catch (const Error& e) {
+      return e.argument() == "consumers";
+    }
+    return false;
+  };
+  EXPECT_TRUE(rejects(128, 3, false));
+  EXPECT_TRUE(rejects(64, 3, true));
+  EXPECT_TRUE(rejects(64, 1, false));
+  EXPECT_TRUE(rejects(64, 4, false));
+}
 
 TEST(GpuForwardFp8, PublicApiRunsOnSm90) {
   FP4ATTN_REQUIRE_HOPPER();

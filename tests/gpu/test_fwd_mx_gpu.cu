@@ -46,13 +46,14 @@ struct MxCase {
   bool direct_p;
   bool smooth_k;
   bool block_outliers = false;
+  int consumers = 0;  // Fp8ForwardArgs::consumers of the fold-pass kernel (0: the launcher's choice)
 };
 
 std::string case_name(const ::testing::TestParamInfo<MxCase>& info) {
   const MxCase& c = info.param;
   return std::string(to_string(c.recipe)) + "_" + gpu_test::shape_mask_name(c.shape, c.mask) +
          (c.direct_p ? "_directp" : "_exp2") + (c.smooth_k ? "_smoothk" : "") +
-         (c.block_outliers ? "_blockoutliers" : "");
+         (c.block_outliers ? "_blockoutliers" : "") + (c.consumers != 0 ? "_" + std::to_string(c.consumers) + "consumers" : "");
 }
 
 // attention_input, then whole blocks scaled by powers of two. token_block is
@@ -220,6 +221,7 @@ GpuResult run_gpu(const MxCase& c, const std::vector<float>& q, const std::vecto
   sm90::fwd::Fp8ForwardArgs a = ops.forward_args(c.mask, c.direct_p, scale, c.smooth_k);
   a.o = o.ptr, a.o_stride_b = a.q_stride_b, a.o_stride_s = a.q_stride_s, a.o_stride_h = a.q_stride_h;
   a.lse = lse.ptr;
+  if (expansion == sm90::fwd::Fp4Expansion::fold_pass) a.consumers = c.consumers;  // the expansion runs two
   sm90::fwd::forward_fp8(a, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   GpuResult r;
@@ -340,7 +342,12 @@ INSTANTIATE_TEST_SUITE_P(
         MxCase{kMx, {1, 2, 2, 128, 128, 128}, MaskKind::none, false, true},              // exp2 FP4 P
         MxCase{kMx, {2, 4, 2, 200, 333, 64}, MaskKind::causal, false, true},
         MxCase{kMx, {2, 2, 2, 513, 1000, 64}, MaskKind::none, false, false, true},
-        MxCase{kMx, {1, 4, 2, 256, 512, 128}, MaskKind::causal, false, true, true}),
+        MxCase{kMx, {1, 4, 2, 256, 512, 128}, MaskKind::causal, false, true, true},
+        // Three consumer warpgroups (192-row CTAs, D = 64) on the folded operands.
+        MxCase{kTrain, {2, 2, 2, 513, 1000, 64}, MaskKind::none, true, false, true, 3},
+        MxCase{kTrain, {2, 4, 2, 200, 333, 64}, MaskKind::causal, false, true, false, 3},
+        MxCase{kMx, {2, 2, 2, 513, 1000, 64}, MaskKind::none, true, true, true, 3},
+        MxCase{kMx, {1, 4, 4, 1024, 1024, 64}, MaskKind::none, false, true, false, 3}),
     case_name);
 
 }  // namespace

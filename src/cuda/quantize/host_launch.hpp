@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/common/device_info.hpp"
 #include "cuda/common/device_memory.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/quantize/segment.cuh"
@@ -48,12 +49,6 @@ class CallWorkspace {
   bool owned_ = false;
 };
 
-inline int sm_count() {
-  int device = 0, sms = 0;
-  cuda_common::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  cuda_common::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                          "cudaDeviceGetAttribute");
-  return sms;
-}
+using cuda_common::sm_count;
 
 }  // namespace fp4attn::cuda_quantize

@@ -11,20 +11,25 @@
 
 namespace fp4attn::sm90::fwd {
 
-template <int HeadDim>
+// One producer warpgroup (TMA) and Consumers warpgroups of 64 query rows
+// that take turns at the tensor core. Two at D = 128; at D = 64 also three:
+// a D = 64 tile has half the tensor work of D = 128 but not a shorter
+// softmax, so with two consumers the tensor core idles 64 % of the time
+// (NOTES.md, "D = 64") and a third softmax stream fills part of it.
+template <int HeadDim, int Consumers = 2>
 struct Fp8Config {
   static_assert(HeadDim == 64 || HeadDim == 128, "head dims 64 and 128 are implemented");
+  static_assert(Consumers == 2 || (Consumers == 3 && HeadDim == 64), "three consumers fit the registers at D = 64 only");
   static constexpr int kHeadDim = HeadDim;
-  // Query rows per CTA and keys per tile; both equal the FP8 scale blocks of
-  // the recipe (DESIGN §2), so each tile's Q and K scale is one scalar.
-  static constexpr int kBlockQ = 128;
+  static constexpr int kConsumers = Consumers;
+  // A consumer warpgroup owns 64 query rows (the M of every wgmma), so a
+  // consumer's S tile is one m64n128 product. The keys of a tile are the FP8
+  // recipe's K scale block (DESIGN §2): each tile's K scale is one scalar.
+  // Q's scale is looked up per row (q_scale_rows), so kBlockQ may span blocks.
+  static constexpr int kRowsPerConsumer = 64;
+  static constexpr int kBlockQ = kRowsPerConsumer * kConsumers;
   static constexpr int kBlockK = 128;
-  // One producer warpgroup (TMA) and two consumer warpgroups of 64 rows each:
-  // 64 is the M of every wgmma, so a consumer's S tile is one m64n128 product.
-  static constexpr int kConsumers = 2;
-  static constexpr int kRowsPerConsumer = kBlockQ / kConsumers;
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
-  static_assert(kRowsPerConsumer == 64, "a consumer warpgroup owns exactly one wgmma M block");
 
   // K-major rows of Q and K are HeadDim bytes: 128 B rows use the 128-byte
   // swizzle, 64 B rows the 64-byte one. Vᵀ rows are kBlockK = 128 keys = 128 B.
@@ -71,21 +76,27 @@ struct Fp8Config {
   // setmaxnreg split: the producer only issues TMA; a consumer holds, at its
   // peak, O, the PV tile in flight, S and P: at D = 128 that is 64 + 68 + 64
   // + 16 registers before addresses and softmax state (see NOTES.md for why
-  // this keeps softmax from overlapping the consumer's own products).
+  // this keeps softmax from overlapping the consumer's own products). With
+  // three consumers the CTA's 4 × 128 registers a thread leave each consumer
+  // 160 beside a 24-register producer; D = 64 needs 32 + 36 + 64 + 16 of them
+  // at the turn, and ptxas spills 13 to 17 words of loop state (ptxas -v).
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   // setmaxnreg moves registers only within what the CTA got at launch: the
   // per-thread count ptxas allocates under __launch_bounds__(kThreads, 1),
-  // the register file over kThreads rounded down to 8 (168), for every warp.
+  // the register file over kThreads rounded down to 8 (168 with two
+  // consumers, 128 with three), for every warp.
   static constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
                 "register split exceeds the CTA's registers");
   // With MXFP4 operands in memory the whole producer warpgroup expands them
-  // (fp4_expand.cuh); it needs 40 registers to run without spills, which the
-  // consumers give up (232 each: no spills either, by ptxas -v).
+  // (fp4_expand.cuh, two consumers only); it needs 40 registers to run
+  // without spills, which the consumers give up (232 each: no spills either,
+  // by ptxas -v).
   static constexpr int kExpandingProducerRegs = 40;
   static constexpr int kExpandingConsumerRegs = 232;
-  static_assert(kExpandingProducerRegs + kConsumers * kExpandingConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
+  static_assert(kConsumers == 3 ||
+                    kExpandingProducerRegs + kConsumers * kExpandingConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
                 "register split exceeds the CTA's registers");
 };
 
@@ -105,7 +116,8 @@ struct Fp4Staging {
 };
 struct NoFp4Staging {};
 
-static_assert(kBarrierConsumerTurn + Fp8Config<128>::kConsumers <= 16, "named barrier ids run out at 16");
+static_assert(kBarrierConsumerTurn + Fp8Config<64, 3>::kConsumers <= kBarrierFp4Staging,
+              "the turn barriers' ids run into the FP4 staging barrier's");
 
 // Shared memory of one CTA. Tiles first (1024-byte aligned), then the FP4
 // staging when the kernel expands MXFP4 itself, barriers last.
@@ -130,5 +142,6 @@ static_assert(smem_bytes<Fp8Config<128>, false>() <= kSmemPerBlockLimit, "D=128 
 static_assert(smem_bytes<Fp8Config<64>, false>() <= kSmemPerBlockLimit, "D=64 shared memory over budget");
 static_assert(smem_bytes<Fp8Config<128>, true>() <= kSmemPerBlockLimit, "D=128 FP4 staging over budget");
 static_assert(smem_bytes<Fp8Config<64>, true>() <= kSmemPerBlockLimit, "D=64 FP4 staging over budget");
+static_assert(smem_bytes<Fp8Config<64, 3>, false>() <= kSmemPerBlockLimit, "D=64, 3 consumers: over budget");
 
 }  // namespace fp4attn::sm90::fwd

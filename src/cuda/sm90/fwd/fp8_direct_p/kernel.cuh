@@ -1,12 +1,14 @@
 // FP8 attention forward with Direct-P for sm_90a (recipe fp8, DESIGN §4).
 //
-// One CTA computes 128 query rows of one (batch, query head):
+// One CTA computes 128 query rows of one (batch, query head) (192 with three
+// consumers, D = 64; launch.cu picks):
 //
 //   producer warpgroup (one thread issues, the rest idle at 24 registers)
 //     TMA Q[128 × D] once                                    → q_full
 //     for each 128-key tile n: wait kv_empty[stage],
 //       TMA K[128 × D] and Vᵀ[D × 128] into the stage        → kv_full[stage]
-//   consumer warpgroups 0 and 1 (rows 64c .. 64c + 63, 240 registers)
+//   consumer warpgroups 0 and 1 (rows 64c .. 64c + 63, 240 registers; or
+//   0, 1 and 2 at 160 registers: Fp8Config)
 //     turn 0: S₀ = Q·K₀ᵀ, then softmax(S₀) → P₀
 //     turn n = 1 .. N − 1, when the other consumer has issued its products:
 //       PVₙ₋₁ = Pₙ₋₁·[Vₙ₋₁ | 1]  wgmma m64n(D+8)k32 into a fresh fp32 tile, P the
@@ -170,11 +172,12 @@ struct OnlineSoftmax {
   }
 };
 
-template <int HeadDim, PCode kPCode, bool kFp4In>
-__global__ void __launch_bounds__(Fp8Config<HeadDim>::kThreads, 1)
+template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In>
+__global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
-  using Cfg = Fp8Config<HeadDim>;
+  using Cfg = Fp8Config<HeadDim, kConsumers>;
+  static_assert(!kFp4In || kConsumers == 2, "the MXFP4 expansion fills 128 query rows, one per producer thread");
   constexpr int kOGroupsBeforeS = Cfg::kORegs / 4 - Cfg::kOGroupsAfterS;
   // log2 of the factor P's codes carry: 2^8, for E4M3 P (2^(u + 8)) and FP4
   // P (q·2^(E + 8), kPRowExponent) alike.

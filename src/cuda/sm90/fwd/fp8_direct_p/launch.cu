@@ -1,6 +1,7 @@
 // Host launcher of the FP8 Direct-P forward: tensor maps, grid, shared memory.
 #include <string>
 
+#include "cuda/common/device_info.hpp"
 #include "cuda/sm90/fwd/fp8_direct_p/kernel.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 #include "fp4attn/error.hpp"
@@ -14,11 +15,11 @@ void check_cuda(cudaError_t err, const char* what) {
 
 std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 
-template <int HeadDim, PCode kPCode, bool kFp4In>
+template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In>
 void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_vt,
                 cudaStream_t stream) {
-  using Cfg = Fp8Config<HeadDim>;
-  auto* kernel = &fp8_forward_kernel<HeadDim, kPCode, kFp4In>;
+  using Cfg = Fp8Config<HeadDim, kConsumers>;
+  auto* kernel = &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In>;
   constexpr int kSmem = smem_bytes<Cfg, kFp4In>();
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
   const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
@@ -38,9 +39,25 @@ void check_fp4_inputs(const Fp8ForwardArgs& a) {
   if (a.q_scale_rows != 1) throw Error("q_scale_rows", "MXFP4 Q folds per row: must be 1");
 }
 
-template <int HeadDim, PCode kPCode>
+// Three consumers (192 query rows a CTA) or two (128) at D = 64. A CTA of
+// three runs its 192 rows in ≈ 1.5 / kThreeConsumerGain of a two-consumer
+// CTA's time, the gain measured by ncu at S = 16k (11.97 → 11.31 M cycles,
+// docs/perf-log.md v13); whole waves of CTAs over the SMs decide the rest,
+// so short or few sequences keep 128-row CTAs (less padding past Sq, more
+// CTAs to fill the SMs). Causal grids keep two consumers: three measured no
+// gain there (−2 % at S = 4k, +2 % at 16k).
+constexpr double kThreeConsumerGain = 1.05;
+
+bool three_consumers(const Fp8ForwardArgs& a) {
+  if (a.mask != MaskKind::none) return false;
+  const std::int64_t heads = static_cast<std::int64_t>(a.B) * a.Hq, sms = cuda_common::sm_count();
+  const auto waves = [&](int rows) { return (heads * ((a.Sq + rows - 1) / rows) + sms - 1) / sms; };
+  return static_cast<double>(waves(192)) * 1.5 / kThreeConsumerGain < static_cast<double>(waves(128));
+}
+
+template <int HeadDim, int kConsumers, PCode kPCode>
 void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
-  using Cfg = Fp8Config<HeadDim>;
+  using Cfg = Fp8Config<HeadDim, kConsumers>;
   constexpr TmaSwizzle kQk = HeadDim == 128 ? TmaSwizzle::b128 : TmaSwizzle::b64;
   const CUtensorMap tm_q = make_byte_tensor_map(
       a.q, {u64(HeadDim), u64(a.Sq), u64(a.Hq), u64(a.B)}, {u64(a.q_stride_s), u64(a.q_stride_h), u64(a.q_stride_b)},
@@ -53,19 +70,26 @@ void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
       a.vt, {u64(a.vt_keys), u64(HeadDim), u64(a.Hkv), u64(a.B)},
       {u64(vt_row), u64(vt_row * HeadDim), u64(vt_row * HeadDim * a.Hkv)}, {Cfg::kBlockK, HeadDim, 1, 1},
       TmaSwizzle::b128, "vt");
-  run_kernel<HeadDim, kPCode, false>(a, tm_q, tm_k, tm_vt, stream);
+  run_kernel<HeadDim, kConsumers, kPCode, false>(a, tm_q, tm_k, tm_vt, stream);
+}
+
+template <PCode kPCode>
+void launch_for_head_dim(const Fp8ForwardArgs& a, cudaStream_t stream) {
+  if (a.D == 128) return launch<128, 2, kPCode>(a, stream);
+  if (a.consumers == 3 || (a.consumers == 0 && three_consumers(a))) return launch<64, 3, kPCode>(a, stream);
+  launch<64, 2, kPCode>(a, stream);
 }
 
 // MXFP4 in memory: Q and K come by plain bulk copies (their maps are unused);
 // Vᵀ's codes by a dense TMA box of the tile's 128 keys (64 bytes) × D rows.
 template <int HeadDim, PCode kPCode>
 void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
-  using Cfg = Fp8Config<HeadDim>;
+  using Cfg = Fp8Config<HeadDim, 2>;
   const std::int64_t row = a.v_fp4_tokens / 2;
   const CUtensorMap tm_vt = make_byte_tensor_map(a.vt_fp4, {u64(row), u64(HeadDim), u64(a.Hkv), u64(a.B)},
                                                  {u64(row), u64(row * HeadDim), u64(row * HeadDim * a.Hkv)},
                                                  {Cfg::kBlockK / 2, HeadDim, 1, 1}, TmaSwizzle::none, "vt_fp4");
-  run_kernel<HeadDim, kPCode, true>(a, CUtensorMap{}, CUtensorMap{}, tm_vt, stream);
+  run_kernel<HeadDim, 2, kPCode, true>(a, CUtensorMap{}, CUtensorMap{}, tm_vt, stream);
 }
 
 }  // namespace
@@ -81,6 +105,10 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
     throw Error("q_scale_rows", "must be 1 (MX Q folded per row) or 128 (the fp8 recipe's token block)");
   if (a.D != 64 && a.D != 128)
     throw Error("D", "the sm90 fp8 kernel supports D = 64 and 128, got " + std::to_string(a.D));
+  if (a.consumers != 0 && a.consumers != 2 && a.consumers != 3)
+    throw Error("consumers", "must be 0 (the launcher chooses), 2 or 3, got " + std::to_string(a.consumers));
+  if (a.consumers == 3 && (a.D != 64 || a.q_fp4 != nullptr))
+    throw Error("consumers", "three consumer warpgroups run at D = 64 from E4M3 in memory only");
   const bool d128 = a.D == 128;
   if (a.q_fp4 != nullptr) {
     check_fp4_inputs(a);
@@ -90,12 +118,10 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
     return d128 ? launch_fp4<128, PCode::mxfp4_exp2>(a, stream) : launch_fp4<64, PCode::mxfp4_exp2>(a, stream);
   }
   switch (a.p_code) {
-    case PCode::direct_p: return d128 ? launch<128, PCode::direct_p>(a, stream) : launch<64, PCode::direct_p>(a, stream);
-    case PCode::exp2_cvt: return d128 ? launch<128, PCode::exp2_cvt>(a, stream) : launch<64, PCode::exp2_cvt>(a, stream);
-    case PCode::mxfp4_direct_p:
-      return d128 ? launch<128, PCode::mxfp4_direct_p>(a, stream) : launch<64, PCode::mxfp4_direct_p>(a, stream);
-    case PCode::mxfp4_exp2:
-      return d128 ? launch<128, PCode::mxfp4_exp2>(a, stream) : launch<64, PCode::mxfp4_exp2>(a, stream);
+    case PCode::direct_p: return launch_for_head_dim<PCode::direct_p>(a, stream);
+    case PCode::exp2_cvt: return launch_for_head_dim<PCode::exp2_cvt>(a, stream);
+    case PCode::mxfp4_direct_p: return launch_for_head_dim<PCode::mxfp4_direct_p>(a, stream);
+    case PCode::mxfp4_exp2: return launch_for_head_dim<PCode::mxfp4_exp2>(a, stream);
   }
   throw Error("p_code", "unknown P code");
 }
