@@ -70,8 +70,9 @@ struct Fp8Config {
   // while it runs: they interleave with the row max (see the consumer loop).
   // 6 of 16 at D = 128 measured +2 % over none (v8b, docs/perf-log.md);
   // since the shorter issue block of v11, 4 of 16 (2 of 8 at D = 64)
-  // measured best of 2, 4, 6 and 10.
-  static constexpr int kOGroupsAfterS = HeadDim / 8 * 2 / 8;
+  // measured best of 2, 4, 6 and 10. With three consumers 4 of 8 beat 2 and
+  // 8 by 3–4 % (v13b), and ptxas spills half as much (32 against 68 bytes).
+  static constexpr int kOGroupsAfterS = kConsumers == 3 ? 4 : HeadDim / 8 * 2 / 8;
 
   // setmaxnreg split: the producer only issues TMA; a consumer holds, at its
   // peak, O, the PV tile in flight, S and P: at D = 128 that is 64 + 68 + 64
@@ -79,7 +80,7 @@ struct Fp8Config {
   // this keeps softmax from overlapping the consumer's own products). With
   // three consumers the CTA's 4 × 128 registers a thread leave each consumer
   // 160 beside a 24-register producer; D = 64 needs 32 + 36 + 64 + 16 of them
-  // at the turn, and ptxas spills 13 to 17 words of loop state (ptxas -v).
+  // at the turn, and ptxas spills 8 to 10 words of loop state (ptxas -v).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   // setmaxnreg moves registers only within what the CTA got at launch: the
