@@ -31,9 +31,9 @@ fi
 
 if has_stage sanitize; then
   # One small case of each kernel: forward (causal GQA, exp2 path, three
-  # consumers), backward (noncausal and causal GQA; mxfp4_train causal GQA), the zero-copy forward
-  # of every GPU recipe, both quantizers, recipe mxfp4's two expansions and
-  # recipe nvfp4's exp2 baseline.
+  # consumers), backward (noncausal and causal GQA; mxfp4_train causal GQA),
+  # the zero-copy forward of every GPU recipe, both quantizers, recipe
+  # mxfp4's two expansions and recipe nvfp4's exp2 baseline.
   small='Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk'
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq2_Hkv1_Sq300_Sk150_D128_causal_exp2'
   # three consumer warpgroups (192-row CTAs, D = 64), the last CTA with one valid row
