@@ -5,7 +5,10 @@
 Recipe fp8 with Direct-P from pre-quantized inputs (bench_fwd.py's plan), B·S =
 32k tokens, H = 16 at D = 128 and 32 at D = 64. Builds and cuDNN BF16 are timed
 in interleaved rounds (10 timed calls after 2 warm-up calls each), so that the
-GPU's drift between rounds hits every build alike; a figure is the TFLOP/s of
+GPU's drift between rounds hits every build alike. The builds' order turns by
+one place each round: a build timed first in its round ran 1–2 % slow even
+after the settle calls (perf log v13b), and rotation spreads that over all of
+them (use a multiple of the number of builds as --rounds). A figure is the TFLOP/s of
 the median round, `spread` is (max − min) / median over the rounds, and
 `paired_vs_first` the median over rounds of each build's speed relative to the
 first build's in the same round (the comparison that drift disturbs least). Inputs are
@@ -37,7 +40,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--settle", type=int, default=20,
-                    help="untimed calls of the first build at the start of each round: after cuDNN's calls the "
+                    help="untimed calls of the round's first build at the start of each round: after cuDNN's calls the "
                          "clock needs them, or the build timed first in a round runs a few per cent slow")
     ap.add_argument("--cases", default=None,
                     help="D:S:causal triples, comma-separated (e.g. 128:4096:0,64:16384:1); default: CASES")
@@ -60,11 +63,12 @@ def main() -> None:
             o.set_direct_p(True)
         cudnn = sdpa(SDPBackend.CUDNN_ATTENTION, sets, causal)
         times = {n: [] for n in names + ["cudnn"]}
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
+            order = [(r + i) % len(names) for i in range(len(names))]
             for _ in range(args.settle):
-                ours[0].attend(0)
-            for n, o in zip(names, ours):
-                times[n].append(time_ms(o.attend, 10, 2))
+                ours[order[0]].attend(0)
+            for i in order:
+                times[names[i]].append(time_ms(ours[i].attend, 10, 2))
             times["cudnn"].append(time_ms(cudnn, 10, 2))
         f = flops(B, H, S, D, causal)
         row = {k: f / (statistics.median(v) * 1e-3) / 1e12 for k, v in times.items()}

@@ -199,6 +199,10 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   const int last_row = min(q0 + Cfg::kBlockQ, args.Sq) - 1;
   const int last_key = causal ? min(args.Sk - 1, last_row + diagonal) : args.Sk - 1;
   const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlockK + 1;
+  // Consumers that own at least one row below Sq; the others leave at once
+  // (the last CTA of a sequence that does not fill it: with three consumers
+  // at D = 64, S = 4096 ends on a CTA of 64 rows).
+  const int active = min(Cfg::kConsumers, (args.Sq - q0 + Cfg::kRowsPerConsumer - 1) / Cfg::kRowsPerConsumer);
 
   // Warp-uniform by construction (lane 0's value), so that the compiler can
   // keep the warpgroup index and what derives from it (the turn barrier ids,
@@ -212,7 +216,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     cuda::ptx::mbarrier_init(&smem.q_full, kFillers);
     for (int s = 0; s < Cfg::kStages; ++s) {
       cuda::ptx::mbarrier_init(&smem.kv_full[s], kFillers);
-      cuda::ptx::mbarrier_init(&smem.kv_empty[s], Cfg::kConsumers * kWarpgroupThreads);
+      cuda::ptx::mbarrier_init(&smem.kv_empty[s], active * kWarpgroupThreads);
     }
     if constexpr (kFp4In) {
       cuda::ptx::mbarrier_init(&smem.fp4.q_full, 1);
@@ -258,8 +262,9 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   }
 
   // ---- consumers
-  set_max_registers_inc<kFp4In ? Cfg::kExpandingConsumerRegs : Cfg::kConsumerRegs>();
   const int consumer = wg - 1;
+  if (consumer >= active) return;
+  set_max_registers_inc<kFp4In ? Cfg::kExpandingConsumerRegs : Cfg::kConsumerRegs>();
   const Fragment frag(threadIdx.x % kWarpgroupThreads);
   const int first_row = q0 + consumer * Cfg::kRowsPerConsumer;
   const int row_abs[2] = {first_row + frag.row[0], first_row + frag.row[1]};
@@ -309,7 +314,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   };
 
   if (k_tiles > 0) {
-    const TurnOrder<Cfg::kConsumers> turn{consumer};
+    const TurnOrder<Cfg::kConsumers> turn{consumer, active};
     float s[Cfg::kSRegs];
     float pv[Cfg::kPvRegs];
     std::uint32_t p[Cfg::kPvSteps][4];  // P of the tile whose PV is issued next
