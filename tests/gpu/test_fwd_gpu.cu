@@ -202,7 +202,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, false, 1.0f, 3},
         Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, 1.0f, 3},
         Case{{1, 2, 2, 450, 257, 64}, MaskKind::causal_top_left, true, true, 1.0f, 3},
-        Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f, 3}),
+        Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f, 3},
+        Case{{1, 2, 1, 300, 150, 64}, MaskKind::causal, true, true, 1.0f, 3},    // Sq > Sk: rows 0..149 fully masked
+        Case{{1, 2, 1, 500, 100, 64}, MaskKind::causal, false, true, 1.0f, 3}),  // first CTA: no visible key
     case_name);
 
 // consumers = 3 exists at D = 64 only, and never where the producer expands
