@@ -78,20 +78,23 @@ FP4ATTN_DEVICE_INLINE void fence_p(std::uint32_t (&p)[T][4]) {
 // Ping-pong of the consumer warpgroups at the tensor core: each waits for its
 // turn, issues its wgmmas and passes the turn to the next one (cyclically).
 // `count` (≤ kConsumers) is how many take part: a CTA whose last consumers
-// own only rows past Sq runs without them.
-template <int kConsumers>
+// own only rows past Sq runs without them. With kEnabled false every call is
+// a no-op and the consumers issue whenever they are ready.
+template <int kConsumers, bool kEnabled = true>
 struct TurnOrder {
   int consumer;
   int count = kConsumers;
   // Consumer 0 takes the first turn without being passed one.
   __device__ void open_first() const {
-    if (consumer == 0) named_barrier_arrive(kBarrierConsumerTurn, kTurnBarrierThreads);
+    if (kEnabled && consumer == 0) named_barrier_arrive(kBarrierConsumerTurn, kTurnBarrierThreads);
   }
-  __device__ void wait() const { named_barrier_sync(kBarrierConsumerTurn + consumer, kTurnBarrierThreads); }
+  __device__ void wait() const {
+    if (kEnabled) named_barrier_sync(kBarrierConsumerTurn + consumer, kTurnBarrierThreads);
+  }
   // After the very last turn the last consumer passes to no one, which leaves
   // every turn barrier with as many arrivals as syncs.
   __device__ void pass(bool final_turn) const {
-    if (final_turn && consumer == count - 1) return;
+    if (!kEnabled || (final_turn && consumer == count - 1)) return;
     named_barrier_arrive(kBarrierConsumerTurn + (consumer + 1 == count ? 0 : consumer + 1), kTurnBarrierThreads);
   }
 };

@@ -35,6 +35,7 @@
 // Ping-pong: consumer c issues its wgmmas only after the other consumer has
 // issued its own (named turn barriers), so the tensor core runs one
 // consumer's PV and QKᵀ back to back while the other consumer does softmax.
+// Three consumers (D = 64) issue without turns (Fp8Config::kConsumerTurns).
 //
 // P goes from the accumulator layout to the A-operand layout with byte packing
 // only: the quantizer stores V's keys in the matching order (see
@@ -314,7 +315,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   };
 
   if (k_tiles > 0) {
-    const TurnOrder<Cfg::kConsumers> turn{consumer, active};
+    const TurnOrder<Cfg::kConsumers, Cfg::kConsumerTurns> turn{consumer, active};
     float s[Cfg::kSRegs];
     float pv[Cfg::kPvRegs];
     std::uint32_t p[Cfg::kPvSteps][4];  // P of the tile whose PV is issued next
