@@ -2,6 +2,7 @@
 #include <string>
 
 #include "cuda/common/device_info.hpp"
+#include "cuda/sm90/fwd/fp8_direct_p/consumer_count.hpp"
 #include "cuda/sm90/fwd/fp8_direct_p/kernel.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 #include "fp4attn/error.hpp"
@@ -39,23 +40,8 @@ void check_fp4_inputs(const Fp8ForwardArgs& a) {
   if (a.q_scale_rows != 1) throw Error("q_scale_rows", "MXFP4 Q folds per row: must be 1");
 }
 
-// Three consumers (192 query rows a CTA) or two (128) at D = 64. A CTA of
-// three runs its 192 rows in ≈ 1.5 / kThreeConsumerGain of a two-consumer
-// CTA's time, the gain measured by ncu at S = 16k (11.97 → 11.31 M cycles,
-// docs/perf-log.md v13); whole waves of CTAs over the SMs decide the rest,
-// so short or few sequences keep 128-row CTAs (less padding past Sq, more
-// CTAs to fill the SMs). Causal grids take three only from Sq = 8k on: a
-// 192-row CTA's diagonal tiles mask more of their keys, and below 8k that
-// cost outweighs the gain (v13c: −1 % at S = 2k and 4k, +4 % at 8k, +7 % at
-// 16k).
-constexpr double kThreeConsumerGain = 1.05;
-constexpr int kCausalThreeConsumerMinSq = 8192;
-
 bool three_consumers(const Fp8ForwardArgs& a) {
-  if (a.mask != MaskKind::none && a.Sq < kCausalThreeConsumerMinSq) return false;
-  const std::int64_t heads = static_cast<std::int64_t>(a.B) * a.Hq, sms = cuda_common::sm_count();
-  const auto waves = [&](int rows) { return (heads * ((a.Sq + rows - 1) / rows) + sms - 1) / sms; };
-  return static_cast<double>(waves(192)) * 1.5 / kThreeConsumerGain < static_cast<double>(waves(128));
+  return three_consumers_pay_off(a.B, a.Hq, a.Sq, a.mask != MaskKind::none, cuda_common::sm_count());
 }
 
 template <int HeadDim, int kConsumers, PCode kPCode>

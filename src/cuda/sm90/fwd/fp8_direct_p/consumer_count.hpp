@@ -1,0 +1,29 @@
+// How many consumer warpgroups a CTA of the FP8 forward kernel runs at
+// D = 64: three (192 query rows) or two (128). Plain C++, so that the rule is
+// tested without a GPU (tests/test_consumer_count.cpp).
+#pragma once
+
+#include <cstdint>
+
+namespace fp4attn::sm90::fwd {
+
+// A CTA of three consumers runs its 192 rows in ≈ 1.5 / kThreeConsumerGain
+// of a two-consumer CTA's time: the gain ncu measured at S = 16k (11.97 →
+// 11.31 M cycles, docs/perf-log.md v13; later steps added a few per cent that
+// the rule leaves out). Whole waves of CTAs over the SMs decide the rest, so
+// short or few sequences keep 128-row CTAs (less padding past Sq, more CTAs
+// to fill the SMs).
+inline constexpr double kThreeConsumerGain = 1.05;
+// Causal grids take three only from this Sq on: a 192-row CTA's diagonal
+// tiles mask more of their keys, and below 8k that cost outweighs the gain
+// (v13c: −1 % at S = 2k and 4k, +4 % at 8k, +7 % at 16k).
+inline constexpr std::int64_t kCausalThreeConsumerMinSq = 8192;
+
+inline bool three_consumers_pay_off(std::int64_t B, std::int64_t Hq, std::int64_t Sq, bool causal, std::int64_t sms) {
+  if (causal && Sq < kCausalThreeConsumerMinSq) return false;
+  const std::int64_t heads = B * Hq;
+  const auto waves = [&](std::int64_t rows) { return (heads * ((Sq + rows - 1) / rows) + sms - 1) / sms; };
+  return static_cast<double>(waves(192)) * 1.5 / kThreeConsumerGain < static_cast<double>(waves(128));
+}
+
+}  // namespace fp4attn::sm90::fwd
