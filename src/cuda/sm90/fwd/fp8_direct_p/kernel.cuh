@@ -50,6 +50,7 @@
 #include "cuda/sm90/fwd/fp8_direct_p/config.h"
 #include "cuda/sm90/fwd/fp8_direct_p/fp4_expand.cuh"
 #include "cuda/sm90/fwd/fp8_direct_p/p_operand.cuh"
+#include "cuda/sm90/fwd/fp8_direct_p/timeline.cuh"
 #include "fp4attn/direct_p.hpp"
 
 namespace fp4attn::sm90::fwd {
@@ -210,6 +211,9 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   // Q's descriptor) in uniform registers instead of recomputing them from
   // threadIdx in every iteration.
   const int wg = __shfl_sync(kFullWarp, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
+  timeline::mark(timeline::kProducer, timeline::kEntry);
+  timeline::mark(timeline::kProducer, timeline::kEntryNs);
+  timeline::mark(timeline::kProducer, timeline::kSm);
   if (threadIdx.x == 0) {
     // Filled by TMA (one arrival with the byte count) or, expanding FP4, by
     // the producer warpgroup's 128 threads.
@@ -242,6 +246,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     }
     set_max_registers_dec<Cfg::kProducerRegs>();
     if (threadIdx.x != 0) return;
+    timeline::mark(timeline::kProducer, timeline::kProducerStart);
     const std::int32_t q_coord[4] = {0, q0, head, batch};
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                          &smem.q_full, Cfg::kQBytes);
@@ -334,10 +339,12 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     };
     turn.open_first();
     wait_barrier(&smem.q_full, 0);
+    timeline::mark(timeline::kConsumer, timeline::kQReady);
 
     // Turn 0: S of tile 0 alone, then its softmax.
     set_c(0);
     wait_barrier(&smem.kv_full[0], 0);
+    timeline::mark(timeline::kConsumer, timeline::kKv0Ready);
     turn.wait();
     wgmma_fence();
     issue_qk<Cfg>(s, desc_q, stages.k(0));
@@ -345,8 +352,10 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     turn.pass(false);
     wgmma_wait<0>();
     fence_registers(s);
+    timeline::mark(timeline::kConsumer, timeline::kS0Done);
     mask_tile(s, 0);
     softmax.step<kPCode>(s, c, mx_round_up, p, alpha);
+    timeline::mark(timeline::kConsumer, timeline::kSoftmax0Done);
 
     // Turn n: PV of tile n − 1, then S of tile n. O takes in PV while S is
     // still computed; the softmax of tile n runs while the other consumer's
@@ -382,14 +391,18 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     }
 
     // Last turn: PV of the last tile.
+    timeline::mark(timeline::kConsumer, timeline::kLoopEnd);
+    timeline::mark(timeline::kOther, timeline::kOtherLoopEnd);
     load_epilogue_inputs();
     turn.wait();
+    timeline::mark(timeline::kConsumer, timeline::kLastTurn);
     fence_p(p);
     wgmma_fence();
     issue_pv<Cfg>(pv, p, stages.v((k_tiles - 1) % Cfg::kStages));
     wgmma_commit();
     turn.pass(true);
     wait_pv<0, Cfg>(pv, p);
+    timeline::mark(timeline::kConsumer, timeline::kLastPvDone);
     accumulate_o<0, Cfg::kORegs / 4, true>(o, softmax.l, alpha, pv);
   } else {
     load_epilogue_inputs();
@@ -418,6 +431,9 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
           empty ? neg_inf() : (softmax.m[r] + log2f(row_sum) - kPOffset) * kLn2 + lse_shift[r];
     }
   }
+  timeline::mark(timeline::kConsumer, timeline::kEnd);
+  timeline::mark(timeline::kOther, timeline::kOtherEnd);
+  timeline::mark(timeline::kOther, timeline::kOtherEndNs);
 }
 
 }  // namespace fp4attn::sm90::fwd

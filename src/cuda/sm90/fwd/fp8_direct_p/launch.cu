@@ -116,3 +116,16 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace fp4attn::sm90::fwd
+
+#ifdef FP4ATTN_FWD_TIMELINE
+// dev/fwd_timeline reads the marks through these (timeline.cuh).
+extern "C" __attribute__((visibility("default"))) int fp4attn_fwd_timeline_read(void* dst, unsigned long long bytes) {
+  return static_cast<int>(cudaMemcpyFromSymbol(dst, fp4attn::sm90::fwd::timeline::marks, bytes));
+}
+extern "C" __attribute__((visibility("default"))) int fp4attn_fwd_timeline_clear() {
+  void* at = nullptr;
+  if (const cudaError_t err = cudaGetSymbolAddress(&at, fp4attn::sm90::fwd::timeline::marks); err != cudaSuccess)
+    return static_cast<int>(err);
+  return static_cast<int>(cudaMemset(at, 0, sizeof(fp4attn::sm90::fwd::timeline::marks)));
+}
+#endif
