@@ -102,7 +102,10 @@ struct GpuResult {
 };
 
 // Quantize on the GPU and run the kernel into poisoned, strided outputs.
-GpuResult run_gpu(const Case& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v) {
+// o_skew elements shift O's base and token stride off 16-byte boundaries,
+// where the kernel stores O from its threads instead of by TMA.
+GpuResult run_gpu(const Case& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+                  std::int64_t o_skew = 0) {
   const AttentionShape& s = c.shape;
   StridedBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
   DeviceFp8 dev(s);
@@ -110,8 +113,8 @@ GpuResult run_gpu(const Case& c, const std::vector<float>& q, const std::vector<
   cq::quantize_fp8(dq.view, dk.view, dv.view, c.smooth_k, scale, dev.bufs, nullptr);
   cq::check_finite(dev.bufs, nullptr);
 
-  const std::int64_t o_stride_s = (s.Hq + kHeadPad) * s.D;
-  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.B * s.Sq * o_stride_s));
+  const std::int64_t o_stride_s = (s.Hq + kHeadPad) * s.D + o_skew;
+  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.B * s.Sq * o_stride_s + o_skew));
   DeviceArray<float> lse(s.lse_elems());
   o.poison();
   lse.poison();
@@ -121,7 +124,7 @@ GpuResult run_gpu(const Case& c, const std::vector<float>& q, const std::vector<
   a.vt = dev.vt.ptr, a.vt_keys = dev.vt_keys;
   a.q_scale = dev.q_scale.ptr, a.k_scale = dev.k_scale.ptr, a.v_scale = dev.v_scale.ptr;
   a.lse_shift = c.smooth_k ? dev.lse_shift.ptr : nullptr;
-  a.o = o.ptr, a.o_stride_b = s.Sq * o_stride_s, a.o_stride_s = o_stride_s, a.o_stride_h = s.D;
+  a.o = o.ptr + o_skew, a.o_stride_b = s.Sq * o_stride_s, a.o_stride_s = o_stride_s, a.o_stride_h = s.D;
   a.lse = lse.ptr;
   a.B = s.B, a.Hq = s.Hq, a.Hkv = s.Hkv, a.Sq = s.Sq, a.Sk = s.Sk, a.D = s.D;
   a.softmax_scale = scale;
@@ -136,7 +139,7 @@ GpuResult run_gpu(const Case& c, const std::vector<float>& q, const std::vector<
   r.o.resize(s.q_elems());
   for (std::int64_t i = 0; i < s.B * s.Sq * s.Hq; ++i)
     for (std::int64_t d = 0; d < s.D; ++d)
-      r.o[i * s.D + d] = __bfloat162float(o_raw[((i / s.Hq) * (s.Hq + kHeadPad) + i % s.Hq) * s.D + d]);
+      r.o[i * s.D + d] = __bfloat162float(o_raw[o_skew + (i / s.Hq) * o_stride_s + (i % s.Hq) * s.D + d]);
   r.lse = lse.download();
   return r;
 }
@@ -206,6 +209,27 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 1, 300, 150, 64}, MaskKind::causal, true, true, 1.0f, 3},    // Sq > Sk: rows 0..149 fully masked
         Case{{1, 2, 1, 500, 100, 64}, MaskKind::causal, false, true, 1.0f, 3}),  // first CTA: no visible key
     case_name);
+
+// O whose rows do not start on 16-byte boundaries cannot be stored by TMA:
+// the kernel's threads store it (every other case here takes TMA).
+TEST(GpuForwardFp8, UnalignedOutputRowsMatchEmulator) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (const Case& c : {Case{{1, 3, 1, 200, 333, 128}, MaskKind::causal, true, true},
+                        Case{{2, 2, 2, 513, 300, 64}, MaskKind::none, true, false, 1.0f, 3}}) {
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    const AttentionShape& s = c.shape;
+    const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
+    const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
+    const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+    AttentionOptions opt;
+    opt.mask = c.mask;
+    opt.direct_p = c.direct_p;
+    opt.smooth_k = c.smooth_k;
+    const GpuResult got = run_gpu(c, q, k, v, /*o_skew=*/2);
+    check_against_emulator(c, got, emulator::forward(s, q, k, v, opt), "o_skew 2 " + describe(c, seed));
+  }
+}
 
 // consumers = 3 exists at D = 64 only, and never where the producer expands
 // MXFP4 (its 128 threads fill 128 query rows); other counts do not exist.

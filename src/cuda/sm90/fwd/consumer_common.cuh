@@ -22,6 +22,7 @@ inline constexpr int kRegisterFile = 64 * 1024;        // 32-bit registers per S
 enum BarrierId : int {
   kBarrierSyncThreads = 0,  // reserved by __syncthreads
   kBarrierConsumerTurn = 1,  // + c: consumer c may issue its wgmmas
+  kBarrierOStaged = 8,       // + c: consumer c's rows of O are in shared memory
   kBarrierFp4Staging = 15,   // the expanding producer warpgroup: a staging slot is read out
 };
 inline constexpr int kTurnBarrierThreads = 2 * kWarpgroupThreads;

@@ -121,6 +121,19 @@ struct Fp4Staging {
 };
 struct NoFp4Staging {};
 
+// O in bf16 on its way out: each consumer writes its 64 rows here and one of
+// its threads stores them with TMA, in boxes of 64 rows × 128 bytes (64
+// columns) laid out with the 128-byte swizzle. Stores from the accumulator
+// layout (4 bytes a lane, 8 rows per warp instruction) kept a CTA's threads
+// ≈ 3 400 cycles at the end (perf log, "Timeline of a CTA").
+template <class Cfg>
+struct OStaging {
+  static constexpr int kBoxRowBytes = 128;
+  static constexpr int kBoxes = Cfg::kHeadDim * 2 / kBoxRowBytes;
+  static constexpr int kBoxBytes = Cfg::kRowsPerConsumer * kBoxRowBytes;
+  alignas(1024) std::uint8_t rows[Cfg::kConsumers][kBoxes * kBoxBytes];
+};
+
 static_assert(kBarrierConsumerTurn + Fp8Config<64, 3>::kConsumers <= kBarrierFp4Staging,
               "the turn barriers' ids run into the FP4 staging barrier's");
 
@@ -132,6 +145,8 @@ struct alignas(Cfg::kSwizzleAlign) SharedStorage {
   std::uint8_t k[Cfg::kStages][Cfg::kKBytes];
   std::uint8_t v[Cfg::kStages][Cfg::kVStageBytes];  // Vᵀ tile, then kOnesRows rows of ones
   [[no_unique_address]] std::conditional_t<kFp4In, Fp4Staging<Cfg>, NoFp4Staging> fp4;
+  // The expanding kernel's FP4 staging leaves no room for it: it stores O directly.
+  [[no_unique_address]] std::conditional_t<kFp4In, NoFp4Staging, OStaging<Cfg>> o_stage;
   std::uint64_t q_full;
   std::uint64_t kv_full[Cfg::kStages];
   std::uint64_t kv_empty[Cfg::kStages];

@@ -26,7 +26,9 @@
 //         Pₙ = E4M3 code of 2^(Sₙ·c − m' + 8), by Direct-P in registers
 //              (keys 80 .. 127 of the tile by MUFU ex2; p_operand.cuh)
 //     turn N: PV of the last tile, added to O the same way
-//   epilogue: O·v_scale / l → bf16, LSE = (m + log2 l − 8)·ln 2 (+ smooth_k shift)
+//   epilogue: O·v_scale / l → bf16 into shared memory, stored by TMA (or by
+//     the threads where O's rows are not 16-byte aligned);
+//     LSE = (m + log2 l − 8)·ln 2 (+ smooth_k shift)
 //
 // kFp4In (recipe mxfp4 with MXFP4 in memory): the producer warpgroup loads
 // FP4 codes instead and expands them into the same E4M3 tiles, all 128
@@ -177,7 +179,8 @@ struct OnlineSoftmax {
 template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In>
 __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
-                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
+                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt,
+                       const __grid_constant__ CUtensorMap tm_o, bool o_by_tma) {
   using Cfg = Fp8Config<HeadDim, kConsumers>;
   static_assert(!kFp4In || kConsumers == 2, "the MXFP4 expansion fills 128 query rows, one per producer thread");
   constexpr int kOGroupsBeforeS = Cfg::kORegs / 4 - Cfg::kOGroupsAfterS;
@@ -409,26 +412,67 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   }
 
   // ---- epilogue: O = O·v_scale / l in bf16; LSE in natural log
-  auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
+  float row_sum[2], inv_sum[2];
+  bool empty[2];  // fully masked row: O = 0, LSE = −inf
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float row_sum = poisoned ? __int_as_float(0x7FC00000) : softmax.l[r];
-    if (row_abs[r] >= args.Sq) continue;
-    const bool empty = row_sum == 0.0f;  // fully masked row: O = 0, LSE = −inf
-    const float inv_sum = empty ? 0.0f : 1.0f / row_sum;
-    __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
+    row_sum[r] = poisoned ? __int_as_float(0x7FC00000) : softmax.l[r];
+    empty[r] = row_sum[r] == 0.0f;
+    inv_sum[r] = empty[r] ? 0.0f : 1.0f / row_sum[r];
+  }
+  // 1/l first, then V's channel factor: the emulator's order, so O rounds
+  // the same also when v_scale is not a power of two.
+  auto o_pair = [&](int j, int r) {
+    return __floats2bfloat162_rn(o[4 * j + 2 * r] * inv_sum[r] * vs[j].x, o[4 * j + 2 * r + 1] * inv_sum[r] * vs[j].y);
+  };
+  bool stored = false;
+  if constexpr (!kFp4In) {
+    if (o_by_tma) {
+      // Row ρ's 16-byte chunk c of a box sits at chunk c ^ (ρ mod 8): the
+      // 128-byte swizzle, which also spreads each warp store (8 rows, one
+      // chunk each) over all banks. Rows past Sq are clipped by TMA.
+      using Stage = OStaging<Cfg>;
+      std::uint8_t* stage = smem.o_stage.rows[consumer];
 #pragma unroll
-    for (int j = 0; j < HeadDim / 8; ++j) {
-      // 1/l first, then V's channel factor: the emulator's order, so O
-      // rounds the same also when v_scale is not a power of two.
-      const float o0 = o[4 * j + 2 * r] * inv_sum * vs[j].x;
-      const float o1 = o[4 * j + 2 * r + 1] * inv_sum * vs[j].y;
-      *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = __floats2bfloat162_rn(o0, o1);
+      for (int r = 0; r < 2; ++r) {
+        const int row = frag.row[r];
+#pragma unroll
+        for (int j = 0; j < HeadDim / 8; ++j)
+          *reinterpret_cast<__nv_bfloat162*>(stage + (j / 8) * Stage::kBoxBytes + row * Stage::kBoxRowBytes +
+                                             16 * ((j % 8) ^ (row & 7)) + 2 * frag.col) = o_pair(j, r);
+      }
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+      named_barrier_sync(kBarrierOStaged + consumer, kWarpgroupThreads);
+      if (threadIdx.x % kWarpgroupThreads == 0) {
+#pragma unroll
+        for (int box = 0; box < Stage::kBoxes; ++box) {
+          const std::int32_t coord[4] = {box * Stage::kBoxRowBytes, first_row, head, batch};
+          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &tm_o, coord,
+                                          stage + box * Stage::kBoxBytes);
+        }
+        cuda::ptx::cp_async_bulk_commit_group();
+        // Shared memory must outlive the copies' reads; their writes finish on their own.
+        cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+      }
+      stored = true;
     }
-    if (frag.col == 0) {
+  }
+  if (!stored) {
+    auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (row_abs[r] >= args.Sq) continue;
+      __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
+#pragma unroll
+      for (int j = 0; j < HeadDim / 8; ++j)
+        *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (frag.col == 0 && row_abs[r] < args.Sq) {
       const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
-      args.lse[lse_index] =
-          empty ? neg_inf() : (softmax.m[r] + log2f(row_sum) - kPOffset) * kLn2 + lse_shift[r];
+      args.lse[lse_index] = empty[r] ? neg_inf() : (softmax.m[r] + log2f(row_sum[r]) - kPOffset) * kLn2 + lse_shift[r];
     }
   }
   timeline::mark(timeline::kConsumer, timeline::kEnd);

@@ -16,6 +16,14 @@ void check_cuda(cudaError_t err, const char* what) {
 
 std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 
+// O is stored by TMA (kernel.cuh) where its rows start on 16-byte boundaries,
+// as TMA requires; otherwise by the threads, 4 bytes at a time.
+bool o_rows_aligned(const Fp8ForwardArgs& a) {
+  const std::uint64_t bits = reinterpret_cast<std::uintptr_t>(a.o) | u64(a.o_stride_b * 2) | u64(a.o_stride_s * 2) |
+                             u64(a.o_stride_h * 2);
+  return bits % 16 == 0;
+}
+
 template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In>
 void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_vt,
                 cudaStream_t stream) {
@@ -24,7 +32,13 @@ void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensor
   constexpr int kSmem = smem_bytes<Cfg, kFp4In>();
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
   const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
-  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(a, tm_q, tm_k, tm_vt);
+  const bool o_by_tma = !kFp4In && o_rows_aligned(a);
+  CUtensorMap tm_o{};
+  if (o_by_tma)
+    tm_o = make_byte_tensor_map(a.o, {u64(HeadDim * 2), u64(a.Sq), u64(a.Hq), u64(a.B)},
+                                {u64(a.o_stride_s * 2), u64(a.o_stride_h * 2), u64(a.o_stride_b * 2)},
+                                {OStaging<Cfg>::kBoxRowBytes, Cfg::kRowsPerConsumer, 1, 1}, TmaSwizzle::b128, "o");
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(a, tm_q, tm_k, tm_vt, tm_o, o_by_tma);
   check_cuda(cudaGetLastError(), "fp8_forward_kernel launch");
 }
 
