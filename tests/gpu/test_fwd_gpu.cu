@@ -162,9 +162,9 @@ TEST(GpuForwardFp8, KnownAnswerZeroScoresUnitValues) {
 
 class GpuForwardGrid : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GpuForwardGrid, MatchesEmulator) {
-  FP4ATTN_REQUIRE_HOPPER();
-  const Case& c = GetParam();
+// Random inputs of the case, the kernel (O stored with o_skew, see run_gpu)
+// against the emulator.
+void expect_case_matches_emulator(const Case& c, std::int64_t o_skew = 0) {
   const std::uint32_t seed = gpu_test::fresh_seed();
   std::mt19937 rng(seed);
   const AttentionShape& s = c.shape;
@@ -175,9 +175,14 @@ TEST_P(GpuForwardGrid, MatchesEmulator) {
   opt.mask = c.mask;
   opt.direct_p = c.direct_p;
   opt.smooth_k = c.smooth_k;
-  const GpuResult got = run_gpu(c, q, k, v);
+  const GpuResult got = run_gpu(c, q, k, v, o_skew);
   const emulator::ForwardResult want = emulator::forward(s, q, k, v, opt);
-  check_against_emulator(c, got, want, describe(c, seed));
+  check_against_emulator(c, got, want, "o_skew " + std::to_string(o_skew) + " " + describe(c, seed));
+}
+
+TEST_P(GpuForwardGrid, MatchesEmulator) {
+  FP4ATTN_REQUIRE_HOPPER();
+  expect_case_matches_emulator(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -215,20 +220,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(GpuForwardFp8, UnalignedOutputRowsMatchEmulator) {
   FP4ATTN_REQUIRE_HOPPER();
   for (const Case& c : {Case{{1, 3, 1, 200, 333, 128}, MaskKind::causal, true, true},
-                        Case{{2, 2, 2, 513, 300, 64}, MaskKind::none, true, false, 1.0f, 3}}) {
-    const std::uint32_t seed = gpu_test::fresh_seed();
-    std::mt19937 rng(seed);
-    const AttentionShape& s = c.shape;
-    const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
-    const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
-    const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
-    AttentionOptions opt;
-    opt.mask = c.mask;
-    opt.direct_p = c.direct_p;
-    opt.smooth_k = c.smooth_k;
-    const GpuResult got = run_gpu(c, q, k, v, /*o_skew=*/2);
-    check_against_emulator(c, got, emulator::forward(s, q, k, v, opt), "o_skew 2 " + describe(c, seed));
-  }
+                        Case{{2, 2, 2, 513, 300, 64}, MaskKind::none, true, false, 1.0f, 3}})
+    expect_case_matches_emulator(c, /*o_skew=*/2);
 }
 
 // consumers = 3 exists at D = 64 only, and never where the producer expands
