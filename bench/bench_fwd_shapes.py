@@ -12,12 +12,23 @@ batch) and a short-sequence batch. Against cuDNN BF16 and FA2 BF16 SDPA
 GQA baselines: SDPA with enable_gqa=True where the backend takes it, else K
 and V repeated to Hq heads first (the row says which; the repeat is not timed).
 Timing as bench_fwd.py: CUDA events, warm-up, median of --reps; two input
-sets alternated where one set fits in the 60 MB L2.
+sets alternated where one set fits in the 60 MB L2. With --rounds N every
+implementation is timed once per round, in turn, so that a drift of the
+clock reaches all of them alike; a row's `ms` is the median over the rounds
+and `ms_rounds` keeps each round's figure.
+
+Shape sets (--set):
+  models  the model-shaped problems above
+  bar     D = 128, noncausal, S >= 4k, batch / heads / lengths off the
+          DESIGN §8 grid (odd lengths, few and many heads, GQA, up to 32k):
+          where issue #3's fallback bar (1.5x cuDNN BF16) is checked, with a
+          few causal and D = 64 shapes beside it
 """
 import argparse
 import datetime
 import json
 import os
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +47,25 @@ SHAPES = [
     ("short batch", 16, 16, 16, 1000, 128, False),
 ]
 
+BAR_SHAPES = [
+    ("bar 1x32 4096", 1, 32, 32, 4096, 128, False),
+    ("bar 4x8 4096", 4, 8, 8, 4096, 128, False),
+    ("bar 16x16 4096", 16, 16, 16, 4096, 128, False),
+    ("bar 1x64 4096", 1, 64, 64, 4096, 128, False),
+    ("bar 2x12 5000", 2, 12, 12, 5000, 128, False),
+    ("bar 3x20 6144", 3, 20, 20, 6144, 128, False),
+    ("bar GQA 32/8 8192", 1, 32, 8, 8192, 128, False),
+    ("bar 1x24 12000", 1, 24, 24, 12000, 128, False),
+    ("bar 1x40 16384", 1, 40, 40, 16384, 128, False),
+    ("bar 1x8 32768", 1, 8, 8, 32768, 128, False),
+    ("causal 1x32 8192", 1, 32, 32, 8192, 128, True),
+    ("causal 2x16 12000", 2, 16, 16, 12000, 128, True),
+    ("d64 2x16 8192", 2, 16, 16, 8192, 64, False),
+    ("d64 1x24 17550", 1, 24, 24, 17550, 64, False),
+]
+
+SHAPE_SETS = {"models": SHAPES, "bar": BAR_SHAPES}
+
 
 def sdpa_runner(backend, sets, causal, gqa):
     """SDPA on (B, H, S, D) views; gqa: 'native' (enable_gqa) or 'repeat' (K, V repeated beforehand)."""
@@ -46,12 +76,27 @@ def sdpa_runner(backend, sets, causal, gqa):
     return run
 
 
+def baseline_runner(backend, bhsd, causal, Hq, Hkv):
+    """SDPA runner for one backend, with enable_gqa where it is taken, else K and V repeated to Hq heads."""
+    run = sdpa_runner(backend, bhsd, causal, "native")
+    try:
+        return run, run(0), "native"
+    except RuntimeError:
+        if Hq == Hkv:
+            raise
+    sets = [(q, k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1)) for q, k, v in bhsd]
+    run = sdpa_runner(backend, sets, causal, "repeat")
+    return run, run(0), "repeat"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--set", default="models", choices=sorted(SHAPE_SETS), help="which shapes (see the docstring)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1, help="time every implementation once per round, in turn")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
     ap.add_argument("--only", default="", help="comma-separated substrings: run the shapes whose name holds one")
@@ -61,67 +106,65 @@ def main():
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     rows, log = [], []
     only = [w for w in args.only.split(",") if w]
-    for name, B, Hq, Hkv, S, D, causal in SHAPES:
+    for name, B, Hq, Hkv, S, D, causal in SHAPE_SETS[args.set]:
         if only and not any(w in name for w in only):
             continue
         n_sets = 2 if 2 * B * S * (Hq + 2 * Hkv) * D < 60 * 2**20 else 1
         bshd = [(torch.randn(B, S, Hq, D, device="cuda", dtype=torch.bfloat16),
                  torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16),
                  torch.randn(B, S, Hkv, D, device="cuda", dtype=torch.bfloat16)) for _ in range(n_sets)]
+        bhsd = [tuple(t.transpose(1, 2) for t in s) for s in bshd]
         fl = flops(B, Hq, S, D, causal)
         tf = lambda ms: fl / (ms * 1e-3) / 1e12
         ours = Ours(lib, ll3, bshd, B, Hq, S, D, causal, Hkv=Hkv)
-        ms_fwd = time_ms(ours.attend, args.reps, args.warmup)
-        ms_e2e = time_ms(ours.e2e, args.reps, args.warmup)
-        ms_quant = time_ms(ours.quantize, args.reps, args.warmup)
+        cudnn, ref, gqa_cudnn = baseline_runner(SDPBackend.CUDNN_ATTENTION, bhsd, causal, Hq, Hkv)
+        fa2, _, gqa_fa2 = baseline_runner(SDPBackend.FLASH_ATTENTION, bhsd, causal, Hq, Hkv)
+        ref = ref.transpose(1, 2)
+        runs = {"fwd": ours.attend, "fwd_e2e": ours.e2e, "quantize": ours.quantize, "cudnn_bf16": cudnn,
+                "fa2_bf16": fa2}
+        times = {k: [] for k in runs}
+        for _ in range(args.rounds):
+            for k, fn in runs.items():
+                times[k].append(time_ms(fn, args.reps, args.warmup))
+        med = {k: statistics.median(v) for k, v in times.items()}
         base = dict(causal=causal, B=B, H=Hq, Hkv=Hkv, Sq=S, Sk=S, D=D, shape=name)
-        rows.append(dict(op="fwd", impl="fp4attn", recipe="fp8", direct_p=True, ms=round(ms_fwd, 4),
-                         tflops=round(tf(ms_fwd), 1), **base))
-        rows.append(dict(op="fwd_e2e", impl="fp4attn", recipe="fp8", direct_p=True, ms=round(ms_e2e, 4),
-                         tflops=round(tf(ms_e2e), 1), **base))
-        rows.append(dict(op="quantize", impl="fp4attn", recipe="fp8", direct_p=True, ms=round(ms_quant, 4),
-                         tflops=None, **base))
-        bhsd = [tuple(t.transpose(1, 2) for t in s) for s in bshd]
-        ref, ms_base = None, {}
-        for impl, backend in (("cudnn_bf16", SDPBackend.CUDNN_ATTENTION), ("fa2_bf16", SDPBackend.FLASH_ATTENTION)):
-            gqa, sets = "native", bhsd
-            run = sdpa_runner(backend, sets, causal, gqa)
-            try:
-                out = run(0)
-            except RuntimeError:
-                if Hq == Hkv:
-                    raise
-                gqa = "repeat"
-                sets = [(q, k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1)) for q, k, v in bhsd]
-                run = sdpa_runner(backend, sets, causal, gqa)
-                out = run(0)
-            if ref is None:
-                ref = out.transpose(1, 2)
-            ms_base[impl] = time_ms(run, args.reps, args.warmup)
-            rows.append(dict(op="fwd", impl=impl, recipe="bf16", ms=round(ms_base[impl], 4),
-                             tflops=round(tf(ms_base[impl]), 1), gqa=gqa if Hq != Hkv else None, **base))
-            del sets, run, out
+
+        def row(op, impl, recipe, key, **extra):
+            ms = med[key]
+            rows.append(dict(op=op, impl=impl, recipe=recipe, ms=round(ms, 4),
+                             tflops=None if op == "quantize" else round(tf(ms), 1),
+                             ms_rounds=[round(t, 4) for t in times[key]], **extra, **base))
+
+        row("fwd", "fp4attn", "fp8", "fwd", direct_p=True)
+        row("fwd_e2e", "fp4attn", "fp8", "fwd_e2e", direct_p=True)
+        row("quantize", "fp4attn", "fp8", "quantize", direct_p=True)
+        row("fwd", "cudnn_bf16", "bf16", "cudnn_bf16", gqa=gqa_cudnn if Hq != Hkv else None)
+        row("fwd", "fa2_bf16", "bf16", "fa2_bf16", gqa=gqa_fa2 if Hq != Hkv else None)
         ours.e2e(0)
         torch.cuda.synchronize()
         err = rel_l2(ours.o, ref)
         rows[-5]["rel_l2_vs_cudnn"] = rows[-4]["rel_l2_vs_cudnn"] = round(err, 5)
+        ratios = [c / f for c, f in zip(times["cudnn_bf16"], times["fwd"])]
         line = (f"{name:30s} B={B:2d} Hq={Hq:2d} Hkv={Hkv:2d} S={S:5d} D={D:3d} causal={int(causal)}  "
-                f"fp8 {tf(ms_fwd):6.1f}  e2e {tf(ms_e2e):6.1f}  cudnn {tf(ms_base['cudnn_bf16']):6.1f}  "
-                f"fa2 {tf(ms_base['fa2_bf16']):6.1f} TF/s  x{ms_base['cudnn_bf16'] / ms_fwd:.2f} cudnn "
-                f"(e2e x{ms_base['cudnn_bf16'] / ms_e2e:.2f})  quantize {ms_quant:.3f} ms  relL2 {err:.4f}")
+                f"fp8 {tf(med['fwd']):6.1f}  e2e {tf(med['fwd_e2e']):6.1f}  cudnn {tf(med['cudnn_bf16']):6.1f}  "
+                f"fa2 {tf(med['fa2_bf16']):6.1f} TF/s  x{med['cudnn_bf16'] / med['fwd']:.2f} cudnn "
+                f"(rounds {min(ratios):.2f}..{max(ratios):.2f}; e2e x{med['cudnn_bf16'] / med['fwd_e2e']:.2f})  "
+                f"quantize {med['quantize']:.3f} ms  relL2 {err:.4f}")
         print(line, flush=True)
         log.append(line)
         ours.close()
-        del bshd, bhsd, ref
+        del bshd, bhsd, ref, runs, cudnn, fa2
         torch.cuda.empty_cache()
     cmd = "python3 bench/bench_fwd_shapes.py " + " ".join(
         f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "lib"))
     result = dict(date=args.date, gpu=torch.cuda.get_device_name(), commit=args.commit, command=cmd,
-                  note="recipe fp8 on model-shaped problems; rows with gqa='repeat' ran the baseline on K and V "
-                       "repeated to Hq heads (the backend refused enable_gqa).", rows=rows)
-    with open(os.path.join(args.out, "bench-fwd-shapes.json"), "w") as f:
+                  note="recipe fp8 on the shape set named in the command; ms is the median over the rounds, "
+                       "ms_rounds each round's median of --reps; rows with gqa='repeat' ran the baseline on K "
+                       "and V repeated to Hq heads (the backend refused enable_gqa).", rows=rows)
+    stem = "bench-fwd-shapes" if args.set == "models" else f"bench-fwd-shapes-{args.set}"
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(result, f, indent=1)
-    with open(os.path.join(args.out, "bench-fwd-shapes.log"), "w") as f:
+    with open(os.path.join(args.out, stem + ".log"), "w") as f:
         f.write("\n".join(log) + "\n")
 
 

@@ -5,7 +5,8 @@
 #   usage: scripts/device_check.sh [build-dir]   (default build)
 #   env:   STAGES picks stages (default "tests sanitize python bench");
 #          bench-bwd, bench-quant, bench-quant-fp4, bench-mx, bench-nvfp4,
-#          bench-shapes (model-shaped problems) and accuracy-gpu
+#          bench-shapes (model-shaped problems), bench-bar (off-grid
+#          shapes for the 1.5x bar, three interleaved rounds) and accuracy-gpu
 #          (the H200 columns of examples/accuracy; needs the python stage's
 #          package) are further stages;
 #          BENCH_ARGS adds options to bench/bench_fwd.py; COMMIT names the
@@ -30,12 +31,14 @@ if has_stage tests; then
 fi
 
 if has_stage sanitize; then
-  # One small case of each kernel: forward (causal GQA, exp2 path, three
-  # consumers), backward (noncausal and causal GQA; mxfp4_train causal GQA),
+  # One small case of each kernel: forward (causal GQA, exp2 path; one
+  # consumer warpgroup, the launcher's choice for these, then two and
+  # three), backward (noncausal and causal GQA; mxfp4_train causal GQA),
   # the zero-copy forward of every GPU recipe, both quantizers, recipe
   # mxfp4's two expansions and recipe nvfp4's exp2 baseline.
   small='Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk'
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq2_Hkv1_Sq300_Sk150_D128_causal_exp2'
+  small+=':Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D128_causal_directp_smoothk_2consumers'
   # three consumer warpgroups (192-row CTAs, D = 64), the last CTA with one valid row
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq2_Hkv2_Sq513_Sk1000_D64_full_directp_smoothk_3consumers'
   small+=':*GpuBackwardGrid.MatchesEmulatorAndReference/B1_Hq2_Hkv2_Sq128_Sk128_D128_full_directp_smoothk_f32'
@@ -81,6 +84,12 @@ if has_stage bench-shapes; then
   PYTHONUNBUFFERED=1 timeout 200 python3 bench/bench_fwd_shapes.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
     ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-shapes-stdout.log" | grep -v "^$" | tail -8
   summary+=("bench shapes: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-bar; then
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_fwd_shapes.py --set bar --rounds 3 --reps 8 --lib "$BUILD/libfp4attn_capi.so" \
+    --out "$OUT" ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-bar-stdout.log" | grep -v "^$" | tail -16
+  summary+=("bench bar: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage bench-bwd; then
