@@ -9,13 +9,16 @@ Ours runs through libfp4attn_capi.so (ctypes):
 
 Timing: CUDA events around each call, warm-up first, median of --reps runs,
 two input sets alternated so that consecutive runs never find their inputs
-in L2 (each set is larger than the 60 MB L2 at every grid point).
+in L2 (each set is larger than the 60 MB L2 at every grid point). With
+--rounds N every implementation is timed once per round, in turn; a row's
+`ms` is the median over the rounds, `ms_rounds` each round's figure.
 """
 import argparse
 import ctypes
 import datetime
 import json
 import os
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +108,8 @@ def main():
     ap.add_argument("--dims", default=",".join(str(d) for _, d in GRID_HD), help="head dims to run (subset of the grid)")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every implementation once per round, in turn: a drift of the clock reaches all alike")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
@@ -112,10 +117,12 @@ def main():
     gpu = torch.cuda.get_device_name()
     rows, log = [], []
 
-    def add(op, impl, recipe, direct_p, causal, B, H, S, D, ms):
+    def add(op, impl, recipe, direct_p, causal, B, H, S, D, times):
+        ms = statistics.median(times)
         tf = flops(B, H, S, D, causal) / (ms * 1e-3) / 1e12
         rows.append(dict(op=op, impl=impl, recipe=recipe, direct_p=direct_p, causal=causal, B=B, H=H, Hkv=H, Sq=S,
-                         Sk=S, D=D, ms=round(ms, 4), tflops=round(tf, 1), gbps=None))
+                         Sk=S, D=D, ms=round(ms, 4), tflops=round(tf, 1), gbps=None,
+                         ms_rounds=[round(t, 4) for t in times]))
         return tf
 
     dims = set(map(int, args.dims.split(",")))
@@ -127,23 +134,34 @@ def main():
             assert 3 * sets[0][0].numel() * 2 > L2_BYTES
             for causal in (False, True):
                 ours = Ours(lib, ll3, sets, B, H, S, D, causal)
+                cudnn, fa2 = sdpa(SDPBackend.CUDNN_ATTENTION, sets, causal), sdpa(SDPBackend.FLASH_ATTENTION, sets, causal)
+
+                def ours_fwd(direct_p):
+                    ours.set_direct_p(direct_p)
+                    ms = time_ms(ours.attend, args.reps, args.warmup)
+                    ours.set_direct_p(True)
+                    return ms
+
+                # The quantizer alone (Q, K, V from bf16, same plans), so that e2e splits into its parts.
+                runs = {"fwd_dp1": lambda: ours_fwd(True), "fwd_dp0": lambda: ours_fwd(False),
+                        "e2e": lambda: time_ms(ours.e2e, args.reps, args.warmup),
+                        "quantize": lambda: time_ms(ours.quantize, args.reps, args.warmup),
+                        "cudnn": lambda: time_ms(cudnn, args.reps, args.warmup),
+                        "fa2": lambda: time_ms(fa2, args.reps, args.warmup)}
+                times = {k: [] for k in runs}
+                for _ in range(args.rounds):
+                    for k, run in runs.items():
+                        times[k].append(run())
                 r = {}
                 for dp in (True, False):
-                    ours.set_direct_p(dp)
-                    r[f"fwd_dp{int(dp)}"] = add("fwd", "fp4attn", "fp8", dp, causal, B, H, S, D,
-                                                time_ms(ours.attend, args.reps, args.warmup))
-                ours.set_direct_p(True)
-                r["e2e"] = add("fwd_e2e", "fp4attn", "fp8", True, causal, B, H, S, D,
-                               time_ms(ours.e2e, args.reps, args.warmup))
-                # The quantizer alone (Q, K, V from bf16, same plans), so that e2e splits into its parts.
-                quant_ms = time_ms(ours.quantize, args.reps, args.warmup)
-                add("quantize", "fp4attn", "fp8", True, causal, B, H, S, D, quant_ms)
+                    r[f"fwd_dp{int(dp)}"] = add("fwd", "fp4attn", "fp8", dp, causal, B, H, S, D, times[f"fwd_dp{int(dp)}"])
+                r["e2e"] = add("fwd_e2e", "fp4attn", "fp8", True, causal, B, H, S, D, times["e2e"])
+                add("quantize", "fp4attn", "fp8", True, causal, B, H, S, D, times["quantize"])
                 rows[-1]["tflops"] = None  # a quantizer does no attention FLOPs; read ms
-                cudnn, fa2 = sdpa(SDPBackend.CUDNN_ATTENTION, sets, causal), sdpa(SDPBackend.FLASH_ATTENTION, sets, causal)
-                r["cudnn"] = add("fwd", "cudnn_bf16", "bf16", False, causal, B, H, S, D,
-                                 time_ms(cudnn, args.reps, args.warmup))
-                r["fa2"] = add("fwd", "fa2_bf16", "bf16", False, causal, B, H, S, D,
-                               time_ms(fa2, args.reps, args.warmup))
+                quant_ms = rows[-1]["ms"]
+                r["cudnn"] = add("fwd", "cudnn_bf16", "bf16", False, causal, B, H, S, D, times["cudnn"])
+                r["fa2"] = add("fwd", "fa2_bf16", "bf16", False, causal, B, H, S, D, times["fa2"])
+                ratios = [c / o for c, o in zip(times["cudnn"], times["fwd_dp1"])]
                 # Sanity: ours against cuDNN on the same inputs (recipe error, not a tolerance test).
                 ours.e2e(0)
                 err = rel_l2(ours.o, cudnn(0).transpose(1, 2))
@@ -151,8 +169,9 @@ def main():
                 line = (f"D={D:3d} H={H:2d} S={S:5d} B={B:2d} causal={int(causal)}  "
                         f"ours dp {r['fwd_dp1']:6.1f}  exp2 {r['fwd_dp0']:6.1f}  e2e {r['e2e']:6.1f}  "
                         f"cudnn {r['cudnn']:6.1f}  fa2 {r['fa2']:6.1f} TF/s  x{r['fwd_dp1'] / r['cudnn']:.2f} "
-                        f"(e2e x{r['e2e'] / r['cudnn']:.2f}, dp/exp2 x{r['fwd_dp1'] / r['fwd_dp0']:.3f})  quantize {quant_ms:.3f} ms  "
-                        f"relL2 vs cudnn {err:.4f}")
+                        f"(rounds {min(ratios):.2f}..{max(ratios):.2f}; "
+                        f"e2e x{r['e2e'] / r['cudnn']:.2f}, dp/exp2 x{r['fwd_dp1'] / r['fwd_dp0']:.3f})  "
+                        f"quantize {quant_ms:.3f} ms  relL2 vs cudnn {err:.4f}")
                 print(line, flush=True)
                 log.append(line)
             del sets

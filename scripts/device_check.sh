@@ -75,8 +75,8 @@ if has_stage python; then
 fi
 
 if has_stage bench; then
-  PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_fwd.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
-    ${COMMIT:+--commit "$COMMIT"} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-stdout.log" | grep -v "^$" | tail -25
+  PYTHONUNBUFFERED=1 timeout 500 python3 bench/bench_fwd.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
+    --rounds 3 --reps 10 ${COMMIT:+--commit "$COMMIT"} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-stdout.log" | grep -v "^$" | tail -25
   summary+=("bench fwd: rc=${PIPESTATUS[0]}")
 fi
 
