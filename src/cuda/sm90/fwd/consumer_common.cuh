@@ -15,7 +15,6 @@ namespace fp4attn::sm90::fwd {
 inline constexpr int kWarpSize = 32;
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kSmemPerBlockLimit = 227 * 1024;  // sm_90 opt-in maximum per block
-inline constexpr int kSmemPerSm = 228 * 1024;          // sm_90 shared memory per SM, at the largest carveout
 inline constexpr int kRegisterFile = 64 * 1024;        // 32-bit registers per SM
 
 // Hardware named-barrier ids of the kernels (16 per CTA). Each turn barrier

@@ -73,10 +73,8 @@ struct Fp8ForwardArgs {
   PCode p_code = PCode::direct_p;
   MxScaleRule mx_scale_rule = MxScaleRule::round_up;  // PCode::mxfp4_exp2's block scale
   // Consumer warpgroups per CTA: 0 lets the launcher choose (three at D = 64
-  // where whole waves of 192-row CTAs come out faster, fp8_direct_p/consumer_count.hpp;
-  // else one, two CTAs per SM, for recipe fp8's P codes and two for FP4 P);
-  // 2, 1 for the FP8 P codes without q_fp4, or 3 at D = 64 without q_fp4
-  // force one (tests, A/B runs).
+  // where whole waves of 192-row CTAs come out faster, fp8_direct_p/consumer_count.hpp);
+  // 2, or 3 at D = 64 without q_fp4, force one (tests, A/B runs).
   int consumers = 0;
 };
 

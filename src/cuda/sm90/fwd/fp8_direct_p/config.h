@@ -16,14 +16,10 @@ namespace fp4attn::sm90::fwd {
 // a D = 64 tile has half the tensor work of D = 128 but not a shorter
 // softmax, so with two consumers the tensor core idles 64 % of the time
 // (NOTES.md, "D = 64") and a third softmax stream fills part of it.
-// One consumer (D = 128): CTAs of 64 rows, two of them resident per SM, so
-// that one CTA's start and end (≈ 7 500 cycles with the tensor core mostly
-// idle, NOTES.md "A CTA's start and end") overlap the other CTA's tiles.
 template <int HeadDim, int Consumers = 2>
 struct Fp8Config {
   static_assert(HeadDim == 64 || HeadDim == 128, "head dims 64 and 128 are implemented");
-  static_assert(Consumers == 2 || Consumers == 1 || (Consumers == 3 && HeadDim == 64),
-                "three consumers fit the registers at D = 64 only");
+  static_assert(Consumers == 2 || (Consumers == 3 && HeadDim == 64), "three consumers fit the registers at D = 64 only");
   static constexpr int kHeadDim = HeadDim;
   static constexpr int kConsumers = Consumers;
   // A consumer warpgroup owns 64 query rows (the M of every wgmma), so a
@@ -34,7 +30,6 @@ struct Fp8Config {
   static constexpr int kBlockQ = kRowsPerConsumer * kConsumers;
   static constexpr int kBlockK = 128;
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
-  static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
   // Two consumers take turns at the tensor core (ping-pong). Three issue
   // whenever they are ready: at D = 64 the tensor core is busy about 40 % of
   // the time, and a fixed order only made ready consumers wait (v13g: +1–2 %).
@@ -61,10 +56,7 @@ struct Fp8Config {
   // Stages of the K/V ring. Each tensor-core turn of a consumer reads two
   // tiles (V of tile n − 1 for PV, K of tile n for QKᵀ), so two more stages
   // keep loads landing about two tiles ahead of use.
-  // Two resident CTAs of one consumer split the shared memory: three
-  // stages each, and O staged in K's first stage (free once the last S is done).
-  static constexpr int kStages = kConsumers == 1 && HeadDim == 128 ? 3 : 4;
-  static constexpr bool kOStagedInK = kConsumers == 1;
+  static constexpr int kStages = 4;
   static constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 B
   static_assert(kQConsumerBytes % kSwizzleAlign == 0 && kKBytes % kSwizzleAlign == 0 &&
                     kVStageBytes % kSwizzleAlign == 0 && kOnesBytes == kSwizzleAlign,
@@ -94,14 +86,12 @@ struct Fp8Config {
   // 160 beside a 24-register producer; D = 64 needs 32 + 36 + 64 + 16 of them
   // at the turn, and ptxas spills 8 to 10 words of loop state (ptxas -v).
   static constexpr int kProducerRegs = 24;
-  // One consumer per CTA: two CTAs share the register file, 128 a thread at
-  // launch, 24 + 232 after setmaxnreg.
-  static constexpr int kConsumerRegs = kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   // setmaxnreg moves registers only within what the CTA got at launch: the
-  // per-thread count ptxas allocates under __launch_bounds__(kThreads,
-  // kCtasPerSm), the register file over kThreads · kCtasPerSm rounded down
-  // to 8 (168 with two consumers, 128 with three or one), for every warp.
-  static constexpr int kLaunchRegs = kRegisterFile / (kThreads * kCtasPerSm) / 8 * 8;
+  // per-thread count ptxas allocates under __launch_bounds__(kThreads, 1),
+  // the register file over kThreads rounded down to 8 (168 with two
+  // consumers, 128 with three), for every warp.
+  static constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
                 "register split exceeds the CTA's registers");
   // With MXFP4 operands in memory the whole producer warpgroup expands them
@@ -110,7 +100,7 @@ struct Fp8Config {
   // by ptxas -v).
   static constexpr int kExpandingProducerRegs = 40;
   static constexpr int kExpandingConsumerRegs = 232;
-  static_assert(kConsumers != 2 ||
+  static_assert(kConsumers == 3 ||
                     kExpandingProducerRegs + kConsumers * kExpandingConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
                 "register split exceeds the CTA's registers");
 };
@@ -156,7 +146,7 @@ struct alignas(Cfg::kSwizzleAlign) SharedStorage {
   std::uint8_t v[Cfg::kStages][Cfg::kVStageBytes];  // Vᵀ tile, then kOnesRows rows of ones
   [[no_unique_address]] std::conditional_t<kFp4In, Fp4Staging<Cfg>, NoFp4Staging> fp4;
   // The expanding kernel's FP4 staging leaves no room for it: it stores O directly.
-  [[no_unique_address]] std::conditional_t<kFp4In || Cfg::kOStagedInK, NoFp4Staging, OStaging<Cfg>> o_stage;
+  [[no_unique_address]] std::conditional_t<kFp4In, NoFp4Staging, OStaging<Cfg>> o_stage;
   std::uint64_t q_full;
   std::uint64_t kv_full[Cfg::kStages];
   std::uint64_t kv_empty[Cfg::kStages];
@@ -173,11 +163,5 @@ static_assert(smem_bytes<Fp8Config<64>, false>() <= kSmemPerBlockLimit, "D=64 sh
 static_assert(smem_bytes<Fp8Config<128>, true>() <= kSmemPerBlockLimit, "D=128 FP4 staging over budget");
 static_assert(smem_bytes<Fp8Config<64>, true>() <= kSmemPerBlockLimit, "D=64 FP4 staging over budget");
 static_assert(smem_bytes<Fp8Config<64, 3>, false>() <= kSmemPerBlockLimit, "D=64, 3 consumers: over budget");
-// Two CTAs of one consumer per SM: each also costs the 1 KB the hardware reserves per CTA.
-static_assert(2 * (smem_bytes<Fp8Config<128, 1>, false>() + 1024) <= kSmemPerSm, "D=128, 1 consumer: over budget");
-static_assert(2 * (smem_bytes<Fp8Config<64, 1>, false>() + 1024) <= kSmemPerSm, "D=64, 1 consumer: over budget");
-static_assert(sizeof(OStaging<Fp8Config<128, 1>>) == Fp8Config<128, 1>::kKBytes &&
-                  sizeof(OStaging<Fp8Config<64, 1>>) == Fp8Config<64, 1>::kKBytes,
-              "O staged in one K stage");
 
 }  // namespace fp4attn::sm90::fwd

@@ -1,8 +1,7 @@
 // FP8 attention forward with Direct-P for sm_90a (recipe fp8, DESIGN §4).
 //
-// One CTA computes 128 query rows of one (batch, query head) (64 with one
-// consumer, two CTAs per SM; 192 with three consumers, D = 64; launch.cu
-// picks):
+// One CTA computes 128 query rows of one (batch, query head) (192 with three
+// consumers, D = 64; launch.cu picks):
 //
 //   producer warpgroup (one thread issues, the rest idle at 24 registers)
 //     TMA Q[128 × D] once                                    → q_full
@@ -178,7 +177,7 @@ struct OnlineSoftmax {
 };
 
 template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In>
-__global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, Fp8Config<HeadDim, kConsumers>::kCtasPerSm)
+__global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt,
                        const __grid_constant__ CUtensorMap tm_o, bool o_by_tma) {
@@ -433,9 +432,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, Fp8C
       // 128-byte swizzle, which also spreads each warp store (8 rows, one
       // chunk each) over all banks. Rows past Sq are clipped by TMA.
       using Stage = OStaging<Cfg>;
-      std::uint8_t* stage;
-      if constexpr (Cfg::kOStagedInK) stage = smem.k[0];  // every S of this CTA is done
-      else stage = smem.o_stage.rows[consumer];
+      std::uint8_t* stage = smem.o_stage.rows[consumer];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int row = frag.row[r];

@@ -31,9 +31,6 @@ void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensor
   auto* kernel = &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In>;
   constexpr int kSmem = smem_bytes<Cfg, kFp4In>();
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
-  if constexpr (Cfg::kCtasPerSm > 1)  // room for both CTAs' shared memory
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
-               "cudaFuncSetAttribute");
   const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
   const bool o_by_tma = !kFp4In && o_rows_aligned(a);
   CUtensorMap tm_o{};
@@ -79,27 +76,10 @@ void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
   run_kernel<HeadDim, kConsumers, kPCode, false>(a, tm_q, tm_k, tm_vt, stream);
 }
 
-// Consumer warpgroups per CTA where the caller leaves the choice to the
-// launcher (a.consumers == 0). Recipe fp8's P codes take one consumer (CTAs
-// of 64 rows, two per SM) unless three pay off at D = 64: with two resident
-// CTAs one CTA's start and end overlap the other's tiles (D = 128: +3 to
-// +4.5 % at S = 1k–8k, level at 16k noncausal, +2.4 to +3.3 % causal), but
-// at D = 64 the third softmax stream of three consumers is worth more (one
-// consumer −9 to −10 % against it; perf log v17).
-// The FP4 P codes are built with two and three consumers only.
-int consumers_for(const Fp8ForwardArgs& a) {
-  if (a.consumers != 0) return a.consumers;
-  if (a.D == 64 && three_consumers(a)) return 3;
-  return a.p_code == PCode::direct_p || a.p_code == PCode::exp2_cvt ? 1 : 2;
-}
-
 template <PCode kPCode>
 void launch_for_head_dim(const Fp8ForwardArgs& a, cudaStream_t stream) {
-  const int consumers = consumers_for(a);
-  if constexpr (kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt)
-    if (consumers == 1) return a.D == 128 ? launch<128, 1, kPCode>(a, stream) : launch<64, 1, kPCode>(a, stream);
   if (a.D == 128) return launch<128, 2, kPCode>(a, stream);
-  if (consumers == 3) return launch<64, 3, kPCode>(a, stream);
+  if (a.consumers == 3 || (a.consumers == 0 && three_consumers(a))) return launch<64, 3, kPCode>(a, stream);
   launch<64, 2, kPCode>(a, stream);
 }
 
@@ -128,12 +108,10 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
     throw Error("q_scale_rows", "must be 1 (MX Q folded per row) or 128 (the fp8 recipe's token block)");
   if (a.D != 64 && a.D != 128)
     throw Error("D", "the sm90 fp8 kernel supports D = 64 and 128, got " + std::to_string(a.D));
-  if (a.consumers < 0 || a.consumers > 3)
-    throw Error("consumers", "must be 0 (the launcher chooses), 1, 2 or 3, got " + std::to_string(a.consumers));
+  if (a.consumers != 0 && a.consumers != 2 && a.consumers != 3)
+    throw Error("consumers", "must be 0 (the launcher chooses), 2 or 3, got " + std::to_string(a.consumers));
   if (a.consumers == 3 && (a.D != 64 || a.q_fp4 != nullptr))
     throw Error("consumers", "three consumer warpgroups run at D = 64 from E4M3 in memory only");
-  if (a.consumers == 1 && (a.q_fp4 != nullptr || (a.p_code != PCode::direct_p && a.p_code != PCode::exp2_cvt)))
-    throw Error("consumers", "one consumer warpgroup runs with recipe fp8's P codes only");
   const bool d128 = a.D == 128;
   if (a.q_fp4 != nullptr) {
     check_fp4_inputs(a);
