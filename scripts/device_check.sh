@@ -6,7 +6,8 @@
 #   env:   STAGES picks stages (default "tests sanitize python bench");
 #          bench-bwd, bench-quant, bench-quant-fp4, bench-mx, bench-nvfp4,
 #          bench-shapes (model-shaped problems), bench-bar (off-grid
-#          shapes for the 1.5x bar, three interleaved rounds) and accuracy-gpu
+#          shapes for the 1.5x bar, three interleaved rounds), bench-clock
+#          (sustained load: SM clock, power, TFLOP/s) and accuracy-gpu
 #          (the H200 columns of examples/accuracy; needs the python stage's
 #          package) are further stages;
 #          BENCH_ARGS adds options to bench/bench_fwd.py; COMMIT names the
@@ -88,6 +89,15 @@ if has_stage bench-bar; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_fwd_shapes.py --set bar --rounds 3 --reps 8 --lib "$BUILD/libfp4attn_capi.so" \
     --out "$OUT" ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-bar-stdout.log" | grep -v "^$" | tail -16
   summary+=("bench bar: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-clock; then
+  # Seconds of back-to-back calls per row: the SM clock and power the card
+  # settles at under sustained load (it sits at its power limit), beside cuDNN.
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/clock_under_load.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
+    --seconds 5 --cases 128:16384:0,128:4096:0,128:4096:1,64:16384:0 ${COMMIT:+--commit "$COMMIT"} 2>&1 \
+    | tee "$OUT/bench-clock-stdout.log" | grep -v "^$" | tail -12
+  summary+=("bench clock: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage bench-bwd; then
