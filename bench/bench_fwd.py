@@ -142,9 +142,9 @@ def main():
                     ours.set_direct_p(True)
                     return ms
 
-                # The quantizer alone (Q, K, V from bf16, same plans), so that e2e splits into its parts.
                 runs = {"fwd_dp1": lambda: ours_fwd(True), "fwd_dp0": lambda: ours_fwd(False),
                         "e2e": lambda: time_ms(ours.e2e, args.reps, args.warmup),
+                        # The quantizer alone (Q, K, V from bf16, same plans), so that e2e splits into its parts.
                         "quantize": lambda: time_ms(ours.quantize, args.reps, args.warmup),
                         "cudnn": lambda: time_ms(cudnn, args.reps, args.warmup),
                         "fa2": lambda: time_ms(fa2, args.reps, args.warmup)}

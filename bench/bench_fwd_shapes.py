@@ -21,8 +21,8 @@ Shape sets (--set):
   models  the model-shaped problems above
   bar     D = 128, noncausal, S >= 4k, batch / heads / lengths off the
           DESIGN §8 grid (odd lengths, few and many heads, GQA, up to 32k):
-          where issue #3's fallback bar (1.5x cuDNN BF16) is checked, with a
-          few causal and D = 64 shapes beside it
+          where the forward's 1.5x-cuDNN-BF16 bar is checked off the grid,
+          with a few causal and D = 64 shapes beside it
 """
 import argparse
 import datetime
