@@ -12,7 +12,10 @@ them (use a multiple of the number of builds as --rounds). A figure is the TFLOP
 the median round, `spread` is (max − min) / median over the rounds, and
 `paired_vs_first` the median over rounds of each build's speed relative to the
 first build's in the same round (the comparison that drift disturbs least). Inputs are
-random, two sets rotated. Writes OUT/ab.json and prints one line per case.
+random, two sets rotated. With --seconds N each build and cuDNN run back to back for N
+seconds instead (clock_under_load.sampled): the card reaches its power limit, and the
+rows also carry each one's median SM clock. Writes OUT/ab.json and prints one line
+per case.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch.nn.attention import SDPBackend
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_fwd import Ours, flops, sdpa  # noqa: E402
 from capi_lib import load_lib, time_ms  # noqa: E402
+from clock_under_load import sampled  # noqa: E402
 
 CASES = [(128, 4096, False), (128, 16384, False), (128, 16384, True), (64, 16384, False)]
 
@@ -42,6 +46,10 @@ def main() -> None:
     ap.add_argument("--settle", type=int, default=20,
                     help="untimed calls of the round's first build at the start of each round: after cuDNN's calls the "
                          "clock needs them, or the build timed first in a round runs a few per cent slow")
+    ap.add_argument("--seconds", type=float, default=0.0,
+                    help="sustained mode: time each build and cuDNN by back-to-back calls for this many seconds "
+                         "while nvidia-smi samples the SM clock (the card sits at its power limit); 0: bursts of "
+                         "10 calls")
     ap.add_argument("--cases", default=None,
                     help="D:S:causal triples, comma-separated (e.g. 128:4096:0,64:16384:1); default: CASES")
     args = ap.parse_args()
@@ -63,13 +71,22 @@ def main() -> None:
             o.set_direct_p(True)
         cudnn = sdpa(SDPBackend.CUDNN_ATTENTION, sets, causal)
         times = {n: [] for n in names + ["cudnn"]}
+        clocks = {n: [] for n in names + ["cudnn"]}
+
+        def timed(name, fn):
+            if args.seconds <= 0:
+                return time_ms(fn, 10, 2)
+            ms, samples = sampled(fn, args.seconds)
+            clocks[name].append(statistics.median(s["sm_mhz"] for s in samples) if samples else float("nan"))
+            return ms
+
         for r in range(args.rounds):
             order = [(r + i) % len(names) for i in range(len(names))]
             for _ in range(args.settle):
                 ours[order[0]].attend(0)
             for i in order:
-                times[names[i]].append(time_ms(ours[i].attend, 10, 2))
-            times["cudnn"].append(time_ms(cudnn, 10, 2))
+                times[names[i]].append(timed(names[i], ours[i].attend))
+            times["cudnn"].append(timed("cudnn", cudnn))
         f = flops(B, H, S, D, causal)
         row = {k: f / (statistics.median(v) * 1e-3) / 1e12 for k, v in times.items()}
         # Paired: each build's speed over the first build's in the same round,
@@ -77,6 +94,8 @@ def main() -> None:
         paired = {n: statistics.median(t0 / t for t0, t in zip(times[names[0]], times[n])) for n in names[1:]}
         row.update(D=D, S=S, causal=causal, paired_vs_first=paired,
                    spread={k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()})
+        if args.seconds > 0:
+            row["sm_mhz_median"] = {k: statistics.median(v) for k, v in clocks.items()}
         rows.append(row)
         print(f"D={D} S={S} causal={int(causal)}  " + "  ".join(f"{k} {row[k]:.1f}" for k in times) + "  | " +
               "  ".join(f"{k}/cudnn {row[k] / row['cudnn']:.3f}" for k in names) + "  | paired " +
