@@ -15,7 +15,11 @@ Timing as bench_fwd.py: CUDA events, warm-up, median of --reps; two input
 sets alternated where one set fits in the 60 MB L2. With --rounds N every
 implementation is timed once per round, in turn, so that a drift of the
 clock reaches all of them alike; a row's `ms` is the median over the rounds
-and `ms_rounds` keeps each round's figure.
+and `ms_rounds` keeps each round's figure. With --seconds N every
+implementation instead runs back to back for N seconds (after the warm-up)
+while nvidia-smi samples the SM clock and power (clock_under_load.sampled):
+the card reaches its 700 W limit, and each row also carries the median clock
+and power of its run.
 
 Shape sets (--set):
   models  the model-shaped problems above
@@ -36,6 +40,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench_fwd import Ours, flops, rel_l2
 from capi_lib import load_lib, time_ms
+from clock_under_load import sampled
 
 # (name, B, Hq, Hkv, S, D, causal)
 SHAPES = [
@@ -97,6 +102,9 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=1, help="time every implementation once per round, in turn")
+    ap.add_argument("--seconds", type=float, default=0.0,
+                    help="sustained mode: back-to-back calls for this many seconds per implementation and round, "
+                         "with the SM clock and power sampled; 0: --reps timed calls")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
     ap.add_argument("--only", default="", help="comma-separated substrings: run the shapes whose name holds one")
@@ -123,9 +131,19 @@ def main():
         runs = {"fwd": ours.attend, "fwd_e2e": ours.e2e, "quantize": ours.quantize, "cudnn_bf16": cudnn,
                 "fa2_bf16": fa2}
         times = {k: [] for k in runs}
+        clocks = {k: [] for k in runs}
         for _ in range(args.rounds):
             for k, fn in runs.items():
-                times[k].append(time_ms(fn, args.reps, args.warmup))
+                if args.seconds <= 0:
+                    times[k].append(time_ms(fn, args.reps, args.warmup))
+                    continue
+                for i in range(args.warmup):
+                    fn(i)
+                ms, samples = sampled(fn, args.seconds)
+                times[k].append(ms)
+                if samples:
+                    clocks[k].append((statistics.median(x["sm_mhz"] for x in samples),
+                                      statistics.median(x["watts"] for x in samples)))
         med = {k: statistics.median(v) for k, v in times.items()}
         base = dict(causal=causal, B=B, H=Hq, Hkv=Hkv, Sq=S, Sk=S, D=D, shape=name)
 
@@ -134,6 +152,9 @@ def main():
             rows.append(dict(op=op, impl=impl, recipe=recipe, ms=round(ms, 4),
                              tflops=None if op == "quantize" else round(tf(ms), 1),
                              ms_rounds=[round(t, 4) for t in times[key]], **extra, **base))
+            if clocks[key]:
+                rows[-1].update(sm_mhz=statistics.median(c[0] for c in clocks[key]),
+                                watts=statistics.median(c[1] for c in clocks[key]))
 
         row("fwd", "fp4attn", "fp8", "fwd", direct_p=True)
         row("fwd_e2e", "fp4attn", "fp8", "fwd_e2e", direct_p=True)
@@ -150,6 +171,8 @@ def main():
                 f"fa2 {tf(med['fa2_bf16']):6.1f} TF/s  x{med['cudnn_bf16'] / med['fwd']:.2f} cudnn "
                 f"(rounds {min(ratios):.2f}..{max(ratios):.2f}; e2e x{med['cudnn_bf16'] / med['fwd_e2e']:.2f})  "
                 f"quantize {med['quantize']:.3f} ms  relL2 {err:.4f}")
+        if clocks["fwd"] and clocks["cudnn_bf16"]:
+            line += f"  MHz fp8 {clocks['fwd'][0][0]:.0f} cudnn {clocks['cudnn_bf16'][0][0]:.0f}"
         print(line, flush=True)
         log.append(line)
         ours.close()
@@ -162,6 +185,8 @@ def main():
                        "ms_rounds each round's median of --reps; rows with gqa='repeat' ran the baseline on K "
                        "and V repeated to Hq heads (the backend refused enable_gqa).", rows=rows)
     stem = "bench-fwd-shapes" if args.set == "models" else f"bench-fwd-shapes-{args.set}"
+    if args.seconds > 0:
+        stem += "-sustained"
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(args.out, stem + ".log"), "w") as f:

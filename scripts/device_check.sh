@@ -7,7 +7,8 @@
 #          bench-bwd, bench-quant, bench-quant-fp4, bench-mx, bench-nvfp4,
 #          bench-shapes (model-shaped problems), bench-bar (off-grid
 #          shapes for the 1.5x bar, three interleaved rounds), bench-clock
-#          (sustained load: SM clock, power, TFLOP/s) and accuracy-gpu
+#          (sustained load: SM clock, power, TFLOP/s), bench-sustained (the
+#          bar and model shapes, 3 s of back-to-back calls each) and accuracy-gpu
 #          (the H200 columns of examples/accuracy; needs the python stage's
 #          package) are further stages;
 #          BENCH_ARGS adds options to bench/bench_fwd.py; COMMIT names the
@@ -98,6 +99,16 @@ if has_stage bench-clock; then
     --seconds 5 --cases 128:16384:0,128:4096:0,128:4096:1,64:16384:0 ${COMMIT:+--commit "$COMMIT"} 2>&1 \
     | tee "$OUT/bench-clock-stdout.log" | grep -v "^$" | tail -12
   summary+=("bench clock: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-sustained; then
+  # The off-grid shapes with each implementation at the card's power limit.
+  for set in bar models; do
+    PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_fwd_shapes.py --set "$set" --seconds 3 \
+      --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" ${COMMIT:+--commit "$COMMIT"} 2>&1 \
+      | tee "$OUT/bench-sustained-$set-stdout.log" | grep -v "^$" | tail -16
+    summary+=("bench sustained $set: rc=${PIPESTATUS[0]}")
+  done
 fi
 
 if has_stage bench-bwd; then
