@@ -220,8 +220,10 @@ INSTANTIATE_TEST_SUITE_P(
 // are negated. So the first half of the queries scores positive against the
 // first half of the keys and negative against the rest, and the second half
 // the other way round. Whole tiles of a row, and so every thread's share of
-// it, are then negative: row_max's float path, beside its integer one and
-// beside masked keys (−inf).
+// it, then score negative, which random inputs almost never do; the running
+// max must then come from negative tile maxima and, with causal masks, sit
+// beside masked keys (−inf). smooth_k (the second case) shifts K and blurs
+// the signs; the others keep them exact.
 TEST(GpuForwardFp8, ScoresOfEitherSignMatchEmulator) {
   FP4ATTN_REQUIRE_HOPPER();
   for (const Case& c : {Case{{1, 2, 2, 384, 640, 128}, MaskKind::none, true, false},
