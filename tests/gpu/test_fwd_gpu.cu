@@ -162,15 +162,28 @@ TEST(GpuForwardFp8, KnownAnswerZeroScoresUnitValues) {
 
 class GpuForwardGrid : public ::testing::TestWithParam<Case> {};
 
-// Random inputs of the case, the kernel (O stored with o_skew, see run_gpu)
-// against the emulator.
-void expect_case_matches_emulator(const Case& c, std::int64_t o_skew = 0) {
+// Every element of Q and K made positive, then query rows in the first half
+// of the sequence and keys in the second half negated: the first half of
+// the queries scores positive against the first half of the keys and
+// negative against the rest, the second half the other way round.
+void set_score_signs(const AttentionShape& s, std::vector<float>& q, std::vector<float>& k) {
+  // (B, S, H, D): the token of element i is i / (H·D) % S.
+  for (std::size_t i = 0; i < q.size(); ++i)
+    q[i] = (static_cast<std::int64_t>(i) / (s.Hq * s.D) % s.Sq < s.Sq / 2 ? 1.0f : -1.0f) * std::fabs(q[i]);
+  for (std::size_t i = 0; i < k.size(); ++i)
+    k[i] = (static_cast<std::int64_t>(i) / (s.Hkv * s.D) % s.Sk < s.Sk / 2 ? 1.0f : -1.0f) * std::fabs(k[i]);
+}
+
+// Random inputs of the case (with signed_scores, set_score_signs on Q and
+// K), the kernel (O stored with o_skew, see run_gpu) against the emulator.
+void expect_case_matches_emulator(const Case& c, std::int64_t o_skew = 0, bool signed_scores = false) {
   const std::uint32_t seed = gpu_test::fresh_seed();
   std::mt19937 rng(seed);
   const AttentionShape& s = c.shape;
-  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng, c.outlier);
-  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng, c.outlier);
+  auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng, c.outlier);
+  auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng, c.outlier);
   const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+  if (signed_scores) set_score_signs(s, q, k);
   AttentionOptions opt;
   opt.mask = c.mask;
   opt.direct_p = c.direct_p;
@@ -215,39 +228,18 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 1, 500, 100, 64}, MaskKind::causal, false, true, 1.0f, 3}),  // first CTA: no visible key
     case_name);
 
-// Scores of a set sign: every element of Q and K is made positive, then
-// query rows in the first half of the sequence and keys in the second half
-// are negated. So the first half of the queries scores positive against the
-// first half of the keys and negative against the rest, and the second half
-// the other way round. Whole tiles of a row, and so every thread's share of
-// it, then score negative, which random inputs almost never do; the running
-// max must then come from negative tile maxima and, with causal masks, sit
-// beside masked keys (−inf). smooth_k (the second case) shifts K and blurs
-// the signs; the others keep them exact.
+// Scores of a set sign (set_score_signs): whole tiles of a row, and so
+// every thread's share of it, then score negative, which random inputs
+// almost never do; the running max must then come from negative tile maxima
+// and, with causal masks, sit beside masked keys (−inf). smooth_k (the
+// second case) shifts K and blurs the signs; the others keep them exact.
 TEST(GpuForwardFp8, ScoresOfEitherSignMatchEmulator) {
   FP4ATTN_REQUIRE_HOPPER();
   for (const Case& c : {Case{{1, 2, 2, 384, 640, 128}, MaskKind::none, true, false},
                         Case{{1, 2, 1, 384, 640, 128}, MaskKind::causal, true, true},
                         Case{{1, 2, 2, 384, 640, 64}, MaskKind::causal, false, false},
-                        Case{{1, 2, 2, 450, 700, 64}, MaskKind::none, true, false, 1.0f, 3}}) {
-    const std::uint32_t seed = gpu_test::fresh_seed();
-    std::mt19937 rng(seed);
-    const AttentionShape& s = c.shape;
-    auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng, c.outlier);
-    auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng, c.outlier);
-    const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
-    // (B, S, H, D): the token of element i is i / (H·D) % S.
-    for (std::size_t i = 0; i < q.size(); ++i)
-      q[i] = (static_cast<std::int64_t>(i) / (s.Hq * s.D) % s.Sq < s.Sq / 2 ? 1.0f : -1.0f) * std::fabs(q[i]);
-    for (std::size_t i = 0; i < k.size(); ++i)
-      k[i] = (static_cast<std::int64_t>(i) / (s.Hkv * s.D) % s.Sk < s.Sk / 2 ? 1.0f : -1.0f) * std::fabs(k[i]);
-    AttentionOptions opt;
-    opt.mask = c.mask;
-    opt.direct_p = c.direct_p;
-    opt.smooth_k = c.smooth_k;
-    const GpuResult got = run_gpu(c, q, k, v);
-    check_against_emulator(c, got, emulator::forward(s, q, k, v, opt), "signed scores " + describe(c, seed));
-  }
+                        Case{{1, 2, 2, 450, 700, 64}, MaskKind::none, true, false, 1.0f, 3}})
+    expect_case_matches_emulator(c, /*o_skew=*/0, /*signed_scores=*/true);
 }
 
 // O whose rows do not start on 16-byte boundaries cannot be stored by TMA:
