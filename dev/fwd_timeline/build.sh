@@ -3,8 +3,8 @@
 # Links BUILD/fwd_timeline/libfp4attn_capi.so: the benchmark C API of a built
 # project folder with the FP8 forward's launcher and kernels recompiled with
 # FP4ATTN_FWD_TIMELINE (src/cuda/sm90/fwd/fp8_direct_p/timeline.cuh). The
-# recompiled object comes first on the link line, so the archive's own copy
-# of that translation unit is never pulled in.
+# recompiled objects come first on the link line, so the archive's own copies
+# of those translation units are never pulled in.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "${1:-$ROOT/build}" && pwd)
@@ -13,10 +13,28 @@ mkdir -p "$BUILD/fwd_timeline"
 cd "$BUILD"
 test -f CMakeFiles/fp4attn_capi.dir/link.txt || { echo "build the project (target fp4attn_capi) in $BUILD first" >&2; exit 1; }
 cmake --build . --target fp4attn_capi -j2 >/dev/null
-nvcc --options-file CMakeFiles/fp4attn_cuda.dir/includes_CUDA.rsp -O3 -DNDEBUG \
-  --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -Xcompiler=-fPIC --expt-relaxed-constexpr -std=c++20 \
-  -DFP4ATTN_FWD_TIMELINE -x cu -c "$ROOT/src/cuda/sm90/fwd/fp8_direct_p/launch.cu" -o fwd_timeline/launch.o
-g++ -fPIC -shared -o fwd_timeline/libfp4attn_capi.so fwd_timeline/launch.o @CMakeFiles/fp4attn_capi.dir/objects1 \
+# The forward's three translation units (the entry and one per head
+# dimension), each with its own compile command from the build, so that the
+# per-file ptxas options of CMakeLists.txt stay as they are.
+objs=()
+for tu in launch launch_d64 launch_d128; do
+  cmd=$(python3 - "$ROOT/src/cuda/sm90/fwd/fp8_direct_p/$tu.cu" <<'PY'
+import json, shlex, sys
+for entry in json.load(open("compile_commands.json")):
+    if entry["file"] == sys.argv[1]:
+        args = shlex.split(entry["command"])
+        out = args.index("-o")
+        del args[out:out + 2]
+        print(shlex.join(args))
+        break
+else:
+    sys.exit(f"{sys.argv[1]} is not in compile_commands.json")
+PY
+)
+  eval "$cmd -DFP4ATTN_FWD_TIMELINE -o fwd_timeline/$tu.o"
+  objs+=("fwd_timeline/$tu.o")
+done
+g++ -fPIC -shared -o fwd_timeline/libfp4attn_capi.so "${objs[@]}" @CMakeFiles/fp4attn_capi.dir/objects1 \
   @CMakeFiles/fp4attn_capi.dir/linkLibs.rsp -L/usr/local/cuda/targets/x86_64-linux/lib/stubs \
   -L/usr/local/cuda/targets/x86_64-linux/lib
 echo "$BUILD/fwd_timeline/libfp4attn_capi.so"

@@ -41,7 +41,8 @@ def main() -> None:
     args = ap.parse_args()
     lib, ll3 = load_lib(args.lib)
     raw = ctypes.CDLL(args.lib)
-    raw.fp4attn_fwd_timeline_read.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
+    raw.fp4attn_fwd_timeline_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulonglong]
+    raw.fp4attn_fwd_timeline_clear.argtypes = [ctypes.c_int]
     rows = []
     for D, S, causal in CASES:
         H = 16 if D == 128 else 32
@@ -53,12 +54,12 @@ def main() -> None:
         for _ in range(5):
             ours.attend(0)
         torch.cuda.synchronize()
-        assert raw.fp4attn_fwd_timeline_clear() == 0
+        assert raw.fp4attn_fwd_timeline_clear(D) == 0
         torch.cuda.synchronize()
         ours.attend(0)
         torch.cuda.synchronize()
         buf = np.zeros((CTAS, len(MARKS)), dtype=np.uint64)
-        assert raw.fp4attn_fwd_timeline_read(buf.ctypes.data, buf.nbytes) == 0
+        assert raw.fp4attn_fwd_timeline_read(D, buf.ctypes.data, buf.nbytes) == 0
         ours.close()
         m = {name: i for i, name in enumerate(MARKS)}
         t = buf[(buf[:, m["entry_ns"]] != 0) & (buf[:, m["other_end_ns"]] != 0)].astype(np.int64)

@@ -1,7 +1,7 @@
 // FP8 attention forward with Direct-P for sm_90a (recipe fp8, DESIGN §4).
 //
 // One CTA computes 128 query rows of one (batch, query head) (192 with three
-// consumers, D = 64; launch.cu picks):
+// consumers, D = 64; launch_head_dim.cuh picks):
 //
 //   producer warpgroup (one thread issues, the rest idle at 24 registers)
 //     TMA Q[128 × D] once                                    → q_full

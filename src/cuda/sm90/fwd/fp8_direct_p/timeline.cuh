@@ -32,7 +32,9 @@ inline constexpr int kCtas = 8192;  // CTAs past this many are not recorded
 inline constexpr unsigned kProducer = 0, kConsumer = 128, kOther = 256;
 
 #ifdef FP4ATTN_FWD_TIMELINE
-__device__ unsigned long long marks[kCtas][kMarks];
+// One copy per translation unit that launches the kernel (launch_d64.cu,
+// launch_d128.cu), each read through its own accessor.
+static __device__ unsigned long long marks[kCtas][kMarks];
 #endif
 
 __device__ __forceinline__ void mark([[maybe_unused]] unsigned thread, [[maybe_unused]] Mark m) {

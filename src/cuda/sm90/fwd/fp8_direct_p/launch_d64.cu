@@ -1,0 +1,12 @@
+// The FP8 forward's kernels and launcher at D = 64 (launch_head_dim.hpp).
+#include "cuda/sm90/fwd/fp8_direct_p/launch_head_dim.cuh"
+
+namespace fp4attn::sm90::fwd {
+
+template void forward_fp8_head_dim<64>(const Fp8ForwardArgs&, cudaStream_t);
+#ifdef FP4ATTN_FWD_TIMELINE
+template cudaError_t timeline_read<64>(void*, unsigned long long);
+template cudaError_t timeline_clear<64>();
+#endif
+
+}  // namespace fp4attn::sm90::fwd

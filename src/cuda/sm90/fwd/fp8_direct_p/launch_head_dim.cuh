@@ -1,0 +1,130 @@
+// Host side of the FP8 forward's launch for one head dimension: tensor maps,
+// grid and shared memory (launch_head_dim.hpp). Included by launch_d64.cu and
+// launch_d128.cu only. Arguments were checked by forward_fp8 (launch.cu).
+#pragma once
+
+#include <string>
+
+#include "cuda/common/device_info.hpp"
+#include "cuda/sm90/fwd/fp8_direct_p/consumer_count.hpp"
+#include "cuda/sm90/fwd/fp8_direct_p/kernel.cuh"
+#include "cuda/sm90/fwd/fp8_direct_p/launch_head_dim.hpp"
+#include "cuda/sm90/tensor_map.hpp"
+#include "fp4attn/error.hpp"
+
+namespace fp4attn::sm90::fwd::fp8_launch {
+
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+inline std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
+
+// O is stored by TMA (kernel.cuh) where its rows start on 16-byte boundaries,
+// as TMA requires; otherwise by the threads, 4 bytes at a time.
+inline bool o_rows_aligned(const Fp8ForwardArgs& a) {
+  const std::uint64_t bits = reinterpret_cast<std::uintptr_t>(a.o) | u64(a.o_stride_b * 2) | u64(a.o_stride_s * 2) |
+                             u64(a.o_stride_h * 2);
+  return bits % 16 == 0;
+}
+
+template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In>
+void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_vt,
+                cudaStream_t stream) {
+  using Cfg = Fp8Config<HeadDim, kConsumers>;
+  auto* kernel = &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In>;
+  constexpr int kSmem = smem_bytes<Cfg, kFp4In>();
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
+  const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
+  const bool o_by_tma = !kFp4In && o_rows_aligned(a);
+  CUtensorMap tm_o{};
+  if (o_by_tma)
+    tm_o = make_byte_tensor_map(a.o, {u64(HeadDim * 2), u64(a.Sq), u64(a.Hq), u64(a.B)},
+                                {u64(a.o_stride_s * 2), u64(a.o_stride_h * 2), u64(a.o_stride_b * 2)},
+                                {OStaging<Cfg>::kBoxRowBytes, Cfg::kRowsPerConsumer, 1, 1}, TmaSwizzle::b128, "o");
+  kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(a, tm_q, tm_k, tm_vt, tm_o, o_by_tma);
+  check_cuda(cudaGetLastError(), "fp8_forward_kernel launch");
+}
+
+inline bool three_consumers(const Fp8ForwardArgs& a) {
+  return three_consumers_pay_off(a.B, a.Hq, a.Sq, a.mask != MaskKind::none, cuda_common::sm_count());
+}
+
+template <int HeadDim, int kConsumers, PCode kPCode>
+void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
+  using Cfg = Fp8Config<HeadDim, kConsumers>;
+  constexpr TmaSwizzle kQk = HeadDim == 128 ? TmaSwizzle::b128 : TmaSwizzle::b64;
+  const CUtensorMap tm_q = make_byte_tensor_map(
+      a.q, {u64(HeadDim), u64(a.Sq), u64(a.Hq), u64(a.B)}, {u64(a.q_stride_s), u64(a.q_stride_h), u64(a.q_stride_b)},
+      {HeadDim, Cfg::kBlockQ, 1, 1}, kQk, "q");
+  const CUtensorMap tm_k = make_byte_tensor_map(
+      a.k, {u64(HeadDim), u64(a.Sk), u64(a.Hkv), u64(a.B)}, {u64(a.k_stride_s), u64(a.k_stride_h), u64(a.k_stride_b)},
+      {HeadDim, Cfg::kBlockK, 1, 1}, kQk, "k");
+  const std::int64_t vt_row = a.vt_keys;
+  const CUtensorMap tm_vt = make_byte_tensor_map(
+      a.vt, {u64(a.vt_keys), u64(HeadDim), u64(a.Hkv), u64(a.B)},
+      {u64(vt_row), u64(vt_row * HeadDim), u64(vt_row * HeadDim * a.Hkv)}, {Cfg::kBlockK, HeadDim, 1, 1},
+      TmaSwizzle::b128, "vt");
+  run_kernel<HeadDim, kConsumers, kPCode, false>(a, tm_q, tm_k, tm_vt, stream);
+}
+
+// MXFP4 in memory: Q and K come by plain bulk copies (their maps are unused);
+// Vᵀ's codes by a dense TMA box of the tile's 128 keys (64 bytes) × D rows.
+template <int HeadDim, PCode kPCode>
+void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
+  using Cfg = Fp8Config<HeadDim, 2>;
+  const std::int64_t row = a.v_fp4_tokens / 2;
+  const CUtensorMap tm_vt = make_byte_tensor_map(a.vt_fp4, {u64(row), u64(HeadDim), u64(a.Hkv), u64(a.B)},
+                                                 {u64(row), u64(row * HeadDim), u64(row * HeadDim * a.Hkv)},
+                                                 {Cfg::kBlockK / 2, HeadDim, 1, 1}, TmaSwizzle::none, "vt_fp4");
+  run_kernel<HeadDim, 2, kPCode, true>(a, CUtensorMap{}, CUtensorMap{}, tm_vt, stream);
+}
+
+// E4M3 Q, K and Vᵀ in memory; at D = 64 with two or three consumers.
+template <int HeadDim, PCode kPCode>
+void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
+  if constexpr (HeadDim == 64)
+    if (a.consumers == 3 || (a.consumers == 0 && three_consumers(a))) return launch<64, 3, kPCode>(a, stream);
+  launch<HeadDim, 2, kPCode>(a, stream);
+}
+
+// Every kernel of one head dimension: MXFP4 operands (recipe mxfp4 expanded
+// in the kernel) or E4M3 ones, by the P code.
+template <int HeadDim>
+void launch_head_dim(const Fp8ForwardArgs& a, cudaStream_t stream) {
+  if (a.q_fp4 != nullptr) {
+    if (a.p_code == PCode::mxfp4_direct_p) return launch_fp4<HeadDim, PCode::mxfp4_direct_p>(a, stream);
+    return launch_fp4<HeadDim, PCode::mxfp4_exp2>(a, stream);
+  }
+  switch (a.p_code) {
+    case PCode::direct_p: return launch_e4m3_inputs<HeadDim, PCode::direct_p>(a, stream);
+    case PCode::exp2_cvt: return launch_e4m3_inputs<HeadDim, PCode::exp2_cvt>(a, stream);
+    case PCode::mxfp4_direct_p: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_direct_p>(a, stream);
+    case PCode::mxfp4_exp2: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_exp2>(a, stream);
+  }
+  throw Error("p_code", "unknown P code");
+}
+
+}  // namespace fp4attn::sm90::fwd::fp8_launch
+
+namespace fp4attn::sm90::fwd {
+
+template <int HeadDim>
+void forward_fp8_head_dim(const Fp8ForwardArgs& args, cudaStream_t stream) {
+  fp8_launch::launch_head_dim<HeadDim>(args, stream);
+}
+
+#ifdef FP4ATTN_FWD_TIMELINE
+template <int HeadDim>
+cudaError_t timeline_read(void* dst, unsigned long long bytes) {
+  return cudaMemcpyFromSymbol(dst, timeline::marks, bytes);
+}
+template <int HeadDim>
+cudaError_t timeline_clear() {
+  void* at = nullptr;
+  if (const cudaError_t err = cudaGetSymbolAddress(&at, timeline::marks); err != cudaSuccess) return err;
+  return cudaMemset(at, 0, sizeof(timeline::marks));
+}
+#endif
+
+}  // namespace fp4attn::sm90::fwd
