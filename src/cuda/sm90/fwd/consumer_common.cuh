@@ -51,6 +51,15 @@ struct Fragment {
   }
 };
 
+// threadIdx.x read anew: a volatile read is not merged with earlier ones, so
+// what derives from it is rebuilt where it is needed instead of being held
+// in registers through the tile loop.
+FP4ATTN_DEVICE_INLINE int thread_index_reread() {
+  int t;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+  return t;
+}
+
 // S = −inf where key ≥ Sk or, causally, key > row + diagonal.
 template <int N>
 FP4ATTN_DEVICE_INLINE void mask_scores(float (&s)[N], const Fragment& f, int first_key, const int (&row_abs)[2], int Sk,

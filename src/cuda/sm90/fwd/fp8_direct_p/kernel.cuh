@@ -289,13 +289,32 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
   const bool mx_round_up = args.mx_scale_rule == MxScaleRule::round_up;
 
+  // Runs `use(frag, row_abs)`. Three consumers run at 160 registers, and
+  // their tile loop spills: for them the fragment and its rows are rebuilt
+  // from a fresh read of threadIdx where the mask and the epilogue need them,
+  // which keeps them out of the loop's registers (two fewer local-memory
+  // accesses per tile, +1 %). With two consumers (240 registers) rebuilding
+  // measured −2 to −3 % (docs/perf-log.md v22); they use the prologue's.
+  auto with_fragment = [&](auto&& use) {
+    if constexpr (kConsumers == 3) {
+      const Fragment f(thread_index_reread() % kWarpgroupThreads);
+      const int rows[2] = {first_row + f.row[0], first_row + f.row[1]};
+      use(f, rows);
+    } else {
+      use(frag, row_abs);
+    }
+  };
+
   // Only partial tiles and tiles that cross this consumer's causal diagonal
   // need the mask; the others are visible in full.
   auto mask_tile = [&](float (&s)[Cfg::kSRegs], int n) {
     const int first_key = n * Cfg::kBlockK;
     const bool partial = first_key + Cfg::kBlockK > args.Sk;
     const bool on_diagonal = causal && first_key + Cfg::kBlockK - 1 > first_row + diagonal;
-    if (partial || on_diagonal) mask_scores(s, frag, first_key, row_abs, args.Sk, causal, diagonal);
+    if (partial || on_diagonal)
+      with_fragment([&](const Fragment& f, const int (&rows)[2]) {
+        mask_scores(s, f, first_key, rows, args.Sk, causal, diagonal);
+      });
   };
 
   float o[Cfg::kORegs];
@@ -306,20 +325,28 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   // What the epilogue reads from global memory, loaded before the last PV so
   // that the loads' latency hides behind it (ncu of v8b: the LSE and the
   // non-finite check waited for these loads at the end of every CTA).
-  const float* v_scale = args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * HeadDim;
+  // V's channel factors of this head; with three consumers found only when
+  // loaded, so that the pointer is not held through the loop either.
+  auto v_scale_of_head = [&] {
+    return args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * HeadDim;
+  };
+  const float* v_scale_early = kConsumers == 3 ? nullptr : v_scale_of_head();
   float2 vs[HeadDim / 8];  // this thread's columns 8j + col, + 1
   float lse_shift[2] = {0.0f, 0.0f};
   bool poisoned = false;
   auto load_epilogue_inputs = [&] {
+    with_fragment([&](const Fragment& frag, const int (&row_abs)[2]) {
+      const float* v_scale = kConsumers == 3 ? v_scale_of_head() : v_scale_early;
 #pragma unroll
-    for (int j = 0; j < HeadDim / 8; ++j) vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + frag.col);
-    // Non-finite input (flagged by the quantizer, which ran earlier on the
-    // stream) turns every output into NaN rather than numbers made from it.
-    poisoned = args.nonfinite != nullptr && (args.nonfinite[0] | args.nonfinite[1] | args.nonfinite[2]) != 0;
+      for (int j = 0; j < HeadDim / 8; ++j) vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + frag.col);
+      // Non-finite input (flagged by the quantizer, which ran earlier on the
+      // stream) turns every output into NaN rather than numbers made from it.
+      poisoned = args.nonfinite != nullptr && (args.nonfinite[0] | args.nonfinite[1] | args.nonfinite[2]) != 0;
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      if (args.lse_shift != nullptr && frag.col == 0 && row_abs[r] < args.Sq)
-        lse_shift[r] = args.lse_shift[(static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r]];
+      for (int r = 0; r < 2; ++r)
+        if (args.lse_shift != nullptr && frag.col == 0 && row_abs[r] < args.Sq)
+          lse_shift[r] = args.lse_shift[(static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r]];
+    });
   };
 
   if (k_tiles > 0) {
@@ -412,69 +439,73 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   }
 
   // ---- epilogue: O = O·v_scale / l in bf16; LSE in natural log
-  float row_sum[2], inv_sum[2];
-  bool empty[2];  // fully masked row: O = 0, LSE = −inf
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] = poisoned ? __int_as_float(0x7FC00000) : softmax.l[r];
-    empty[r] = row_sum[r] == 0.0f;
-    inv_sum[r] = empty[r] ? 0.0f : 1.0f / row_sum[r];
-  }
-  // 1/l first, then V's channel factor: the emulator's order, so O rounds
-  // the same also when v_scale is not a power of two.
-  auto o_pair = [&](int j, int r) {
-    return __floats2bfloat162_rn(o[4 * j + 2 * r] * inv_sum[r] * vs[j].x, o[4 * j + 2 * r + 1] * inv_sum[r] * vs[j].y);
-  };
-  bool stored = false;
-  if constexpr (!kFp4In) {
-    if (o_by_tma) {
-      // Row ρ's 16-byte chunk c of a box sits at chunk c ^ (ρ mod 8): the
-      // 128-byte swizzle, which also spreads each warp store (8 rows, one
-      // chunk each) over all banks. Rows past Sq are clipped by TMA.
-      using Stage = OStaging<Cfg>;
-      std::uint8_t* stage = smem.o_stage.rows[consumer];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = frag.row[r];
-#pragma unroll
-        for (int j = 0; j < HeadDim / 8; ++j)
-          *reinterpret_cast<__nv_bfloat162*>(stage + (j / 8) * Stage::kBoxBytes + row * Stage::kBoxRowBytes +
-                                             16 * ((j % 8) ^ (row & 7)) + 2 * frag.col) = o_pair(j, r);
-      }
-      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-      named_barrier_sync(kBarrierOStaged + consumer, kWarpgroupThreads);
-      if (threadIdx.x % kWarpgroupThreads == 0) {
-#pragma unroll
-        for (int box = 0; box < Stage::kBoxes; ++box) {
-          const std::int32_t coord[4] = {box * Stage::kBoxRowBytes, first_row, head, batch};
-          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &tm_o, coord,
-                                          stage + box * Stage::kBoxBytes);
-        }
-        cuda::ptx::cp_async_bulk_commit_group();
-        // Shared memory must outlive the copies' reads; their writes finish on their own.
-        cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-      }
-      stored = true;
-    }
-  }
-  if (!stored) {
-    auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
+  with_fragment([&](const Fragment& frag, const int (&row_abs)[2]) {
+    float row_sum[2], inv_sum[2];
+    bool empty[2];  // fully masked row: O = 0, LSE = −inf
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (row_abs[r] >= args.Sq) continue;
-      __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
-#pragma unroll
-      for (int j = 0; j < HeadDim / 8; ++j)
-        *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
+      row_sum[r] = poisoned ? __int_as_float(0x7FC00000) : softmax.l[r];
+      empty[r] = row_sum[r] == 0.0f;
+      inv_sum[r] = empty[r] ? 0.0f : 1.0f / row_sum[r];
     }
-  }
+    // 1/l first, then V's channel factor: the emulator's order, so O rounds
+    // the same also when v_scale is not a power of two.
+    auto o_pair = [&](int j, int r) {
+      return __floats2bfloat162_rn(o[4 * j + 2 * r] * inv_sum[r] * vs[j].x,
+                                   o[4 * j + 2 * r + 1] * inv_sum[r] * vs[j].y);
+    };
+    bool stored = false;
+    if constexpr (!kFp4In) {
+      if (o_by_tma) {
+        // Row ρ's 16-byte chunk c of a box sits at chunk c ^ (ρ mod 8): the
+        // 128-byte swizzle, which also spreads each warp store (8 rows, one
+        // chunk each) over all banks. Rows past Sq are clipped by TMA.
+        using Stage = OStaging<Cfg>;
+        std::uint8_t* stage = smem.o_stage.rows[consumer];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (frag.col == 0 && row_abs[r] < args.Sq) {
-      const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
-      args.lse[lse_index] = empty[r] ? neg_inf() : (softmax.m[r] + log2f(row_sum[r]) - kPOffset) * kLn2 + lse_shift[r];
+        for (int r = 0; r < 2; ++r) {
+          const int row = frag.row[r];
+#pragma unroll
+          for (int j = 0; j < HeadDim / 8; ++j)
+            *reinterpret_cast<__nv_bfloat162*>(stage + (j / 8) * Stage::kBoxBytes + row * Stage::kBoxRowBytes +
+                                               16 * ((j % 8) ^ (row & 7)) + 2 * frag.col) = o_pair(j, r);
+        }
+        cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+        named_barrier_sync(kBarrierOStaged + consumer, kWarpgroupThreads);
+        if (threadIdx.x % kWarpgroupThreads == 0) {
+#pragma unroll
+          for (int box = 0; box < Stage::kBoxes; ++box) {
+            const std::int32_t coord[4] = {box * Stage::kBoxRowBytes, first_row, head, batch};
+            cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &tm_o, coord,
+                                            stage + box * Stage::kBoxBytes);
+          }
+          cuda::ptx::cp_async_bulk_commit_group();
+          // Shared memory must outlive the copies' reads; their writes finish on their own.
+          cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+        }
+        stored = true;
+      }
     }
-  }
+    if (!stored) {
+      auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (row_abs[r] >= args.Sq) continue;
+        __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
+#pragma unroll
+        for (int j = 0; j < HeadDim / 8; ++j)
+          *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (frag.col == 0 && row_abs[r] < args.Sq) {
+        const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
+        args.lse[lse_index] =
+            empty[r] ? neg_inf() : (softmax.m[r] + log2f(row_sum[r]) - kPOffset) * kLn2 + lse_shift[r];
+      }
+    }
+  });
   timeline::mark(timeline::kConsumer, timeline::kEnd);
   timeline::mark(timeline::kOther, timeline::kOtherEnd);
   timeline::mark(timeline::kOther, timeline::kOtherEndNs);
