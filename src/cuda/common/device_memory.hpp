@@ -15,6 +15,10 @@ namespace fp4attn::cuda_common {
 inline void check_cuda(cudaError_t err, const std::string& what) {
   if (err != cudaSuccess) throw Error("cuda", what + ": " + cudaGetErrorString(err));
 }
+// The same for a fixed name, with no string built on success (launch paths).
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
+}
 
 struct CudaFree {
   void operator()(void* p) const noexcept { cudaFree(p); }

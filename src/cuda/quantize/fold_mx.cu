@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "cuda/common/device_memory.hpp"
 #include "cuda/quantize/fold_table.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"  // vt_key_of_slot, kVtKeyGroup
 #include "fp4attn/error.hpp"
@@ -18,9 +19,7 @@ constexpr int kFoldThreads = 128;
 constexpr int kRowsPerCta = 128;
 constexpr int kNoExponent = -127;  // below every E8M0 exponent
 
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
-}
+using cuda_common::check_cuda;
 
 __device__ __forceinline__ int mx_exponent(std::uint8_t code) { return static_cast<int>(code) - kE8M0Bias; }
 

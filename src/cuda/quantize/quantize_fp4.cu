@@ -19,6 +19,7 @@
 #include <limits>
 #include <string>
 
+#include "cuda/common/device_memory.hpp"
 #include "cuda/quantize/host_launch.hpp"
 #include "cuda/quantize/quantize_fp4.hpp"
 #include "cuda/quantize/quantize_fp4_kernel.cuh"
@@ -37,9 +38,7 @@ constexpr std::size_t kMeanLoadAlign = 16;         // fp4_rows_stream_kernel: th
 constexpr std::int64_t kStreamMinHeadDim = 32;     // a lane owns 32 elements of one row
 constexpr std::int64_t kWarpSizeTimesBlock = fp4::kWarpSize * kMxfp4Block;  // elements of a rows round: R = this / D
 
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
-}
+using cuda_common::check_cuda;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 

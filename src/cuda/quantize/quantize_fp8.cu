@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "cuda/common/device_memory.hpp"
 #include "cuda/quantize/host_launch.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/quantize/quantize_fp8_kernel.cuh"
@@ -20,9 +21,7 @@ constexpr std::size_t kCodeStoreAlign = 8;  // Q and K codes: 8 per store
 constexpr std::size_t kVtStoreAlign = 16;   // Vᵀ: 16 bytes of a row per store
 constexpr int kNonfiniteFlags = 3;
 
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
-}
+using cuda_common::check_cuda;
 
 std::int64_t blocks_of(std::int64_t S) { return (S + kTokenBlock - 1) / kTokenBlock; }
 

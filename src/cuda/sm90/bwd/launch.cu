@@ -1,6 +1,7 @@
 // Host launcher of the FP8 backward kernels: tensor maps, grids, shared memory.
 #include <string>
 
+#include "cuda/common/device_memory.hpp"
 #include "cuda/sm90/bwd/dkv_kernel.cuh"
 #include "cuda/sm90/bwd/dq_kernel.cuh"
 #include "cuda/sm90/tensor_map.hpp"
@@ -9,9 +10,7 @@
 namespace fp4attn::sm90::bwd {
 namespace {
 
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
-}
+using cuda_common::check_cuda;
 
 std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include "cuda/common/device_memory.hpp"
 #include "cuda/sm90/bwd/bwd.hpp"
 #include "fp4attn/direct_p.hpp"
 #include "fp4attn/error.hpp"
@@ -21,9 +22,7 @@ constexpr int kStatLanes = 16;  // lanes per row of the statistics
 constexpr int kChunk = 16;      // bytes per vector load of a token row
 constexpr int kWordTokens = 4;  // tokens per 32-bit store of a transposed row
 
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
-}
+using cuda_common::check_cuda;
 
 // One CTA moves 128 tokens of one (b, h): token rows into shared memory
 // (coalesced 16-byte loads), then D transposed rows of 128 tokens out, each

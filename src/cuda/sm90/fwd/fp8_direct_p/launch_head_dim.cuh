@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/common/device_info.hpp"
+#include "cuda/common/device_memory.hpp"
 #include "cuda/sm90/fwd/fp8_direct_p/consumer_count.hpp"
 #include "cuda/sm90/fwd/fp8_direct_p/kernel.cuh"
 #include "cuda/sm90/fwd/fp8_direct_p/launch_head_dim.hpp"
@@ -14,9 +15,7 @@
 
 namespace fp4attn::sm90::fwd::fp8_launch {
 
-inline void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
-}
+using cuda_common::check_cuda;
 
 inline std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 

@@ -1,6 +1,7 @@
 // Host launcher of the NVFP4 forward on BF16 wgmma: tensor maps, grid, shared memory.
 #include <string>
 
+#include "cuda/common/device_memory.hpp"
 #include "cuda/sm90/fwd/nvfp4_bf16/kernel.cuh"
 #include "cuda/sm90/tensor_map.hpp"
 #include "fp4attn/error.hpp"
@@ -8,9 +9,7 @@
 namespace fp4attn::sm90::fwd {
 namespace {
 
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw Error("cuda", std::string(what) + ": " + cudaGetErrorString(err));
-}
+using cuda_common::check_cuda;
 
 std::uint64_t u64(std::int64_t v) { return static_cast<std::uint64_t>(v); }
 
