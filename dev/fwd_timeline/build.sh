@@ -13,11 +13,12 @@ mkdir -p "$BUILD/fwd_timeline"
 cd "$BUILD"
 test -f CMakeFiles/fp4attn_capi.dir/link.txt || { echo "build the project (target fp4attn_capi) in $BUILD first" >&2; exit 1; }
 cmake --build . --target fp4attn_capi -j2 >/dev/null
-# The forward's three translation units (the entry and one per head
-# dimension), each with its own compile command from the build, so that the
-# per-file ptxas options of CMakeLists.txt stay as they are.
+# The forward's translation units (the entry, one per head dimension and one
+# for the three-consumer D = 64 kernels), each with its own compile command
+# from the build, so that the per-file ptxas options of CMakeLists.txt stay as
+# they are.
 objs=()
-for tu in launch launch_d64 launch_d128; do
+for tu in launch launch_d64 launch_d64_three launch_d128; do
   cmd=$(python3 - "$ROOT/src/cuda/sm90/fwd/fp8_direct_p/$tu.cu" <<'PY'
 import json, shlex, sys
 for entry in json.load(open("compile_commands.json")):

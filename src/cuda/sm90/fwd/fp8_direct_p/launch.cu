@@ -1,6 +1,8 @@
 // Entry of the FP8 Direct-P forward: checks the arguments, then hands the
 // call to the launcher of its head dimension (launch_head_dim.hpp).
+#include <cstddef>
 #include <string>
+#include <vector>
 
 #include "cuda/sm90/fwd/fp8_direct_p/launch_head_dim.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
@@ -47,14 +49,26 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
 
 #ifdef FP4ATTN_FWD_TIMELINE
 // dev/fwd_timeline reads the marks of one head dimension's kernels through
-// these (timeline.cuh).
+// these (timeline.cuh). At D = 64 the two- and three-consumer kernels record
+// into copies of their own; a CTA's marks are in the copy of the kernel that
+// ran and the other copy holds zeros there, so the read adds the two.
 extern "C" __attribute__((visibility("default"))) int fp4attn_fwd_timeline_read(int head_dim, void* dst,
                                                                                 unsigned long long bytes) {
   using namespace fp4attn::sm90::fwd;
-  return static_cast<int>(head_dim == 128 ? timeline_read<128>(dst, bytes) : timeline_read<64>(dst, bytes));
+  if (head_dim == 128) return static_cast<int>(timeline_read<128, 2>(dst, bytes));
+  if (const cudaError_t err = timeline_read<64, 2>(dst, bytes); err != cudaSuccess) return static_cast<int>(err);
+  std::vector<unsigned long long> three(bytes / sizeof(unsigned long long));
+  if (const cudaError_t err = timeline_read<64, 3>(three.data(), three.size() * sizeof(unsigned long long));
+      err != cudaSuccess)
+    return static_cast<int>(err);
+  auto* marks = static_cast<unsigned long long*>(dst);
+  for (std::size_t i = 0; i < three.size(); ++i) marks[i] += three[i];
+  return 0;
 }
 extern "C" __attribute__((visibility("default"))) int fp4attn_fwd_timeline_clear(int head_dim) {
   using namespace fp4attn::sm90::fwd;
-  return static_cast<int>(head_dim == 128 ? timeline_clear<128>() : timeline_clear<64>());
+  if (head_dim == 128) return static_cast<int>(timeline_clear<128, 2>());
+  if (const cudaError_t err = timeline_clear<64, 2>(); err != cudaSuccess) return static_cast<int>(err);
+  return static_cast<int>(timeline_clear<64, 3>());
 }
 #endif

@@ -5,8 +5,8 @@ namespace fp4attn::sm90::fwd {
 
 template void forward_fp8_head_dim<128>(const Fp8ForwardArgs&, cudaStream_t);
 #ifdef FP4ATTN_FWD_TIMELINE
-template cudaError_t timeline_read<128>(void*, unsigned long long);
-template cudaError_t timeline_clear<128>();
+template cudaError_t timeline_read<128, 2>(void*, unsigned long long);
+template cudaError_t timeline_clear<128, 2>();
 #endif
 
 }  // namespace fp4attn::sm90::fwd

@@ -1,6 +1,7 @@
 // Host side of the FP8 forward's launch for one head dimension: tensor maps,
-// grid and shared memory (launch_head_dim.hpp). Included by launch_d64.cu and
-// launch_d128.cu only. Arguments were checked by forward_fp8 (launch.cu).
+// grid and shared memory (launch_head_dim.hpp). Included by launch_d64.cu,
+// launch_d64_three.cu and launch_d128.cu only. Arguments were checked by
+// forward_fp8 (launch.cu).
 #pragma once
 
 #include <string>
@@ -114,11 +115,11 @@ void forward_fp8_head_dim(const Fp8ForwardArgs& args, cudaStream_t stream) {
 }
 
 #ifdef FP4ATTN_FWD_TIMELINE
-template <int HeadDim>
+template <int HeadDim, int Consumers>
 cudaError_t timeline_read(void* dst, unsigned long long bytes) {
   return cudaMemcpyFromSymbol(dst, timeline::marks, bytes);
 }
-template <int HeadDim>
+template <int HeadDim, int Consumers>
 cudaError_t timeline_clear() {
   void* at = nullptr;
   if (const cudaError_t err = cudaGetSymbolAddress(&at, timeline::marks); err != cudaSuccess) return err;

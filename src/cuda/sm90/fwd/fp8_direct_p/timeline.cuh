@@ -33,7 +33,7 @@ inline constexpr unsigned kProducer = 0, kConsumer = 128, kOther = 256;
 
 #ifdef FP4ATTN_FWD_TIMELINE
 // One copy per translation unit that launches the kernel (launch_d64.cu,
-// launch_d128.cu), each read through its own accessor.
+// launch_d64_three.cu, launch_d128.cu), each read through its own accessor.
 static __device__ unsigned long long marks[kCtas][kMarks];
 #endif
 
