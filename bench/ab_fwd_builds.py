@@ -2,7 +2,8 @@
 
     python3 bench/ab_fwd_builds.py --names v6,v8 --libs A/libfp4attn_capi.so,B/libfp4attn_capi.so --out OUT
 
-Recipe fp8 with Direct-P from pre-quantized inputs (bench_fwd.py's plan), B·S =
+Recipe fp8 with Direct-P from pre-quantized inputs (bench_fwd.py's plan; --recipe picks an
+MX recipe through bench_fwd_mx.py's plan instead), B·S =
 32k tokens, H = 16 at D = 128 and 32 at D = 64. Builds and cuDNN BF16 are timed
 in interleaved rounds (10 timed calls after 2 warm-up calls each), so that the
 GPU's drift between rounds hits every build alike. The builds' order turns by
@@ -30,6 +31,7 @@ import torch
 from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_fwd_mx  # noqa: E402
 from bench_fwd import Ours, flops, sdpa  # noqa: E402
 from capi_lib import load_lib, time_ms  # noqa: E402
 from clock_under_load import sampled  # noqa: E402
@@ -52,6 +54,9 @@ def main() -> None:
                          "10 calls")
     ap.add_argument("--cases", default=None,
                     help="D:S:causal triples, comma-separated (e.g. 128:4096:0,64:16384:1); default: CASES")
+    ap.add_argument("--recipe", default="fp8", choices=["fp8", "mxfp4", "mxfp4_train"],
+                    help="the MX recipes run through bench_fwd_mx.py's plan (D = 128, noncausal; MX operands "
+                         "folded before the kernel, which is what is timed)")
     args = ap.parse_args()
     names, paths = args.names.split(","), args.libs.split(",")
     if len(names) != len(paths):
@@ -66,9 +71,16 @@ def main() -> None:
         H = 16 if D == 128 else 32
         B = 32768 // S
         sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)) for _ in range(2)]
-        ours = [Ours(lib, ll3, sets, B, H, S, D, causal) for lib, ll3 in libs]
-        for o in ours:
-            o.set_direct_p(True)
+        if args.recipe == "fp8":
+            ours = [Ours(lib, ll3, sets, B, H, S, D, causal) for lib, ll3 in libs]
+            for o in ours:
+                o.set_direct_p(True)
+        else:
+            if D != bench_fwd_mx.D or H != bench_fwd_mx.H or causal:
+                raise SystemExit("the MX recipes here are D = 128, H = 16, noncausal")
+            for lib, _ in libs:
+                bench_fwd_mx.declare_mx(lib)
+            ours = [bench_fwd_mx.Runner(lib, ll3, sets, B, S, S, args.recipe) for lib, ll3 in libs]
         cudnn = sdpa(SDPBackend.CUDNN_ATTENTION, sets, causal)
         times = {n: [] for n in names + ["cudnn"]}
         clocks = {n: [] for n in names + ["cudnn"]}
