@@ -1,8 +1,8 @@
 // The FP8 forward's three-consumer kernels at D = 64 (192-row CTAs), in a
 // translation unit of their own: CMakeLists.txt compiles it with ptxas's
-// --register-usage-level=7, which measured +1.5 to +2.8 % for these kernels
-// and −2.4 % for the two-consumer ones of launch_d64.cu (docs/perf-log.md,
-// v24).
+// --register-usage-level=7, which measured +0 to +1.8 % for these kernels in
+// bursts (+0.5 to +0.9 % sustained) and −2.4 % for the two-consumer ones of
+// launch_d64.cu (docs/perf-log.md, v24).
 #include "cuda/sm90/fwd/fp8_direct_p/launch_head_dim.cuh"
 
 namespace fp4attn::sm90::fwd::fp8_launch {
