@@ -66,18 +66,18 @@ def strides(ll3, t):
 class Runner:
     """One plan per input set for one recipe (fp8 through capi.cpp, MX through capi_mx.cpp)."""
 
-    def __init__(self, lib, ll3, sets, B, Sq, Sk, recipe, expand_in_kernel=False):
+    def __init__(self, lib, ll3, sets, B, Sq, Sk, recipe, expand_in_kernel=False, H=H, D=D, causal=False):
         self.lib, self.ll3, self.sets, self.mx = lib, ll3, sets, recipe != "fp8"
         self.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.plans = []
         for _ in sets:
             if self.mx:
-                p = lib.fp4attn_mx_plan_create(B, H, H, Sq, Sk, D, RECIPES[recipe], 0, 1, 1, 0.0,
+                p = lib.fp4attn_mx_plan_create(B, H, H, Sq, Sk, D, RECIPES[recipe], int(causal), 1, 1, 0.0,
                                                int(expand_in_kernel))
                 if not p:
                     raise RuntimeError(lib.fp4attn_mx_last_error().decode())
             else:
-                p = lib.fp4attn_plan_create(B, H, H, Sq, Sk, D, 0, 1, 1, 0.0)
+                p = lib.fp4attn_plan_create(B, H, H, Sq, Sk, D, int(causal), 1, 1, 0.0)
                 if not p:
                     raise RuntimeError(lib.fp4attn_last_error().decode())
             self.plans.append(p)

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "emulator/ex2_sm90.hpp"
+#include "emulator/operands.hpp"
 #include "emulator/p_row.hpp"
 #include "fp4attn/direct_p.hpp"
 #include "fp4attn/formats.hpp"
@@ -322,7 +323,8 @@ TEST(DirectP, Sm90Fp8RowSharesKeysWithMufuAndKeepsTheContract) {
       u[j] = direct_p::log2_score(s[j], c, m);
       x[j] = direct_p::log2_score(s[j], c, m - kFp8Offset);
     }
-    emulator::make_p_row(cfg, std::span<const float>(u.data(), n), std::span<const float>(x.data(), n), first_key,
+    emulator::make_p_row(cfg, std::span<const float>(u.data(), n),
+                         emulator::MufuInputs{std::span<const float>(s.data(), n), c, m}, first_key,
                          std::span<float>(value.data(), n), block);
     for (int j = 0; j < n; ++j) {
       const int code = encode_rne_sat(ElemFormat::e4m3, value[j]);
@@ -364,6 +366,83 @@ TEST(DirectP, Mxfp4ContractAndBlockMaximumNeverClipped) {
     }
   }
   contract.report("mxfp4_agreement_random");
+}
+
+// The sm90 target's MXFP4 P row (the kernels' rule): keys from
+// kSm90Mxfp4MufuFirstKey of every 128 on take the E2M1 code of
+// ex2.approx(s·c − (m + E + 14)) truncated to fp16 (mxfp4_code_of_mufu),
+// the others the curve. Both keep the contract; the row's values are the
+// codes folded against R = −2, as the kernel folds them.
+TEST(DirectP, Sm90Mxfp4RowSharesKeysWithMufuAndKeepsTheContract) {
+  constexpr int kTile = 128, kRows = 20'000;
+  const emulator::PConfig cfg{TensorFormat::mxfp4, Target::sm90, true, MxScaleRule::round_up};
+  ASSERT_TRUE(emulator::mxfp4_mufu_share(cfg));
+  ASSERT_GT(direct_p::kSm90Mxfp4MufuFirstKey, 0);
+  ASSERT_LT(direct_p::kSm90Mxfp4MufuFirstKey, kTile);
+  std::mt19937_64 rng(20261201);
+  std::uniform_real_distribution<float> score(-3000.0f, 3000.0f);  // raw s: products of E4M3 codes
+  std::uniform_real_distribution<float> log_c(-12.0f, -6.0f);
+  Contract curve("sm90 MXFP4 P row, curve keys", ElemFormat::e2m1);
+  Contract mufu("sm90 MXFP4 P row, MUFU keys", ElemFormat::e2m1);
+  std::vector<float> s(kTile), u(kTile), value(kTile), block(kTile / 32 + 1);
+  std::size_t mufu_keys = 0, mufu_differs_from_curve = 0;
+  for (int row = 0; row < kRows; ++row) {
+    const std::int64_t first_key = row % 2 == 0 ? 0 : 128 * 5;
+    const float c = std::exp2(log_c(rng));
+    float m = -INFINITY;
+    for (int j = 0; j < kTile; ++j) m = std::max(m, (s[j] = score(rng)) * c);
+    for (int j = 0; j < kTile; ++j) u[j] = direct_p::log2_score(s[j], c, m);
+    emulator::make_p_row(cfg, std::span<const float>(u.data(), kTile),
+                         emulator::MufuInputs{std::span<const float>(s.data(), kTile), c, m}, first_key,
+                         std::span<float>(value.data(), kTile), block);
+    for (int b0 = 0; b0 < kTile; b0 += 32) {
+      float u_max = -INFINITY;
+      for (int j = b0; j < b0 + 32; ++j) u_max = std::max(u_max, u[j]);
+      const int e = direct_p::mx_block_exponent(u_max);
+      for (int j = b0; j < b0 + 32; ++j) {
+        int code;
+        if (direct_p::sm90_mxfp4_key_on_mufu(first_key + j)) {
+          ++mufu_keys;
+          const float x = direct_p::log2_score(s[j], c, direct_p::mxfp4_mufu_shift(m, e));
+          code = direct_p::mxfp4_code_of_mufu(emulator::ex2::sm90(x));
+          mufu_differs_from_curve += code != direct_p::mxfp4_code(u[j], e);
+          mufu.check(code, std::exp2(double{s[j]} * c - m - e), u[j]);
+        } else {
+          code = direct_p::mxfp4_code(u[j], e);
+          curve.check(code, std::exp2(double{s[j]} * c - m - e), u[j]);
+        }
+        ASSERT_EQ(value[j], emulator::fold_mx_to_e4m3(decode(ElemFormat::e2m1, static_cast<std::uint8_t>(code)), e,
+                                                      emulator::kSm90PRowExponent))
+            << "key " << first_key + j;
+      }
+    }
+  }
+  curve.report("sm90_mxfp4_row_agreement_curve");
+  mufu.report("sm90_mxfp4_row_agreement_mufu");
+  EXPECT_GT(mufu_keys, 0u);
+  EXPECT_GT(mufu_differs_from_curve, 0u) << "the MUFU keys must not take the curve's codes";
+}
+
+// mxfp4_code_of_mufu's rounding on fp16's grid: for p = 2^(v − 14) with exact
+// exp2, the code is the E2M1 rounding of 2^v with ties up, at every midpoint
+// and in the fp16 subnormals below 2^-14; f16_bits_rz truncates.
+TEST(DirectP, Mxfp4MufuCodeRoundsOnTheFp16Grid) {
+  EXPECT_EQ(direct_p::f16_bits_rz(0.0f), 0u);
+  EXPECT_EQ(direct_p::f16_bits_rz(std::ldexp(1.0f, -24)), 1u);
+  EXPECT_EQ(direct_p::f16_bits_rz(std::nextafter(std::ldexp(1.0f, -24), 0.0f)), 0u);
+  EXPECT_EQ(direct_p::f16_bits_rz(std::ldexp(1.0f, -14)), 0x0400u);
+  EXPECT_EQ(direct_p::f16_bits_rz(std::nextafter(std::ldexp(1.0f, -14), 0.0f)), 0x03FFu);
+  EXPECT_EQ(direct_p::f16_bits_rz(std::nextafter(1.0f, 2.0f)), 0x3C00u);
+  const float kGrid = std::ldexp(1.0f, -14);
+  const float values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float midpoints[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  for (int k = 0; k < 8; ++k) EXPECT_EQ(direct_p::mxfp4_code_of_mufu(values[k] * kGrid), k);
+  for (int k = 0; k < 7; ++k) {
+    const float at = midpoints[k] * kGrid;
+    EXPECT_EQ(direct_p::mxfp4_code_of_mufu(at), k + 1) << "tie at " << midpoints[k];
+    EXPECT_EQ(direct_p::mxfp4_code_of_mufu(std::nextafter(at, 0.0f)), k) << "below " << midpoints[k];
+  }
+  EXPECT_EQ(direct_p::mxfp4_code_of_mufu(6.2f * kGrid), 7);
 }
 
 TEST(DirectP, Mxfp4ContractAcrossEveryThreshold) {

@@ -234,10 +234,12 @@ TEST(EmulatorForward, Sm90FoldLosesBlocksOutsideTheWindow) {
 // sm90's FP8 wgmma model would add its own, larger difference).
 TEST(EmulatorForward, Sm90FoldIsExactInsideTheWindow) {
   for (Recipe r : {Recipe::mxfp4, Recipe::mxfp4_train}) {
-    // mxfp4_train's P is FP8, which sm90 shares between the curve and MUFU
-    // ex2 from key kSm90Fp8MufuFirstKey of each 128 on (sm100: the curve
-    // throughout): its keys stop there, so that only the fold can differ.
-    const std::int64_t sk = r == Recipe::mxfp4_train ? direct_p::kSm90Fp8MufuFirstKey : 128;
+    // sm90 shares P's codes between the curve and MUFU ex2 from key
+    // kSm90Fp8MufuFirstKey (mxfp4_train's FP8 P) or kSm90Mxfp4MufuFirstKey
+    // (mxfp4's FP4 P) of each 128 on (sm100: the curve throughout): the keys
+    // stop there, so that only the fold can differ.
+    const std::int64_t sk =
+        r == Recipe::mxfp4_train ? direct_p::kSm90Fp8MufuFirstKey : direct_p::kSm90Mxfp4MufuFirstKey;
     const AttentionShape s{.B = 1, .Hq = 2, .Hkv = 2, .Sq = 64, .Sk = sk, .D = 128};
     const Inputs x = testing::realistic_inputs(s, kTestSeed);
     AttentionOptions o;

@@ -137,6 +137,21 @@ FP4ATTN_HD constexpr std::uint32_t f16_bits_rne(float v) {
   return (static_cast<std::uint32_t>(te + kF16Bias - 1) << kF16MantissaBits) + n;
 }
 
+// Bits of a non-negative float v < 65536 truncated to fp16 (toward zero,
+// subnormals included): cvt.rz.f16x2.f32 on one half.
+FP4ATTN_HD constexpr std::uint32_t f16_bits_rz(float v) {
+  constexpr int kFloatMantissaBits = 23, kFloatBias = 127;
+  constexpr int kMinNormalExp = 1 - kF16Bias;
+  constexpr std::uint32_t kImplicitOne = 1u << kFloatMantissaBits;
+  const std::uint32_t bits = float_bits(v);
+  const int fe = static_cast<int>(bits >> kFloatMantissaBits) - kFloatBias;
+  if (fe < kMinNormalExp - kF16MantissaBits) return 0;  // below the smallest fp16 subnormal
+  const int te = fe > kMinNormalExp ? fe : kMinNormalExp;
+  const std::uint32_t mant = (bits & (kImplicitOne - 1)) | kImplicitOne;
+  const std::uint32_t n = mant >> (kFloatMantissaBits - kF16MantissaBits + te - fe);
+  return (static_cast<std::uint32_t>(te + kF16Bias - 1) << kF16MantissaBits) + n;
+}
+
 // Step 2 for one score: v = fp16(x) + 2^-1/2·fp16(x + 2^9), one rounding to
 // fp16 as in HFMA2. The fp32 FMA here is exact (both terms are multiples of
 // 2^-8 of fp16(x)'s quantum and their sum is below 2^21 such units), so the
@@ -312,6 +327,41 @@ FP4ATTN_HD inline std::uint8_t mxfp4_code(float u, int block_exp) {
   return static_cast<std::uint8_t>(code < kE2M1MaxCode ? code : kE2M1MaxCode);
 }
 
+// MXFP4 P on MUFU: sm90's share of the keys, as FP8 P has one (the kernels'
+// softmax is bound by FMA- and ALU-pipe issue while MUFU has room). For keys
+// whose index modulo kSm90Fp8Tile is at least kSm90Mxfp4MufuFirstKey the
+// E2M1 code of 2^(u − E) comes from p = ex2.approx(x), x = s·c − (m + E + 14)
+// (one FFMA; m + E + 14 once per block): p ≈ 2^(u − E)·2^-14 is truncated to
+// fp16 (cvt.rz), where E2M1's values are the patterns c·2^9 (mxfp4_code,
+// step 3), and the round-up add at bit 9 gives the code. The code changes
+// exactly where p crosses an E2M1 midpoint times 2^-14 (a tie rounds up):
+// exact rounding of the hardware's exp2, which is within 2 float steps of 2^x
+// (the emulator's sm90 target stores its result near every such point,
+// emulator/ex2_sm90.hpp). Per pair 2 FFMA, 2 MUFU and one conversion against
+// the curve's 2 FFMA for u, 2 FFMA, I2IP, VIADD.16x2, HFMA2 and HMUL2.
+// Keys 80 .. 127 of each tile, as FP8 P: 48, 64 and 80 keys measured +2 %,
+// +2 % and −1 % against none (docs/perf-log.md, mx7), 32 keys −1 %.
+inline constexpr int kSm90Mxfp4MufuFirstKey = 80;
+inline constexpr int kMxfp4MufuExponentShift = 14;  // p carries 2^-14: E2M1 onto fp16's linear grid
+static_assert(kSm90Mxfp4MufuFirstKey % 16 == 0 && kSm90Mxfp4MufuFirstKey >= 0 &&
+                  kSm90Mxfp4MufuFirstKey <= kSm90Fp8Tile,
+              "the split runs along the 16-key halves of the P·V product's k32 steps");
+
+FP4ATTN_HD constexpr bool sm90_mxfp4_key_on_mufu(std::int64_t key) {
+  return key % kSm90Fp8Tile >= kSm90Mxfp4MufuFirstKey;
+}
+
+// What x subtracts from s·c for a block of exponent E: m + (E + 14), one float add.
+FP4ATTN_HD inline float mxfp4_mufu_shift(float m, int block_exp) {
+  return m + static_cast<float>(block_exp + kMxfp4MufuExponentShift);
+}
+
+// The E2M1 code from p = ex2.approx(x) (the host model's value of it).
+FP4ATTN_HD inline std::uint8_t mxfp4_code_of_mufu(float p) {
+  const std::uint32_t code = (f16_bits_rz(p) + kE2M1CodeRound) >> kE2M1CodeShift;
+  return static_cast<std::uint8_t>(code < kE2M1MaxCode ? code : kE2M1MaxCode);
+}
+
 #if defined(__CUDACC__)
 namespace device {
 // The E4M3 bytes of four MXFP4 P elements of one row and block (u0 → byte 0):
@@ -322,18 +372,36 @@ namespace device {
 // After the curve: HMUL2 into the subnormal grid, the round-up add, a mask
 // that leaves q·2^-14, then two exact HMUL2 (2^10 and `fold`; one factor
 // 2^(20 + E − R) would overflow fp16) and F2FP. 6.5 instructions per score.
-__device__ inline std::uint32_t mxfp4_folded_pair(float lo, float hi, float offset, std::uint32_t fold) {
-  constexpr std::uint32_t kScaleDown = kF16TwoPowMinus4Bits | (kF16TwoPowMinus4Bits << 16);
+// Two fp16 halves on E2M1's grid (q·2^-14 before rounding) to the pair of
+// folded values: the round-up add, the mask that leaves q·2^-14, and the two
+// exact HMUL2 by 2^10 and `fold`.
+__device__ inline std::uint32_t fold_e2m1_pair(std::uint32_t sub, std::uint32_t fold) {
   constexpr std::uint32_t kRoundUp = kE2M1CodeRound | (kE2M1CodeRound << 16);
   constexpr std::uint32_t kValueMask = ~((kE2M1CodeRound << 1) - 1u) & 0xFFFFu;
   constexpr std::uint32_t kTwoPow10 = 0x6400u | (0x6400u << 16);
-  std::uint32_t sub, q, p;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(sub) : "r"(curve_pair(lo, hi, offset)), "r"(kScaleDown));
+  std::uint32_t p;
   // Both halves stay below 0x0F0D + 2^8: the add never carries into the high half.
-  q = (sub + kRoundUp) & (kValueMask | (kValueMask << 16));
+  const std::uint32_t q = (sub + kRoundUp) & (kValueMask | (kValueMask << 16));
   asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(q), "r"(kTwoPow10));
   asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(p), "r"(fold));
   return p;
+}
+
+__device__ inline std::uint32_t mxfp4_folded_pair(float lo, float hi, float offset, std::uint32_t fold) {
+  constexpr std::uint32_t kScaleDown = kF16TwoPowMinus4Bits | (kF16TwoPowMinus4Bits << 16);
+  std::uint32_t sub;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(sub) : "r"(curve_pair(lo, hi, offset)), "r"(kScaleDown));
+  return fold_e2m1_pair(sub, fold);
+}
+
+// The same pair on MUFU (sm90_mxfp4_key_on_mufu): x = s·c − mxfp4_mufu_shift(m, E).
+__device__ inline std::uint32_t mxfp4_folded_pair_mufu(float x_lo, float x_hi, std::uint32_t fold) {
+  float p_lo, p_hi;
+  std::uint32_t sub;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p_lo) : "f"(x_lo));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p_hi) : "f"(x_hi));
+  asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(sub) : "f"(p_hi), "f"(p_lo));  // first source → high half
+  return fold_e2m1_pair(sub, fold);
 }
 }  // namespace device
 #endif

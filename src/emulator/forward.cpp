@@ -61,7 +61,6 @@ struct TileScratch {
         partial(static_cast<std::size_t>(D)),
         s(static_cast<std::size_t>(block_k)),
         u(static_cast<std::size_t>(block_k)),
-        mufu_x(static_cast<std::size_t>(block_k)),
         p(static_cast<std::size_t>(block_k)),
         p_block(static_cast<std::size_t>(block_k / kMxfp4Block + 1)),
         p_exponents(static_cast<std::size_t>(kFp8MmaK)),
@@ -79,7 +78,6 @@ struct TileScratch {
   std::vector<float> partial;    // (D): one 32-key block's partial P·V sums
   std::vector<float> s;          // (block_k) scores of one row
   std::vector<float> u;          // (block_k) log2-domain scores
-  std::vector<float> mufu_x;     // (block_k) ex2 arguments of sm90 FP8 P's MUFU share (fp8_mufu_share)
   std::vector<float> p;          // (block_k) P values
   std::vector<float> p_block;    // (block_k / 32) P block factors
   std::vector<float> p_exponents;  // (32) one k32 step's P exponents, for the FP8 wgmma model
@@ -173,13 +171,9 @@ void run_query_tile(const Problem& pb, std::int64_t item, TileScratch& t, Forwar
       }
       const float m_new = std::max(t.m[r], tile_max);
       for (std::int64_t j = 0; j < kn; ++j) t.u[j] = direct_p::log2_score(t.s[j], c, m_new);
-      if (fp8_mufu_share(pb.p)) {  // ex2's argument with P's offset folded into m, as the kernel forms it
-        const float m8 = m_new - direct_p::kFp8Offset;
-        for (std::int64_t j = 0; j < kn; ++j) t.mufu_x[j] = direct_p::log2_score(t.s[j], c, m8);
-      }
       const float alpha = exp2f(t.m[r] - m_new);  // 0 on the row's first tile (m = −inf)
       const PRowResult p = make_p_row(pb.p, std::span<const float>(t.u.data(), kn),
-                                      std::span<const float>(t.mufu_x.data(), kn), j0,
+                                      MufuInputs{std::span<const float>(t.s.data(), kn), c, m_new}, j0,
                                       std::span<float>(t.p.data(), kn), std::span<float>(t.p_block));
       pv_row(pb, b, hkv, j0, kn, t);
       float* o = &t.o_acc[r * D];

@@ -29,14 +29,16 @@ float max_of(std::span<const float> x) {
 // ex2.approx wherever it decides a code), so the codes match the kernel's.
 // sm90 Direct-P: the keys on MUFU round ex2.approx(x) to E4M3, the rest
 // take the curve.
-float fp8_row(const PConfig& cfg, std::span<const float> u, std::span<const float> mufu_x, std::int64_t first_key,
+float fp8_row(const PConfig& cfg, std::span<const float> u, const MufuInputs& mufu, std::int64_t first_key,
               std::span<float> value) {
   const bool share = fp8_mufu_share(cfg);
+  // ex2's argument with P's offset folded into m, as the kernel forms it.
+  const float m8 = mufu.m - direct_p::kFp8Offset;
   float sum = 0.0f;
   for (std::size_t j = 0; j < u.size(); ++j) {
     std::uint8_t code;
     if (share && direct_p::sm90_fp8_key_on_mufu(first_key + static_cast<std::int64_t>(j)))
-      code = encode_rne_sat(ElemFormat::e4m3, ex2::sm90(mufu_x[j]));
+      code = encode_rne_sat(ElemFormat::e4m3, ex2::sm90(direct_p::log2_score(mufu.s[j], mufu.c, m8)));
     else
       code = cfg.direct_p ? direct_p::fp8_code(u[j]) : fp8_code_exp2(cfg.target, u[j]);
     value[j] = decode(ElemFormat::e4m3, code);
@@ -46,10 +48,21 @@ float fp8_row(const PConfig& cfg, std::span<const float> u, std::span<const floa
 }
 
 // E2M1 values of one 32-key block into q; returns the block exponent E.
-int mx_block(const PConfig& cfg, std::span<const float> u, float* q) {
+// `s` and `first_key` are the block's raw scores and first key (the MUFU share).
+int mx_block(const PConfig& cfg, std::span<const float> u, const MufuInputs& mufu, std::size_t j0,
+             std::int64_t first_key, float* q) {
   if (cfg.direct_p) {
     const int e = direct_p::mx_block_exponent(max_of(u));
-    for (std::size_t j = 0; j < u.size(); ++j) q[j] = decode(ElemFormat::e2m1, direct_p::mxfp4_code(u[j], e));
+    const bool share = mxfp4_mufu_share(cfg);
+    const float shift = direct_p::mxfp4_mufu_shift(mufu.m, e);
+    for (std::size_t j = 0; j < u.size(); ++j) {
+      const std::int64_t key = first_key + static_cast<std::int64_t>(j0 + j);
+      const std::uint8_t code =
+          share && direct_p::sm90_mxfp4_key_on_mufu(key)
+              ? direct_p::mxfp4_code_of_mufu(ex2::sm90(direct_p::log2_score(mufu.s[j0 + j], mufu.c, shift)))
+              : direct_p::mxfp4_code(u[j], e);
+      q[j] = decode(ElemFormat::e2m1, code);
+    }
     return e;
   }
   float amax = 0.0f;
@@ -66,14 +79,15 @@ int mx_block(const PConfig& cfg, std::span<const float> u, float* q) {
   return e;
 }
 
-PRowResult mx_row(const PConfig& cfg, std::span<const float> u, std::span<float> value, std::span<float> block_factor) {
+PRowResult mx_row(const PConfig& cfg, std::span<const float> u, const MufuInputs& mufu, std::int64_t first_key,
+                  std::span<float> value, std::span<float> block_factor) {
   const std::size_t n = u.size();
   int exps[kMaxBlockK / kMxfp4Block] = {};
   if (n == 0) return {};
   const std::size_t blocks = (n + kMxfp4Block - 1) / kMxfp4Block;
   for (std::size_t blk = 0; blk < blocks; ++blk) {
     const std::size_t j0 = blk * kMxfp4Block, len = std::min<std::size_t>(kMxfp4Block, n - j0);
-    exps[blk] = mx_block(cfg, u.subspan(j0, len), &value[j0]);
+    exps[blk] = mx_block(cfg, u.subspan(j0, len), mufu, j0, first_key, &value[j0]);
   }
   PRowResult r;
   if (cfg.target == Target::sm100) {
@@ -158,11 +172,15 @@ bool fp8_mufu_share(const PConfig& cfg) {
   return cfg.format == TensorFormat::fp8_e4m3 && cfg.target == Target::sm90 && cfg.direct_p;
 }
 
-PRowResult make_p_row(const PConfig& cfg, std::span<const float> u, std::span<const float> mufu_x,
-                      std::int64_t first_key, std::span<float> value, std::span<float> block_factor) {
+bool mxfp4_mufu_share(const PConfig& cfg) {
+  return cfg.format == TensorFormat::mxfp4 && cfg.target == Target::sm90 && cfg.direct_p;
+}
+
+PRowResult make_p_row(const PConfig& cfg, std::span<const float> u, const MufuInputs& mufu, std::int64_t first_key,
+                      std::span<float> value, std::span<float> block_factor) {
   switch (cfg.format) {
-    case TensorFormat::fp8_e4m3: return {1.0f, fp8_row(cfg, u, mufu_x, first_key, value)};
-    case TensorFormat::mxfp4: return mx_row(cfg, u, value, block_factor);
+    case TensorFormat::fp8_e4m3: return {1.0f, fp8_row(cfg, u, mufu, first_key, value)};
+    case TensorFormat::mxfp4: return mx_row(cfg, u, mufu, first_key, value, block_factor);
     case TensorFormat::nvfp4: return {1.0f, nvfp4_row(cfg, u, value)};
   }
   return {};

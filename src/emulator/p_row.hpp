@@ -37,14 +37,26 @@ struct PRowResult {
 // (the sm90 kernels' rule: direct_p::sm90_fp8_key_on_mufu).
 bool fp8_mufu_share(const PConfig& cfg);
 
-// u: the tile's scores (-inf where masked). When fp8_mufu_share(cfg),
-// mufu_x holds x = s·c − (m − 8) for every key (what the kernel feeds
-// ex2.approx) and first_key is the absolute index of the tile's first key;
-// otherwise both are unused. Writes `value` (what the P·V
-// instruction multiplies, one per key) and, for block-scaled MXFP4 on sm100,
-// `block_factor` (2^E per 32 keys; 1 otherwise). Blocks start at the tile's
-// first key: block_k is a multiple of 32, so a block never straddles tiles.
-PRowResult make_p_row(const PConfig& cfg, std::span<const float> u, std::span<const float> mufu_x,
-                      std::int64_t first_key, std::span<float> value, std::span<float> block_factor);
+// Whether the row's MXFP4 P codes are shared between the curve and MUFU ex2
+// (the sm90 kernels' rule: direct_p::sm90_mxfp4_key_on_mufu).
+bool mxfp4_mufu_share(const PConfig& cfg);
+
+// What the kernels feed ex2.approx for the keys on MUFU: the raw scores s of
+// the tile, their log2-domain multiplier c and the row maximum m (u = s·c − m).
+struct MufuInputs {
+  std::span<const float> s;
+  float c = 0.0f, m = 0.0f;
+};
+
+// u: the tile's scores (-inf where masked). When fp8_mufu_share(cfg) or
+// mxfp4_mufu_share(cfg), `mufu` gives the keys on MUFU their ex2 argument
+// (FP8: s·c − (m − 8); MXFP4: s·c − direct_p::mxfp4_mufu_shift(m, E)) and
+// first_key is the absolute index of the tile's first key; otherwise both are
+// unused. Writes `value` (what the P·V instruction multiplies, one per key)
+// and, for block-scaled MXFP4 on sm100, `block_factor` (2^E per 32 keys; 1
+// otherwise). Blocks start at the tile's first key: block_k is a multiple of
+// 32, so a block never straddles tiles.
+PRowResult make_p_row(const PConfig& cfg, std::span<const float> u, const MufuInputs& mufu, std::int64_t first_key,
+                      std::span<float> value, std::span<float> block_factor);
 
 }  // namespace fp4attn::emulator

@@ -151,10 +151,12 @@ FP4ATTN_DEVICE_INLINE void block_max(const float (&s)[N], float (&bm)[2][N / 16]
 // 32t .. 32t + 31: one MX block, whose maximum bm[r][t] gives E (u is
 // monotone in s), then per four keys the folded codes of
 // direct_p::device::mxfp4_folded_pair (the emulator's mxfp4_code and
-// fold_mx_to_e4m3 against R = kPRowExponent).
+// fold_mx_to_e4m3 against R = kPRowExponent), or of
+// mxfp4_folded_pair_mufu for the keys on MUFU (direct_p::sm90_mxfp4_key_on_mufu).
 template <int N>
 FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&c)[2], const float (&m)[2],
                                              const float (&bm)[2][N / 16], std::uint32_t (&p)[N / 16][4]) {
+  static_assert(2 * N == direct_p::kSm90Fp8Tile, "the MUFU share is defined on 128-key tiles");
   constexpr int kSteps = N / 16;
   constexpr int kFoldToF16 = 10;  // mxfp4_folded_pair's fixed 2^10; the rest, 2^(10 + E − R), is `fold`
 #pragma unroll
@@ -172,9 +174,17 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int j = 4 * t + 2 * h;
-        p[t][2 * h + r] = direct_p::device::e4m3x4_of_f16x2(
-            direct_p::device::mxfp4_folded_pair(u(4 * j + 2 * r), u(4 * j + 2 * r + 1), offset, fold),
-            direct_p::device::mxfp4_folded_pair(u(4 * j + 4 + 2 * r), u(4 * j + 5 + 2 * r), offset, fold));
+        if (32 * t + 16 * h >= direct_p::kSm90Mxfp4MufuFirstKey) {
+          const float shift = direct_p::mxfp4_mufu_shift(m[r], block_exp);
+          auto x = [&](int i) { return direct_p::log2_score(s[i], c[r], shift); };
+          p[t][2 * h + r] = direct_p::device::e4m3x4_of_f16x2(
+              direct_p::device::mxfp4_folded_pair_mufu(x(4 * j + 2 * r), x(4 * j + 2 * r + 1), fold),
+              direct_p::device::mxfp4_folded_pair_mufu(x(4 * j + 4 + 2 * r), x(4 * j + 5 + 2 * r), fold));
+        } else {
+          p[t][2 * h + r] = direct_p::device::e4m3x4_of_f16x2(
+              direct_p::device::mxfp4_folded_pair(u(4 * j + 2 * r), u(4 * j + 2 * r + 1), offset, fold),
+              direct_p::device::mxfp4_folded_pair(u(4 * j + 4 + 2 * r), u(4 * j + 5 + 2 * r), offset, fold));
+        }
       }
     }
   }
