@@ -364,44 +364,51 @@ FP4ATTN_HD inline std::uint8_t mxfp4_code_of_mufu(float p) {
 
 #if defined(__CUDACC__)
 namespace device {
-// The E4M3 bytes of four MXFP4 P elements of one row and block (u0 → byte 0):
-// each element's E2M1 value q (mxfp4_code) times the block's fold factor, q ·
-// 2^(E − R + 6), rounded to E4M3 (the emulator's fold_mx_to_e4m3).
-// `offset` = mxfp4_fixed_offset(E); `fold` = fp16x2 of 2^(10 + E − R) in both
-// halves (0 below fp16's range, where the E4M3 byte is 0 anyway).
-// After the curve: HMUL2 into the subnormal grid, the round-up add, a mask
-// that leaves q·2^-14, then two exact HMUL2 (2^10 and `fold`; one factor
-// 2^(20 + E − R) would overflow fp16) and F2FP. 6.5 instructions per score.
-// Two fp16 halves on E2M1's grid (q·2^-14 before rounding) to the pair of
-// folded values: the round-up add, the mask that leaves q·2^-14, and the two
-// exact HMUL2 by 2^10 and `fold`.
-__device__ inline std::uint32_t fold_e2m1_pair(std::uint32_t sub, std::uint32_t fold) {
+// MXFP4 P's codes of two elements as fp16 patterns on E2M1's grid: c·2^9 in
+// each half (c = 0 .. 7, the code; bits 0 .. 8 and 12 .. 15 zero), from two
+// fp16 halves of q·2^-14 before rounding: the round-up add at bit 9 and a
+// mask.
+__device__ inline std::uint32_t e2m1_pattern_pair(std::uint32_t sub) {
   constexpr std::uint32_t kRoundUp = kE2M1CodeRound | (kE2M1CodeRound << 16);
   constexpr std::uint32_t kValueMask = ~((kE2M1CodeRound << 1) - 1u) & 0xFFFFu;
-  constexpr std::uint32_t kTwoPow10 = 0x6400u | (0x6400u << 16);
-  std::uint32_t p;
   // Both halves stay below 0x0F0D + 2^8: the add never carries into the high half.
-  const std::uint32_t q = (sub + kRoundUp) & (kValueMask | (kValueMask << 16));
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(q), "r"(kTwoPow10));
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(p), "r"(fold));
-  return p;
+  return (sub + kRoundUp) & (kValueMask | (kValueMask << 16));
 }
 
-__device__ inline std::uint32_t mxfp4_folded_pair(float lo, float hi, float offset, std::uint32_t fold) {
+// The pair by the curve (mxfp4_code): `offset` = mxfp4_fixed_offset(E); the
+// curve, then HMUL2 by 2^-4 onto fp16's grid where E2M1's values are c·2^9.
+__device__ inline std::uint32_t mxfp4_pattern_pair(float lo, float hi, float offset) {
   constexpr std::uint32_t kScaleDown = kF16TwoPowMinus4Bits | (kF16TwoPowMinus4Bits << 16);
   std::uint32_t sub;
   asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(sub) : "r"(curve_pair(lo, hi, offset)), "r"(kScaleDown));
-  return fold_e2m1_pair(sub, fold);
+  return e2m1_pattern_pair(sub);
 }
 
-// The same pair on MUFU (sm90_mxfp4_key_on_mufu): x = s·c − mxfp4_mufu_shift(m, E).
-__device__ inline std::uint32_t mxfp4_folded_pair_mufu(float x_lo, float x_hi, std::uint32_t fold) {
+// The pair on MUFU (sm90_mxfp4_key_on_mufu): x = s·c − mxfp4_mufu_shift(m, E),
+// ex2.approx, truncated to fp16 (mxfp4_code_of_mufu).
+__device__ inline std::uint32_t mxfp4_pattern_pair_mufu(float x_lo, float x_hi) {
   float p_lo, p_hi;
   std::uint32_t sub;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p_lo) : "f"(x_lo));
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p_hi) : "f"(x_hi));
   asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(sub) : "f"(p_hi), "f"(p_lo));  // first source → high half
-  return fold_e2m1_pair(sub, fold);
+  return e2m1_pattern_pair(sub);
+}
+
+// Four codes (a: elements 0, 1; b: elements 2, 3, as e2m1_pattern_pair
+// leaves them) to their folded E4M3 bytes, element 0 in byte 0, through the
+// block's table (byte q of lo:hi is the byte of magnitude q): the codes are
+// gathered into the four selector nibbles of one byte permute. a >> 9 puts
+// code 0 at bit 0 and code 1 at bit 16, b >> 1 code 2 at bit 8 and code 3 at
+// bit 24 (the patterns are zero elsewhere, so the add is an or); w + (w >> 12)
+// moves codes 1 and 3 to bits 4 and 12. Selector bit 3 of every nibble stays
+// 0 (codes ≤ 7): plain byte copies.
+__device__ inline std::uint32_t e4m3x4_of_e2m1_patterns(std::uint32_t a, std::uint32_t b, std::uint32_t table_lo,
+                                                        std::uint32_t table_hi) {
+  const std::uint32_t w = (a >> kE2M1CodeShift) + (b >> (kE2M1CodeShift - 8));
+  std::uint32_t bytes;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(bytes) : "r"(table_lo), "r"(table_hi), "r"(w + (w >> 12)));
+  return bytes;
 }
 }  // namespace device
 #endif

@@ -237,6 +237,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   constexpr int kOnesWords = Cfg::kOnesBytes / 4;
   for (int i = threadIdx.x; i < Cfg::kStages * kOnesWords; i += Cfg::kThreads)
     reinterpret_cast<std::uint32_t*>(smem.v[i / kOnesWords] + Cfg::kVBytes)[i % kOnesWords] = 0x38383838u;
+  if constexpr (kPCode == PCode::mxfp4_direct_p) fill_p_fold_table(threadIdx.x, Cfg::kThreads);
   cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   __syncthreads();
 

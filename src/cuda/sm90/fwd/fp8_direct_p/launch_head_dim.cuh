@@ -34,6 +34,9 @@ void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensor
   using Cfg = Fp8Config<HeadDim, kConsumers>;
   auto* kernel = &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In>;
   constexpr int kSmem = smem_bytes<Cfg, kFp4In>();
+  // FP4 P's fold table (p_operand.cuh) is static shared memory beside it.
+  static_assert(kPCode != PCode::mxfp4_direct_p || kSmem + sizeof(PFoldTable) <= kSmemPerBlockLimit,
+                "shared memory with FP4 P's fold table over budget");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
   const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
   const bool o_by_tma = !kFp4In && o_rows_aligned(a);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/quantize/fold_table.hpp"
 #include "cuda/quantize/fp4_codes.cuh"
 #include "cuda/sm90/fwd/consumer_common.cuh"
 #include "cuda/sm90/fwd/fwd.hpp"
@@ -19,6 +20,32 @@ inline constexpr int kSm90FoldHeadroom = 6;  // the largest MX exponent R maps t
 // E = ceil(u_max − log2 6)): values q·2^(E + 8), so FP4 P carries P's offset
 // 2^8 like FP8 P and needs no per-tile row factor (emulator: kSm90PRowExponent).
 inline constexpr int kPRowExponent = -2;
+
+// FP4 P (PCode::mxfp4_direct_p) folds its E2M1 codes into E4M3 bytes by a
+// table per block exponent E: the bytes of q·2^(E + 8) for the eight
+// magnitudes q (cuda_quantize::fold_table against R = kPRowExponent, the
+// emulator's fold_mx_to_e4m3), looked up by one byte permute per four codes.
+// E runs from direct_p::kNoBlockExponent (a block of masked scores) to
+// kPRowExponent. The table sits in static shared memory, in the kernels that
+// touch it only (1 KB next to the dynamic shared memory; launch_head_dim.cuh
+// checks the sum).
+struct PFoldTable {
+  static constexpr int kFirstExponent = direct_p::kNoBlockExponent;
+  static constexpr int kEntries = kPRowExponent - kFirstExponent + 1;
+  cuda_quantize::FoldTable e[kEntries];
+};
+
+FP4ATTN_DEVICE_INLINE PFoldTable& p_fold_table() {
+  __shared__ PFoldTable table;
+  return table;
+}
+
+// Fills the table; the caller's CTA barrier publishes it.
+FP4ATTN_DEVICE_INLINE void fill_p_fold_table(int thread, int threads) {
+  PFoldTable& table = p_fold_table();
+  for (int i = thread; i < PFoldTable::kEntries; i += threads)
+    table.e[i] = cuda_quantize::fold_table(PFoldTable::kFirstExponent + i, kPRowExponent);
+}
 
 // Row maxima as a tree: depth 5 per row instead of a chain of 17 dependent
 // FMNMX. Nothing of this warpgroup is in flight while it runs, so the chain's
@@ -149,42 +176,44 @@ FP4ATTN_DEVICE_INLINE void block_max(const float (&s)[N], float (&bm)[2][N / 16]
 
 // pack_p_operand for FP4 P (PCode::mxfp4_direct_p). k32 step t covers keys
 // 32t .. 32t + 31: one MX block, whose maximum bm[r][t] gives E (u is
-// monotone in s), then per four keys the folded codes of
-// direct_p::device::mxfp4_folded_pair (the emulator's mxfp4_code and
-// fold_mx_to_e4m3 against R = kPRowExponent), or of
-// mxfp4_folded_pair_mufu for the keys on MUFU (direct_p::sm90_mxfp4_key_on_mufu).
+// monotone in s). Per pair of keys the E2M1 codes as fp16 patterns c·2^9
+// (direct_p::device::mxfp4_pattern_pair, the emulator's mxfp4_code, or
+// mxfp4_pattern_pair_mufu for the keys on MUFU, sm90_mxfp4_key_on_mufu);
+// per four keys one byte permute through the block's fold table
+// (p_fold_table: per E the E4M3 bytes of q·2^(E + 8), the emulator's
+// fold_mx_to_e4m3 against R = kPRowExponent).
 template <int N>
 FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&c)[2], const float (&m)[2],
                                              const float (&bm)[2][N / 16], std::uint32_t (&p)[N / 16][4]) {
   static_assert(2 * N == direct_p::kSm90Fp8Tile, "the MUFU share is defined on 128-key tiles");
   constexpr int kSteps = N / 16;
-  constexpr int kFoldToF16 = 10;  // mxfp4_folded_pair's fixed 2^10; the rest, 2^(10 + E − R), is `fold`
+  const auto fold = static_cast<std::uint32_t>(__cvta_generic_to_shared(&p_fold_table()));
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
       const int block_exp = direct_p::mx_block_exponent(direct_p::log2_score(bm[r][t], c[r], m[r]));
       const float offset = direct_p::mxfp4_fixed_offset(block_exp);
-      // 2^k as float bits: k = 10 + E − R ≥ 10 − 127 + 2 is a normal
-      // exponent, so exp2i's subnormal branch is not needed.
-      const float fold_f32 = __uint_as_float(static_cast<std::uint32_t>(kFoldToF16 + block_exp - kPRowExponent + 127) << 23);
-      std::uint32_t fold;
-      asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(fold) : "f"(fold_f32));
+      cuda_quantize::FoldTable table;
+      asm("ld.shared.v2.u32 {%0, %1}, [%2];"
+                   : "=r"(table.lo), "=r"(table.hi)
+                   : "r"(fold + static_cast<std::uint32_t>(block_exp - PFoldTable::kFirstExponent) *
+                                    static_cast<std::uint32_t>(sizeof(cuda_quantize::FoldTable))));
       auto u = [&](int i) { return direct_p::log2_score(s[i], c[r], m[r]); };
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int j = 4 * t + 2 * h;
+        std::uint32_t a, b;  // keys 4j + 2r (+1) and 4j + 4 + 2r (+1): codes of bytes 0, 1 and 2, 3
         if (32 * t + 16 * h >= direct_p::kSm90Mxfp4MufuFirstKey) {
           const float shift = direct_p::mxfp4_mufu_shift(m[r], block_exp);
           auto x = [&](int i) { return direct_p::log2_score(s[i], c[r], shift); };
-          p[t][2 * h + r] = direct_p::device::e4m3x4_of_f16x2(
-              direct_p::device::mxfp4_folded_pair_mufu(x(4 * j + 2 * r), x(4 * j + 2 * r + 1), fold),
-              direct_p::device::mxfp4_folded_pair_mufu(x(4 * j + 4 + 2 * r), x(4 * j + 5 + 2 * r), fold));
+          a = direct_p::device::mxfp4_pattern_pair_mufu(x(4 * j + 2 * r), x(4 * j + 2 * r + 1));
+          b = direct_p::device::mxfp4_pattern_pair_mufu(x(4 * j + 4 + 2 * r), x(4 * j + 5 + 2 * r));
         } else {
-          p[t][2 * h + r] = direct_p::device::e4m3x4_of_f16x2(
-              direct_p::device::mxfp4_folded_pair(u(4 * j + 2 * r), u(4 * j + 2 * r + 1), offset, fold),
-              direct_p::device::mxfp4_folded_pair(u(4 * j + 4 + 2 * r), u(4 * j + 5 + 2 * r), offset, fold));
+          a = direct_p::device::mxfp4_pattern_pair(u(4 * j + 2 * r), u(4 * j + 2 * r + 1), offset);
+          b = direct_p::device::mxfp4_pattern_pair(u(4 * j + 4 + 2 * r), u(4 * j + 5 + 2 * r), offset);
         }
+        p[t][2 * h + r] = direct_p::device::e4m3x4_of_e2m1_patterns(a, b, table.lo, table.hi);
       }
     }
   }
