@@ -339,9 +339,11 @@ FP4ATTN_HD inline std::uint8_t mxfp4_code(float u, int block_exp) {
 // (the emulator's sm90 target stores its result near every such point,
 // emulator/ex2_sm90.hpp). Per pair 2 FFMA, 2 MUFU and one conversion against
 // the curve's 2 FFMA for u, 2 FFMA, I2IP, VIADD.16x2, HFMA2 and HMUL2.
-// Keys 80 .. 127 of each tile, as FP8 P: 48, 64 and 80 keys measured +2 %,
-// +2 % and −1 % against none (docs/perf-log.md, mx7), 32 keys −1 %.
-inline constexpr int kSm90Mxfp4MufuFirstKey = 80;
+// Keys 48 .. 127 of each tile. With the fold by two HMUL2 and F2FP, 48 and 64
+// keys measured +2 %, 80 −1 % and 32 −1 % against none (docs/perf-log.md,
+// mx7); with the fold by table (mx8), 80 keys +3 % against 48, 96 −1 %
+// (mx8b).
+inline constexpr int kSm90Mxfp4MufuFirstKey = 48;
 inline constexpr int kMxfp4MufuExponentShift = 14;  // p carries 2^-14: E2M1 onto fp16's linear grid
 static_assert(kSm90Mxfp4MufuFirstKey % 16 == 0 && kSm90Mxfp4MufuFirstKey >= 0 &&
                   kSm90Mxfp4MufuFirstKey <= kSm90Fp8Tile,
