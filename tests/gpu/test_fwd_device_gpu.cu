@@ -12,6 +12,7 @@
 #include "fp4attn/attention.hpp"
 #include "fp4attn/error.hpp"
 #include "fp4attn/metrics.hpp"
+#include "gpu/device_forward_args.hpp"
 #include "gpu/gpu_test_util.hpp"
 
 namespace fp4attn {
@@ -20,49 +21,13 @@ namespace {
 using gpu_test::DeviceArray;
 
 // One device call on bf16 (B, S, H, D) tensors, its workspace and outputs.
-struct DeviceCall {
-  AttentionShape shape;
-  DeviceArray<__nv_bfloat16> q, k, v, o;
-  DeviceArray<float> lse;
-  DeviceArray<unsigned char> workspace;
-
-  DeviceCall(const AttentionShape& s, Recipe recipe)
-      : shape(s),
-        q(static_cast<std::size_t>(s.q_elems())),
-        k(static_cast<std::size_t>(s.kv_elems())),
-        v(static_cast<std::size_t>(s.kv_elems())),
-        o(static_cast<std::size_t>(s.q_elems())),
-        lse(static_cast<std::size_t>(s.lse_elems())),
-        workspace(dispatch::sm90_device_workspace_bytes(s, recipe)) {}
+struct DeviceCall : gpu_test::DenseForwardCall<__nv_bfloat16> {
+  using DenseForwardCall::DenseForwardCall;
 
   static void upload(DeviceArray<__nv_bfloat16>& dst, const std::vector<float>& x) {
     std::vector<__nv_bfloat16> h(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) h[i] = __float2bfloat16_rn(x[i]);
     dst.upload(h);
-  }
-
-  // Contiguous (B, S, H, D) element strides.
-  static dispatch::DeviceTensorView view(const DeviceArray<__nv_bfloat16>& x, std::int64_t S, std::int64_t H,
-                                         std::int64_t D) {
-    return {x.ptr, S * H * D, H * D, D};
-  }
-
-  void run(const AttentionOptions& opt) {
-    const AttentionShape& s = shape;
-    dispatch::DeviceForwardArgs a;
-    a.shape = s;
-    a.element = dispatch::DeviceElement::bf16;
-    a.q = view(q, s.Sq, s.Hq, s.D);
-    a.k = view(k, s.Sk, s.Hkv, s.D);
-    a.v = view(v, s.Sk, s.Hkv, s.D);
-    a.o = o.ptr;
-    a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
-    a.lse = lse.ptr;
-    a.workspace = workspace.ptr;
-    a.workspace_bytes = workspace.bytes();
-    o.poison();
-    lse.poison();
-    dispatch::sm90_forward_device(a, opt, nullptr);
   }
 
   std::vector<float> output() const {

@@ -19,6 +19,7 @@
 #include "cuda/common/random_fill.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
+#include "gpu/device_forward_args.hpp"
 #include "gpu/gpu_test_util.hpp"
 
 namespace fp4attn {
@@ -43,45 +44,8 @@ std::string name_of(const LargeCase& c) {
 }
 void PrintTo(const LargeCase& c, std::ostream* os) { *os << name_of(c); }
 
-// bf16 (B, S, H, D) inputs, outputs and workspace of one device call.
-struct Call {
-  AttentionShape shape;
-  DeviceArray<Bf16Bits> q, k, v, o;
-  DeviceArray<float> lse;
-  DeviceArray<unsigned char> workspace;
-
-  Call(const AttentionShape& s, Recipe recipe)
-      : shape(s),
-        q(static_cast<std::size_t>(s.q_elems())),
-        k(static_cast<std::size_t>(s.kv_elems())),
-        v(static_cast<std::size_t>(s.kv_elems())),
-        o(static_cast<std::size_t>(s.q_elems())),
-        lse(static_cast<std::size_t>(s.lse_elems())),
-        workspace(dispatch::sm90_device_workspace_bytes(s, recipe)) {}
-
-  bool allocated() const {
-    return q.ptr != nullptr && k.ptr != nullptr && v.ptr != nullptr && o.ptr != nullptr && lse.ptr != nullptr &&
-           workspace.ptr != nullptr;
-  }
-
-  void run(const AttentionOptions& opt) {
-    const AttentionShape& s = shape;
-    dispatch::DeviceForwardArgs a;
-    a.shape = s;
-    a.element = dispatch::DeviceElement::bf16;
-    a.q = {q.ptr, s.Sq * s.Hq * s.D, s.Hq * s.D, s.D};
-    a.k = {k.ptr, s.Sk * s.Hkv * s.D, s.Hkv * s.D, s.D};
-    a.v = {v.ptr, s.Sk * s.Hkv * s.D, s.Hkv * s.D, s.D};
-    a.o = o.ptr;
-    a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
-    a.lse = lse.ptr;
-    a.workspace = workspace.ptr;
-    a.workspace_bytes = workspace.bytes();
-    o.poison();
-    lse.poison();
-    dispatch::sm90_forward_device(a, opt, nullptr);
-  }
-};
+// bf16 (B, S, H, D) inputs, outputs and workspace of one device call, as raw bits.
+using Call = gpu_test::DenseForwardCall<Bf16Bits>;
 
 // Elements [first, first + count) of a device array.
 template <class T>
@@ -233,11 +197,11 @@ TEST_P(GpuBackwardLarge, EachBatchEqualsACallOnItAlone) {
       dispatch::DeviceBackwardArgs a;
       a.shape = s;
       a.element = dispatch::DeviceElement::bf16;
-      a.q = {fwd.q.ptr, sb, ss, s.D};
-      a.k = {fwd.k.ptr, sb, ss, s.D};
-      a.v = {fwd.v.ptr, sb, ss, s.D};
-      a.o = {fwd.o.ptr, sb, ss, s.D};
-      a.d_o = {d_o.ptr, sb, ss, s.D};
+      a.q = gpu_test::bshd_view(fwd.q.ptr, s.Sq, s.Hq, s.D);
+      a.k = gpu_test::bshd_view(fwd.k.ptr, s.Sk, s.Hkv, s.D);
+      a.v = gpu_test::bshd_view(fwd.v.ptr, s.Sk, s.Hkv, s.D);
+      a.o = gpu_test::bshd_view(fwd.o.ptr, s.Sq, s.Hq, s.D);
+      a.d_o = gpu_test::bshd_view(d_o.ptr, s.Sq, s.Hq, s.D);
       a.lse = fwd.lse.ptr;
       a.dq = dq.ptr, a.dq_stride_b = sb, a.dq_stride_s = ss, a.dq_stride_h = s.D;
       a.dk = dk.ptr, a.dk_stride_b = sb, a.dk_stride_s = ss, a.dk_stride_h = s.D;

@@ -14,6 +14,7 @@
 
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
+#include "gpu/device_forward_args.hpp"
 #include "gpu/gpu_test_util.hpp"
 
 namespace fp4attn {
@@ -55,11 +56,6 @@ std::vector<Bf16Bits> bf16_bits(const std::vector<float>& x) {
   return h;
 }
 
-// Contiguous (B, S, H, D) element strides of a tensor with H heads and S tokens.
-dispatch::DeviceTensorView view(const void* data, std::int64_t S, std::int64_t H, std::int64_t D) {
-  return {data, S * H * D, H * D, D};
-}
-
 // Everything one call writes, downloaded: O and LSE, or dQ, dK and dV.
 struct Outputs {
   std::vector<Bf16Bits> a, b, c;
@@ -82,16 +78,8 @@ Outputs run_on(int device, const DeviceCase& c, const AttentionShape& s, const s
   opt.mask = c.mask;
   opt.smooth_k = true;
 
-  dispatch::DeviceForwardArgs f;
-  f.shape = s;
-  f.q = view(dq_in.ptr, s.Sq, s.Hq, s.D);
-  f.k = view(dk_in.ptr, s.Sk, s.Hkv, s.D);
-  f.v = view(dv_in.ptr, s.Sk, s.Hkv, s.D);
-  f.o = o.ptr;
-  f.o_stride_b = s.Sq * s.Hq * s.D, f.o_stride_s = s.Hq * s.D, f.o_stride_h = s.D;
-  f.lse = lse.ptr;
-  f.workspace = workspace.ptr;
-  f.workspace_bytes = workspace.bytes();
+  const dispatch::DeviceForwardArgs f = gpu_test::dense_forward_args(s, dq_in.ptr, dk_in.ptr, dv_in.ptr, o.ptr, lse.ptr,
+                                                                     workspace.ptr, workspace.bytes());
   o.poison();
   lse.poison();
   dispatch::sm90_forward_device(f, opt, nullptr);
@@ -109,8 +97,8 @@ Outputs run_on(int device, const DeviceCase& c, const AttentionShape& s, const s
   dispatch::DeviceBackwardArgs b;
   b.shape = s;
   b.q = f.q, b.k = f.k, b.v = f.v;
-  b.o = view(o.ptr, s.Sq, s.Hq, s.D);
-  b.d_o = view(grad_o.ptr, s.Sq, s.Hq, s.D);
+  b.o = gpu_test::bshd_view(o.ptr, s.Sq, s.Hq, s.D);
+  b.d_o = gpu_test::bshd_view(grad_o.ptr, s.Sq, s.Hq, s.D);
   b.lse = lse.ptr;
   b.dq = dq.ptr, b.dq_stride_b = s.Sq * s.Hq * s.D, b.dq_stride_s = s.Hq * s.D, b.dq_stride_h = s.D;
   b.dk = dk.ptr, b.dk_stride_b = s.Sk * s.Hkv * s.D, b.dk_stride_s = s.Hkv * s.D, b.dk_stride_h = s.D;
