@@ -47,8 +47,9 @@ float fp8_row(const PConfig& cfg, std::span<const float> u, const MufuInputs& mu
   return sum;
 }
 
-// E2M1 values of one 32-key block into q; returns the block exponent E.
-// `s` and `first_key` are the block's raw scores and first key (the MUFU share).
+// E2M1 values of one 32-key block into q; returns the block exponent E. The
+// block starts at index j0 of the tile's row, whose first key is first_key;
+// the keys on MUFU (mxfp4_mufu_share) read their raw scores from mufu.s.
 int mx_block(const PConfig& cfg, std::span<const float> u, const MufuInputs& mufu, std::size_t j0,
              std::int64_t first_key, float* q) {
   if (cfg.direct_p) {

@@ -195,10 +195,10 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&
       const int block_exp = direct_p::mx_block_exponent(direct_p::log2_score(bm[r][t], c[r], m[r]));
       const float offset = direct_p::mxfp4_fixed_offset(block_exp);
       cuda_quantize::FoldTable table;
+      const auto entry = static_cast<std::uint32_t>(block_exp - PFoldTable::kFirstExponent);
       asm("ld.shared.v2.u32 {%0, %1}, [%2];"
-                   : "=r"(table.lo), "=r"(table.hi)
-                   : "r"(fold + static_cast<std::uint32_t>(block_exp - PFoldTable::kFirstExponent) *
-                                    static_cast<std::uint32_t>(sizeof(cuda_quantize::FoldTable))));
+          : "=r"(table.lo), "=r"(table.hi)
+          : "r"(fold + entry * static_cast<std::uint32_t>(sizeof(cuda_quantize::FoldTable))));
       auto u = [&](int i) { return direct_p::log2_score(s[i], c[r], m[r]); };
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
