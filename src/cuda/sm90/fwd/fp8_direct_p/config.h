@@ -34,6 +34,10 @@ struct Fp8Config {
   // whenever they are ready: at D = 64 the tensor core is busy about 40 % of
   // the time, and a fixed order only made ready consumers wait (v13g: +1–2 %).
   static constexpr bool kConsumerTurns = kConsumers == 2;
+  // Recipe mxfp4's block exponents by an add on the FMA pipe instead of
+  // F2I on the XU pipe, which three softmax streams at once keep busy
+  // (p_operand.cuh, MxBlockExponent).
+  static constexpr bool kMxExponentByAdd = kConsumers == 3;
 
   // K-major rows of Q and K are HeadDim bytes: 128 B rows use the 128-byte
   // swizzle, 64 B rows the 64-byte one. Vᵀ rows are kBlockK = 128 keys = 128 B.

@@ -155,7 +155,7 @@ struct OnlineSoftmax {
   // compare and select measured 2–3 % slower at D = 128: v11 in the perf log.)
   // c is per row (Q's factor may differ per row).
   // P may overwrite s (mxfp4_exp2): the scores are dead once P is packed.
-  template <PCode kPCode, int N>
+  template <PCode kPCode, bool kMxExponentByAdd, int N>
   __device__ void step(float (&s)[N], const float (&c)[2], bool mx_round_up, std::uint32_t (&p)[N / 16][4],
                        float (&alpha)[2]) {
     float mx[2];
@@ -170,7 +170,7 @@ struct OnlineSoftmax {
       alpha[r] = exp2f(m[r] - m_use[r]);
       m[r] = m_new;
     }
-    if constexpr (kPCode == PCode::mxfp4_direct_p) pack_p_operand_mx(s, c, m_use, bm, p);
+    if constexpr (kPCode == PCode::mxfp4_direct_p) pack_p_operand_mx<kMxExponentByAdd>(s, c, m_use, bm, p);
     else if constexpr (kPCode == PCode::mxfp4_exp2) pack_p_operand_mx_exp2(s, c, m_use, mx_round_up, p);
     else pack_p_operand<kPCode>(s, c, m_use, p);
   }
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     fence_registers(s);
     timeline::mark(timeline::kConsumer, timeline::kS0Done);
     mask_tile(s, 0);
-    softmax.step<kPCode>(s, c, mx_round_up, p, alpha);
+    softmax.step<kPCode, Cfg::kMxExponentByAdd>(s, c, mx_round_up, p, alpha);
     timeline::mark(timeline::kConsumer, timeline::kSoftmax0Done);
 
     // Turn n: PV of tile n − 1, then S of tile n. O takes in PV while S is
@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
       // dependency and shuffle latency (they share a basic block).
       fence_tail<kOGroupsBeforeS>(o, pv);
       accumulate_o<kOGroupsBeforeS, Cfg::kORegs / 4, true>(o, softmax.l, alpha, pv);
-      softmax.step<kPCode>(s, c, mx_round_up, p, alpha);
+      softmax.step<kPCode, Cfg::kMxExponentByAdd>(s, c, mx_round_up, p, alpha);
     }
 
     // Last turn: PV of the last tile.

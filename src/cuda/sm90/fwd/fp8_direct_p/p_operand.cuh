@@ -5,6 +5,7 @@
 // emulator's sm90 target, bit for bit.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 #include "cuda/quantize/fold_table.hpp"
@@ -174,6 +175,48 @@ FP4ATTN_DEVICE_INLINE void block_max(const float (&s)[N], float (&bm)[2][N / 16]
   }
 }
 
+// A 32-key block's exponent E = max(ceil(u_max − log2 6), kNoBlockExponent)
+// (direct_p::mx_block_exponent) and the MUFU keys' shift m + (E + 14)
+// (direct_p::mxfp4_mufu_shift), bit for bit in either of two ways:
+//  * kByAdd = false: cvt.rpi (F2I.CEIL) and I2FP, on the XU pipe;
+//  * kByAdd = true: an add rounded toward +inf onto the integer grid of
+//    [2^23, 2^24) leaves kCeilMagic + ceil(t) in a float, whose bits are
+//    clamped by one signed max (a negative float, t = −inf among them, has
+//    negative bits), and E + 14 as a float is one exact FADD from there. All
+//    on the FMA and ALU pipes.
+// The XU pipe also runs MUFU's share of the codes, their F2FP and the
+// curve's I2IP. Three consumers without turns load it from three softmax
+// streams at once, and there the add measured +4.7 % (D = 64, S = 16k); with
+// two consumers in turns it measured −0.3 to −1.4 % (docs/perf-log.md, mx9).
+template <bool kByAdd>
+struct MxBlockExponent;
+
+template <>
+struct MxBlockExponent<false> {
+  int e;
+  FP4ATTN_DEVICE_INLINE explicit MxBlockExponent(float u_max) : e(direct_p::mx_block_exponent(u_max)) {}
+  FP4ATTN_DEVICE_INLINE int exponent() const { return e; }
+  FP4ATTN_DEVICE_INLINE float mufu_shift(float m) const { return direct_p::mxfp4_mufu_shift(m, e); }
+};
+
+template <>
+struct MxBlockExponent<true> {
+  static constexpr float kCeilMagic = 0x1.8p23f;  // 1.5·2^23: ceil exact for |t| < 2^22, below that clamped
+  static constexpr std::int32_t kMagicBits = 0x4B400000;
+  std::int32_t bits;  // kMagicBits + E
+  FP4ATTN_DEVICE_INLINE explicit MxBlockExponent(float u_max) {
+    float r;
+    asm("add.rp.f32 %0, %1, %2;" : "=f"(r) : "f"(u_max - direct_p::kLog2Of6), "f"(kCeilMagic));
+    bits = max(__float_as_int(r), kMagicBits + direct_p::kNoBlockExponent);
+  }
+  FP4ATTN_DEVICE_INLINE int exponent() const { return bits - kMagicBits; }
+  // (kCeilMagic + E) − (kCeilMagic − 14) is E + 14 exactly, then the same add of m.
+  FP4ATTN_DEVICE_INLINE float mufu_shift(float m) const {
+    return m + (__int_as_float(bits) - (kCeilMagic - direct_p::kMxfp4MufuExponentShift));
+  }
+};
+static_assert(std::bit_cast<std::int32_t>(MxBlockExponent<true>::kCeilMagic) == MxBlockExponent<true>::kMagicBits);
+
 // pack_p_operand for FP4 P (PCode::mxfp4_direct_p). k32 step t covers keys
 // 32t .. 32t + 31: one MX block, whose maximum bm[r][t] gives E (u is
 // monotone in s). Per pair of keys the E2M1 codes as fp16 patterns c·2^9
@@ -182,7 +225,7 @@ FP4ATTN_DEVICE_INLINE void block_max(const float (&s)[N], float (&bm)[2][N / 16]
 // per four keys one byte permute through the block's fold table
 // (p_fold_table: per E the E4M3 bytes of q·2^(E + 8), the emulator's
 // fold_mx_to_e4m3 against R = kPRowExponent).
-template <int N>
+template <bool kExponentByAdd, int N>
 FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&c)[2], const float (&m)[2],
                                              const float (&bm)[2][N / 16], std::uint32_t (&p)[N / 16][4]) {
   static_assert(2 * N == direct_p::kSm90Fp8Tile, "the MUFU share is defined on 128-key tiles");
@@ -192,7 +235,8 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&
   for (int r = 0; r < 2; ++r) {
 #pragma unroll
     for (int t = 0; t < kSteps; ++t) {
-      const int block_exp = direct_p::mx_block_exponent(direct_p::log2_score(bm[r][t], c[r], m[r]));
+      const MxBlockExponent<kExponentByAdd> e(direct_p::log2_score(bm[r][t], c[r], m[r]));
+      const int block_exp = e.exponent();
       const float offset = direct_p::mxfp4_fixed_offset(block_exp);
       cuda_quantize::FoldTable table;
       const auto entry = static_cast<std::uint32_t>(block_exp - PFoldTable::kFirstExponent);
@@ -205,7 +249,7 @@ FP4ATTN_DEVICE_INLINE void pack_p_operand_mx(const float (&s)[N], const float (&
         const int j = 4 * t + 2 * h;
         std::uint32_t a, b;  // keys 4j + 2r (+1) and 4j + 4 + 2r (+1): codes of bytes 0, 1 and 2, 3
         if (32 * t + 16 * h >= direct_p::kSm90Mxfp4MufuFirstKey) {
-          const float shift = direct_p::mxfp4_mufu_shift(m[r], block_exp);
+          const float shift = e.mufu_shift(m[r]);
           auto x = [&](int i) { return direct_p::log2_score(s[i], c[r], shift); };
           a = direct_p::device::mxfp4_pattern_pair_mufu(x(4 * j + 2 * r), x(4 * j + 2 * r + 1));
           b = direct_p::device::mxfp4_pattern_pair_mufu(x(4 * j + 4 + 2 * r), x(4 * j + 5 + 2 * r));
