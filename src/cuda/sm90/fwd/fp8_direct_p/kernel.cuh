@@ -455,25 +455,47 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
       return __floats2bfloat162_rn(o[4 * j + 2 * r] * inv_sum[r] * vs[j].x,
                                    o[4 * j + 2 * r + 1] * inv_sum[r] * vs[j].y);
     };
+    auto store_lse = [&] {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (frag.col == 0 && row_abs[r] < args.Sq) {
+          const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
+          args.lse[lse_index] =
+              empty[r] ? neg_inf() : (softmax.m[r] + log2f(row_sum[r]) - kPOffset) * kLn2 + lse_shift[r];
+        }
+      }
+    };
     bool stored = false;
     if constexpr (!kFp4In) {
       if (o_by_tma) {
         // Row ρ's 16-byte chunk c of a box sits at chunk c ^ (ρ mod 8): the
         // 128-byte swizzle, which also spreads each warp store (8 rows, one
-        // chunk each) over all banks. Rows past Sq are clipped by TMA.
+        // chunk each) over all banks. Rows past Sq are clipped by TMA. A
+        // thread's two rows are 8 apart, so they share ρ mod 8: per chunk
+        // one address, and the boxes and the second row are immediate
+        // offsets of shared-space stores.
         using Stage = OStaging<Cfg>;
         std::uint8_t* stage = smem.o_stage.rows[consumer];
+        const auto row0 = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage)) +
+                          frag.row[0] * Stage::kBoxRowBytes + 2 * frag.col;
+        const int swizzle = frag.row[0] & 7;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = frag.row[r];
+        for (int chunk = 0; chunk < 8; ++chunk) {
+          const std::uint32_t at = row0 + 16 * (chunk ^ swizzle);
 #pragma unroll
-          for (int j = 0; j < HeadDim / 8; ++j)
-            *reinterpret_cast<__nv_bfloat162*>(stage + (j / 8) * Stage::kBoxBytes + row * Stage::kBoxRowBytes +
-                                               16 * ((j % 8) ^ (row & 7)) + 2 * frag.col) = o_pair(j, r);
+          for (int box = 0; box < Stage::kBoxes; ++box)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const __nv_bfloat162 v = o_pair(8 * box + chunk, r);
+              asm volatile("st.shared.b32 [%0], %1;" ::"r"(at + box * Stage::kBoxBytes + r * 8 * Stage::kBoxRowBytes),
+                           "r"(*reinterpret_cast<const std::uint32_t*>(&v))
+                           : "memory");
+            }
         }
         cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
         named_barrier_sync(kBarrierOStaged + consumer, kWarpgroupThreads);
-        if (threadIdx.x % kWarpgroupThreads == 0) {
+        const bool issuer = threadIdx.x % kWarpgroupThreads == 0;
+        if (issuer) {
 #pragma unroll
           for (int box = 0; box < Stage::kBoxes; ++box) {
             const std::int32_t coord[4] = {box * Stage::kBoxRowBytes, first_row, head, batch};
@@ -481,9 +503,11 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
                                             stage + box * Stage::kBoxBytes);
           }
           cuda::ptx::cp_async_bulk_commit_group();
-          // Shared memory must outlive the copies' reads; their writes finish on their own.
-          cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
         }
+        // The LSE while the copy engine reads the staged rows.
+        store_lse();
+        // Shared memory must outlive the copies' reads; their writes finish on their own.
+        if (issuer) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
         stored = true;
       }
     }
@@ -497,14 +521,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
         for (int j = 0; j < HeadDim / 8; ++j)
           *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
       }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (frag.col == 0 && row_abs[r] < args.Sq) {
-        const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
-        args.lse[lse_index] =
-            empty[r] ? neg_inf() : (softmax.m[r] + log2f(row_sum[r]) - kPOffset) * kLn2 + lse_shift[r];
-      }
+      store_lse();
     }
   });
   timeline::mark(timeline::kConsumer, timeline::kEnd);
