@@ -199,6 +199,9 @@ struct MxBlockExponent<false> {
   FP4ATTN_DEVICE_INLINE float mufu_shift(float m) const { return direct_p::mxfp4_mufu_shift(m, e); }
 };
 
+// Precondition u_max < 2^22 (u_max ≤ 0 up to a rounding: a block's maximum
+// is at most its row's); tests/gpu/test_p_operand_gpu.cu checks every float
+// below 2^21 against the other form and the host rule.
 template <>
 struct MxBlockExponent<true> {
   static constexpr float kCeilMagic = 0x1.8p23f;  // 1.5·2^23: ceil exact for |t| < 2^22, below that clamped
