@@ -43,6 +43,12 @@ def flops(B, H, S, D, causal):
     return 4.0 * B * H * D * pairs
 
 
+def grid_problem(spec):
+    """"D:S:causal" → (B, H, S, D, causal) with the grid's B·S = TOKENS and H·D = 2048."""
+    D, S, c = map(int, spec.split(":"))
+    return TOKENS // S, 2048 // D, S, D, bool(c)
+
+
 class Ours:
     """Plans (one per input set) holding the quantized operands; Hkv = H unless given (GQA)."""
 

@@ -27,17 +27,40 @@ def check(lib, rc):
         raise RuntimeError(lib.fp4attn_last_error().decode())
 
 
-def time_ms(fn, reps, warmup):
-    """Median milliseconds of fn(i) over reps runs, each between two CUDA events."""
+def time_ms(fn, reps, warmup, queued=False):
+    """Median milliseconds of fn(i) over reps runs, each between two CUDA events.
+    Each run waits for the previous one, unless `queued`: then the runs are queued
+    back to back and the GPU never idles for the host, whatever a call's host overhead."""
     for i in range(warmup):
         fn(i)
     torch.cuda.synchronize()
-    times = []
+    events = []
+    for i in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i)
+        end.record()
+        if not queued:
+            end.synchronize()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def host_gap_us(fn, reps):
+    """Mean GPU idle per call, in µs, when each call waits for the previous one
+    (time_ms's pattern): wall time per call minus the call's event time."""
+    import time
+    torch.cuda.synchronize()
+    total_event = 0.0
+    t0 = time.perf_counter()
     for i in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn(i)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        total_event += start.elapsed_time(end)
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    return (wall_ms - total_event) / reps * 1e3
+

@@ -30,7 +30,7 @@ import time
 import torch
 from torch.nn.attention import SDPBackend
 
-from bench_fwd import INPUT_SETS, TOKENS, Ours, flops, sdpa
+from bench_fwd import INPUT_SETS, Ours, flops, grid_problem, sdpa
 from capi_lib import load_lib, time_ms
 
 
@@ -66,9 +66,7 @@ def main():
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     rows, log = [], []
     for shape in args.shapes.split(","):
-        D, S, c = map(int, shape.split(":"))
-        causal = bool(c)
-        H, B = 2048 // D, TOKENS // S
+        B, H, S, D, causal = grid_problem(shape)
         sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 for _ in range(INPUT_SETS)]
         ours = Ours(lib, ll3, sets, B, H, S, D, causal)
