@@ -23,9 +23,10 @@ and power of its run. With --cold-ms N every timed burst instead follows N ms
 of idle GPU, so that it runs from a cool card at the top clock (bench/
 power_ramp.py: the first 50–70 ms after 1.5 s of idle run at 1980 MHz for
 both this kernel and cuDNN, then the 700 W limit pulls the clock down). The
-two modes compare the implementations at the same clock (cold) and at the
-same power (sustained); interleaved bursts (the default) can catch them at
-different clocks. --impls keeps only some implementations (fwd, fwd_e2e,
+two modes compare the implementations at the top clock (cold) and each at
+its own clock under the power limit (sustained); interleaved bursts (the
+default) run both at the one lower clock that the card's mix of work has set
+once it has been busy for 50–70 ms. --impls keeps only some implementations (fwd, fwd_e2e,
 quantize, cudnn_bf16, fa2_bf16).
 
 Shape sets (--set):

@@ -2,6 +2,7 @@
 and the CUDA-event timer (warm-up, then the median of the timed runs)."""
 import ctypes
 import statistics
+import time
 
 import torch
 
@@ -50,7 +51,6 @@ def time_ms(fn, reps, warmup, queued=False):
 def host_gap_us(fn, reps):
     """Mean GPU idle per call, in µs, when each call waits for the previous one
     (time_ms's pattern): wall time per call minus the call's event time."""
-    import time
     torch.cuda.synchronize()
     total_event = 0.0
     t0 = time.perf_counter()
@@ -63,4 +63,3 @@ def host_gap_us(fn, reps):
         total_event += start.elapsed_time(end)
     wall_ms = (time.perf_counter() - t0) * 1e3
     return (wall_ms - total_event) / reps * 1e3
-
