@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +117,9 @@ def main():
     ap.add_argument("--commit", default="")
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every implementation once per round, in turn: a drift of the clock reaches all alike")
+    ap.add_argument("--cold-ms", type=float, default=0.0,
+                    help="idle the GPU this many ms before every timed burst, so that each starts from a cool card "
+                         "at the top clock (use few --reps: the top clock lasts 50-70 ms, bench/power_ramp.py)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
@@ -157,6 +161,9 @@ def main():
                 times = {k: [] for k in runs}
                 for _ in range(args.rounds):
                     for k, run in runs.items():
+                        if args.cold_ms > 0:
+                            torch.cuda.synchronize()
+                            time.sleep(args.cold_ms / 1e3)
                         times[k].append(run())
                 r = {}
                 for dp in (True, False):
