@@ -133,6 +133,8 @@ __device__ __forceinline__ float fp8_scale_of(float amax) {
 template <class T>
 __global__ void __launch_bounds__(kStatsThreads) fp8_stats_kernel(const __grid_constant__ Job<T> job,
                                                                   int channel_blocks) {
+  // The finalize kernel may launch now; it waits for this grid before reading.
+  cudaTriggerProgrammaticLaunchCompletion();
   const bool k_tensor = blockIdx.z == 1;
   const InputView<T> in = k_tensor ? job.k : job.v;
   const int chunk = static_cast<int>(blockIdx.x) / channel_blocks;
@@ -189,6 +191,8 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_stats_kernel(const __grid_c
 // chunk order, v_scale from the channel amax.
 template <class T>
 __global__ void __launch_bounds__(kThreads) fp8_finalize_kernel(const __grid_constant__ Job<T> job) {
+  cudaTriggerProgrammaticLaunchCompletion();  // the quantize kernel may launch; it waits for this grid
+  cudaGridDependencySynchronize();            // the statistics are complete and visible
   const std::int64_t channel = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (channel >= static_cast<std::int64_t>(job.B) * job.Hkv * job.D) return;
   if (job.smooth_k) {
@@ -426,17 +430,24 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   return scale;
 }
 
+// The quantize kernel is a programmatic dependent launch of the finalize
+// kernel: its CTAs may start while the finalize kernel (and, before it, the
+// statistics kernel) still runs. A CTA loads its block, which is input only,
+// then waits here before it reads k_mean or v_scale or writes anything.
+__device__ __forceinline__ void statistics_ready() { cudaGridDependencySynchronize(); }
+
 // K block: (k − mean when smooth_k) → codes and block scale.
 template <class T>
 __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& items, int b, int h, int blk,
                                         std::uint32_t (&warp_max)[kWarps]) {
   const int j = b * job.Hkv + h;
   const int s0 = blk * kTokenBlock;
-  float mean[kSegment] = {};
-  if (job.smooth_k) load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   const bool whole = whole_block(job.k, s0, job.Sk);
   Block<T> c;
   load_block<L2Reuse::last>(items, job.k, b, h, s0, job.Sk, whole, c);
+  statistics_ready();
+  float mean[kSegment] = {};
+  if (job.smooth_k) load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   std::uint32_t words[kMaxItems][kQuadTokens][2];
   quantize_token_block(job, items, c, job.smooth_k, mean, b, h, blk, job.Sk, job.Hkv, job.k_blocks, whole, job.out.k,
                        job.out.k_scale, job.out.nonfinite + kK, warp_max, words);
@@ -449,6 +460,10 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
                                         std::uint32_t* tile) {
   const int j = b * job.Hkv + h;
   const int s0 = blk * kTokenBlock;
+  const bool whole = whole_block(job.v, s0, job.Sk);
+  Block<T> c;
+  load_block<L2Reuse::last>(items, job.v, b, h, s0, job.Sk, whole, c);
+  statistics_ready();
   float scale[kSegment];
   load_channels(job.out.v_scale + static_cast<std::int64_t>(j) * job.D + items.first_d, scale);
   // Per channel only the scale and its reciprocal stay live; the bracket's
@@ -456,9 +471,6 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
   float recip[kSegment];
 #pragma unroll
   for (int e = 0; e < kSegment; ++e) recip[e] = __frcp_rn(scale[e]);
-  const bool whole = whole_block(job.v, s0, job.Sk);
-  Block<T> c;
-  load_block<L2Reuse::last>(items, job.v, b, h, s0, job.Sk, whole, c);
   // Keys past Sk hold zeros, whose code is 0. One item (a quad of keys × 8
   // channels) at a time, so that only its 8 words are live.
   const int g = items.column;
@@ -507,14 +519,15 @@ template <class T>
 __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& items, int b, int h, int kv_head,
                                         int blk, std::uint32_t (&warp_max)[kWarps]) {
   const int s0 = blk * kTokenBlock;
+  const bool whole = whole_block(job.q, s0, job.Sq);
+  Block<T> c;
+  load_block<L2Reuse::last>(items, job.q, b, h, s0, job.Sq, whole, c);
+  statistics_ready();
   float mean[kSegment] = {};
   if (job.smooth_k) {
     const int j = b * job.Hkv + kv_head;
     load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   }
-  const bool whole = whole_block(job.q, s0, job.Sq);
-  Block<T> c;
-  load_block<L2Reuse::last>(items, job.q, b, h, s0, job.Sq, whole, c);
   const float zero[kSegment] = {};
   std::uint32_t words[kMaxItems][kQuadTokens][2];
   const float scale = quantize_token_block(job, items, c, false, zero, b, h, blk, job.Sq, job.Hq, job.q_blocks, whole,
