@@ -3,10 +3,11 @@
 // SM count that sizes persistent grids.
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "cuda/common/device_info.hpp"
 #include "cuda/common/device_memory.hpp"
@@ -50,5 +51,27 @@ class CallWorkspace {
 };
 
 using cuda_common::sm_count;
+
+// Launches `kernel`; with `after_own_kernel` as a programmatic dependent of
+// the previous kernel on `stream`, which must be one of the quantizer's own
+// (its statistics pass: never the caller's work, which may still be writing
+// the input). The kernel may then start while that one finishes, and calls
+// cudaGridDependencySynchronize before it reads what it wrote or writes
+// anything itself; it may read its input before.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, unsigned threads, std::size_t smem, cudaStream_t stream,
+                   bool after_own_kernel, const char* what, Args&&... args) {
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = after_own_kernel ? &dependent : nullptr;
+  config.numAttrs = after_own_kernel ? 1 : 0;
+  cuda_common::check_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+}
 
 }  // namespace fp4attn::cuda_quantize

@@ -121,8 +121,9 @@ void launch_columns_stream(const fp4::Job<T>& job, std::int64_t tiles, cudaStrea
   }
   const auto ctas = static_cast<unsigned>(
       std::min<std::int64_t>(tiles, std::int64_t{stream_grid_limits().sms} * fp4::kStreamCtasPerSm));
-  fp4::fp4_columns_stream_kernel<T, kD><<<ctas, fp4::kThreads, kSmem, stream>>>(job, static_cast<int>(tiles));
-  check_cuda(cudaGetLastError(), "quantize_fp4 launch");
+  // NVFP4's Vᵀ follows the tensor amax pass: a programmatic dependent launch.
+  launch_kernel(fp4::fp4_columns_stream_kernel<T, kD>, dim3(ctas), fp4::kThreads, kSmem, stream, job.nvfp4,
+                "quantize_fp4 launch", job, static_cast<int>(tiles));
 }
 
 constexpr std::size_t kSmemReservedPerCta = 1024;  // what the runtime keeps per resident CTA
@@ -182,9 +183,14 @@ bool launch_rows_stream(const StridedInput& x, Fp4Operand op, const Fp4Options& 
   // pipeline's fill, and small inputs are done by fewer, fuller warps.
   const auto ctas = static_cast<unsigned>(std::min<std::int64_t>(
       ceil_div(job.rounds, fp4::kWarps * kMinRoundsPerWarp), std::int64_t{limits.sms} * per_sm));
-  if (smooth) fp4::fp4_rows_stream_kernel<T, true><<<ctas, fp4::kThreads, smem, stream>>>(job);
-  else fp4::fp4_rows_stream_kernel<T, false><<<ctas, fp4::kThreads, smem, stream>>>(job);
-  check_cuda(cudaGetLastError(), "quantize_fp4 launch");
+  // After a statistics pass (NVFP4's amax, smooth_k's mean): a programmatic dependent launch.
+  const bool after_statistics = extras.mean != nullptr || extras.amax != nullptr;
+  if (smooth)
+    launch_kernel(fp4::fp4_rows_stream_kernel<T, true>, dim3(ctas), fp4::kThreads, smem, stream, after_statistics,
+                  "quantize_fp4 launch", job);
+  else
+    launch_kernel(fp4::fp4_rows_stream_kernel<T, false>, dim3(ctas), fp4::kThreads, smem, stream, after_statistics,
+                  "quantize_fp4 launch", job);
   return true;
 }
 
@@ -231,9 +237,8 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
     fp4::fp4_mean_partial_kernel<T><<<grid, fp4::kMeanThreads, 0, stream>>>(job, w, chunks, channel_blocks, nvfp4);
     check_cuda(cudaGetLastError(), "quantize_fp4 (mean) launch");
     const auto finalize_ctas = static_cast<unsigned>(ceil_div(x.B * channels, fp4::kThreads));
-    fp4::fp4_mean_finalize_kernel<<<finalize_ctas, fp4::kThreads, 0, stream>>>(w, B, channels, chunks, S, out.k_mean,
-                                                                               nvfp4);
-    check_cuda(cudaGetLastError(), "quantize_fp4 (mean) launch");
+    launch_kernel(fp4::fp4_mean_finalize_kernel, dim3(finalize_ctas), fp4::kThreads, 0, stream, true,
+                  "quantize_fp4 (mean) launch", w, B, channels, chunks, S, out.k_mean, nvfp4);
   } else if (nvfp4) {
     // About kAmaxCtasPerSm CTAs per SM over all batch entries, each with a few tokens at least.
     const std::int64_t per_batch = std::max<std::int64_t>(1, sm_count() * kAmaxCtasPerSm / x.B);

@@ -544,7 +544,6 @@ __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
   };
-  const float s_enc = tensor_scale_of(job, blockIdx.x);
   const int block_shift = job.nvfp4 ? kNvfp4BlockShift : kMxfp4BlockShift;
   const int scale_rows = job.padded_tokens >> block_shift;
   std::uint32_t mag = 0;
@@ -561,6 +560,11 @@ __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream
       asm volatile("cp.async.commit_group;" ::: "memory");  // empty groups keep the count
     }
   }
+  // After NVFP4's amax pass this kernel is a programmatic dependent launch
+  // (quantize_fp4.cu): the first tiles' copies (input only) are in flight
+  // before it waits for the tensor amax, and before it writes.
+  cudaGridDependencySynchronize();
+  const float s_enc = tensor_scale_of(job, blockIdx.x);
 #pragma unroll 1
   for (int i = 0, walk = static_cast<int>(blockIdx.x); walk < tiles; ++i, walk += stride) {
     // The buffer the furthest tile goes to was last read in iteration i − 1,
@@ -784,11 +788,6 @@ __global__ void __launch_bounds__(kThreads, kRowStreamCtas<kSmooth>) fp4_rows_st
 
   const int warps = static_cast<int>(gridDim.x) * kWarps;
   const int first_round = static_cast<int>(blockIdx.x) * kWarps + warp;
-  float s_enc = 1.0f;
-  if (job.nvfp4) {
-    s_enc = nv_tensor_scale(__ldcg(job.amax));
-    if (blockIdx.x == 0 && threadIdx.x == 0) *job.tensor_scale = s_enc;
-  }
   const bool packed = !kSmooth && !job.nvfp4;
   float mean[kMxfp4Block];  // kSmooth: the means of the lane's chunks, in slot order
   std::int64_t mean_slice = -1;
@@ -831,6 +830,15 @@ __global__ void __launch_bounds__(kThreads, kRowStreamCtas<kSmooth>) fp4_rows_st
   };
 #pragma unroll 1
   for (int i = 0; i < kRowStages - 1; ++i) issue(first_round + i * warps, i);
+  // After a statistics pass this kernel is a programmatic dependent launch
+  // (quantize_fp4.cu): its first copies (input only) are in flight before
+  // it waits for the tensor amax or the means, and before it writes.
+  cudaGridDependencySynchronize();
+  float s_enc = 1.0f;
+  if (job.nvfp4) {
+    s_enc = nv_tensor_scale(__ldcg(job.amax));
+    if (blockIdx.x == 0 && threadIdx.x == 0) *job.tensor_scale = s_enc;
+  }
 
   const int blocks_per_row = job.D / kMxfp4Block;
   const int my_row = job.contiguous ? lane / blocks_per_row : lane % rows_per_round;
@@ -929,6 +937,7 @@ __global__ void __launch_bounds__(kThreads, kRowStreamCtas<kSmooth>) fp4_rows_st
 template <class T>
 __global__ void __launch_bounds__(kThreads) fp4_amax_kernel(const __grid_constant__ Job<T> job, unsigned* amax) {
   __shared__ unsigned scratch[kWarps];
+  cudaTriggerProgrammaticLaunchCompletion();  // the quantize kernel may launch; it waits for this grid
   const int b = static_cast<int>(blockIdx.y);
   const int row_segments = job.H << job.seg_shift;
   const int mask = (1 << job.seg_shift) - 1;
@@ -967,6 +976,7 @@ template <class T>
 __global__ void __launch_bounds__(kMeanThreads, kMeanCtasPerSm)
     fp4_mean_partial_kernel(const __grid_constant__ Job<T> job, Workspace ws, int chunks, int channel_blocks,
                             bool want_range) {
+  cudaTriggerProgrammaticLaunchCompletion();  // the finalize kernel may launch; it waits for this grid
   const int chunk = static_cast<int>(blockIdx.x) / channel_blocks;
   const int quad = (static_cast<int>(blockIdx.x) % channel_blocks) * kMeanThreads + static_cast<int>(threadIdx.x);
   const int b = static_cast<int>(blockIdx.y);
@@ -1023,6 +1033,8 @@ __global__ void __launch_bounds__(kMeanThreads, kMeanCtasPerSm)
 __global__ void __launch_bounds__(kThreads) fp4_mean_finalize_kernel(Workspace ws, int B, int channels, int chunks, int S,
                                                                      float* mean, bool want_amax) {
   __shared__ unsigned scratch[kWarps];
+  cudaTriggerProgrammaticLaunchCompletion();  // the quantize kernel may launch; it waits for this grid
+  cudaGridDependencySynchronize();            // the chunk sums are complete and visible
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   std::uint32_t mag = 0;
   if (i < static_cast<std::int64_t>(B) * channels) {

@@ -41,23 +41,6 @@ WorkspaceLayout workspace_layout(std::int64_t slices, std::int64_t chunks_per_sl
   return l;
 }
 
-// Launches `kernel` so that it may begin before the previous work on `stream`
-// ends (programmatic stream serialization); the kernel itself waits for it.
-template <class T>
-void launch_dependent(void (*kernel)(Job<T>), unsigned grid, unsigned threads, cudaStream_t stream, const char* what,
-                      const Job<T>& job) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&config, kernel, job), what);
-}
-
 template <class T>
 void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k, float softmax_scale,
             const Fp8Buffers& out, cudaStream_t stream) {
@@ -101,10 +84,10 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   // each may start while its predecessor finishes, and waits for it
   // (cudaGridDependencySynchronize) before reading what it wrote.
   const std::int64_t channels = slices * k.D;
-  launch_dependent(fp8_finalize_kernel<T>, static_cast<unsigned>((channels + kThreads - 1) / kThreads), kThreads,
-                   stream, "fp8_finalize_kernel launch", job);
-  launch_dependent(fp8_quantize_kernel<T>, static_cast<unsigned>(blocks), static_cast<unsigned>(quantize_threads(job.D)),
-                   stream, "fp8_quantize_kernel launch", job);
+  launch_kernel(fp8_finalize_kernel<T>, dim3(static_cast<unsigned>((channels + kThreads - 1) / kThreads)), kThreads, 0,
+                stream, true, "fp8_finalize_kernel launch", job);
+  launch_kernel(fp8_quantize_kernel<T>, dim3(static_cast<unsigned>(blocks)),
+                static_cast<unsigned>(quantize_threads(job.D)), 0, stream, true, "fp8_quantize_kernel launch", job);
 }
 
 void check_shape(const StridedInput& x, const char* name) {
