@@ -19,9 +19,12 @@
 // Why plain launches: the statistics of a whole (b, h) slice (K's mean, V's
 // per-channel scale) must be final before its first code, so K and V are read
 // twice whatever the schedule. Kernel order on the stream is the grid-wide
-// barrier; every CTA of the quantize kernel then loads, reduces and stores
-// one block with no wait, and the SM's resident CTAs keep loads in flight
-// for one another. The quantize kernel takes the K and V blocks in the
+// barrier. The finalize and quantize kernels are programmatic dependent
+// launches (perf log q9): each may start while its predecessor ends and
+// waits for it in cudaGridDependencySynchronize; a quantize CTA loads its
+// block before that wait. Every CTA of the quantize kernel loads, reduces and
+// stores one block, and the SM's resident CTAs keep loads in flight for one
+// another. The quantize kernel takes the K and V blocks in the
 // reverse of the statistics kernel's order, so its first blocks are those
 // the statistics kernel read last, still in L2. One persistent launch that
 // codes each (b, h) slice a few slices after its statistics, so that the
