@@ -76,6 +76,26 @@ inline std::string shape_mask_name(const AttentionShape& s, MaskKind mask) {
 
 inline std::uint32_t fresh_seed() { return std::random_device{}(); }
 
+// Captures `enqueue(stream)` into a CUDA graph on a stream of its own, then
+// launches the graph once and waits for it: what a caller that replays
+// graphs does (programmatic dependent launches become graph edges).
+template <class Enqueue>
+void run_as_graph(Enqueue&& enqueue) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  enqueue(stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 inline constexpr float kOutlierRate = 0.001f;
 
 inline float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }

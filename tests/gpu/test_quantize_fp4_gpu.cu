@@ -315,16 +315,20 @@ void expect_matches_cpu(const Case& c, const std::vector<float>& x, DeviceOutput
   }
 }
 
+// as_graph: the quantizer's kernels captured into a CUDA graph and run from it.
 template <class T>
-void check_case(const Case& c) {
+void check_case(const Case& c, bool as_graph = false) {
   const std::uint32_t seed = gpu_test::fresh_seed();
   std::mt19937 rng(seed);
   const std::vector<float> x = make_input<T>(c, rng);
   const DeviceTensor in(x, c.B, c.S, c.H, c.D, layout_of(c.layout, c.H, c.D), T{});
   DeviceOutputs dev(c);
   dev.poison();
-  const std::string where = describe(c, Elem<T>::name, seed);
-  cq::quantize_fp4(in.view, c.op, options_of(c), dev.bufs, nullptr);
+  const std::string where = describe(c, Elem<T>::name, seed) + (as_graph ? " (graph)" : "");
+  if (as_graph)
+    gpu_test::run_as_graph([&](cudaStream_t stream) { cq::quantize_fp4(in.view, c.op, options_of(c), dev.bufs, stream); });
+  else
+    cq::quantize_fp4(in.view, c.op, options_of(c), dev.bufs, nullptr);
   cq::check_finite(dev.bufs, nullptr);
   expect_matches_cpu(c, x, dev, where);
 }
@@ -401,6 +405,24 @@ TEST(GpuQuantizeFp4, PipelinedKernelsMatchCpuOverManyRounds) {
     check_case<__nv_bfloat16>({smooth ? Fp4Operand::k : Fp4Operand::q, TensorFormat::nvfp4, MxScaleRule::round_up,
                                smooth, true, 3, 1031, 5, 32, LayoutKind::qkv_slot, true});
   }
+}
+
+// Each pass that follows a statistics pass is a programmatic dependent
+// launch (NVFP4's amax, smooth_k's mean and its finalize): captured into a
+// CUDA graph they become graph edges, and the bits stay the CPU's.
+TEST(GpuQuantizeFp4, CapturedInACudaGraphMatchesCpu) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (TensorFormat f : kFormats) {
+    check_case<__nv_bfloat16>({Fp4Operand::k, f, MxScaleRule::round_up, true, true, 2, 1500, 4, 128, LayoutKind::dense,
+                               false},
+                              true);
+    check_case<__nv_bfloat16>({Fp4Operand::q, f, MxScaleRule::round_up, false, true, 2, 700, 3, 64, LayoutKind::dense,
+                               false},
+                              true);
+  }
+  check_case<__nv_bfloat16>(
+      {Fp4Operand::v, TensorFormat::nvfp4, MxScaleRule::round_up, false, true, 1, 2053, 8, 128, LayoutKind::dense, false},
+      true);
 }
 
 // mx_codes_x8 (the packed bf16x2 / f16x2 MXFP4 encoder) on every 16-bit

@@ -333,6 +333,27 @@ TEST(GpuQuantizeFp8, ReusedWorkspaceGivesEachCallItsOwnResult) {
   }
 }
 
+// The quantizer's three kernels captured into a CUDA graph (the second and
+// third are programmatic dependent launches, graph edges there): the same
+// bits as the CPU, with and without smooth_k.
+TEST(GpuQuantizeFp8, CapturedInACudaGraphMatchesTheCpu) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{2, 4, 2, 300, 700, 128};
+  for (bool smooth_k : {true, false}) {
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    const Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+    const DeviceInputs<__nv_bfloat16> dev_in(in, kDense);
+    DeviceOutputs dev(s, true);
+    dev.poison();
+    gpu_test::run_as_graph([&](cudaStream_t stream) {
+      cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, smooth_k, softmax_scale_of(s), dev.bufs, stream);
+    });
+    cq::check_finite(dev.bufs, nullptr);
+    expect_matches_cpu(download(dev, s, smooth_k), in, smooth_k, describe(s, smooth_k, "bf16", seed) + " (graph)");
+  }
+}
+
 // Inputs whose quotients sit exactly on E4M3 rounding boundaries: every block
 // and V channel holds 448, so every scale is 1 and x / scale = x. The other
 // values are ties (ties go to the even code), values just off a tie, and
