@@ -31,6 +31,13 @@ FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
 OLD_FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"  # drivers before the rename
 
 
+def sm_clock():
+    """The SM clock now, in MHz, as nvidia-smi reads it (None if it cannot)."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True).stdout.strip()
+    return int(out) if out.isdigit() else None
+
+
 def query_fields():
     ok = subprocess.run(["nvidia-smi", f"--query-gpu={FIELDS}", "--format=csv"], capture_output=True).returncode == 0
     return FIELDS if ok else OLD_FIELDS

@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import time
 
 import torch
@@ -32,12 +31,7 @@ from torch.nn.attention import SDPBackend
 
 from bench_fwd import INPUT_SETS, Ours, flops, grid_problem, sdpa
 from capi_lib import load_lib, time_ms
-
-
-def sm_clock():
-    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout.strip()
-    return int(out) if out.isdigit() else None
+from clock_under_load import sm_clock
 
 
 def back_to_back(fn, seconds):

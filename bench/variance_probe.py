@@ -22,19 +22,13 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 
 import torch
 from torch.nn.attention import SDPBackend
 
 from bench_fwd import Ours, flops, grid_problem, sdpa
 from capi_lib import host_gap_us, load_lib, time_ms
-
-
-def sm_clock():
-    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout.strip()
-    return int(out) if out.isdigit() else None
+from clock_under_load import sm_clock
 
 
 def probe_mhz(cycles=200_000):
