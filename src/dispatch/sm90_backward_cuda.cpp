@@ -37,7 +37,7 @@ std::int64_t token_blocks(std::int64_t S) { return (S + cuda_quantize::kTokenBlo
 struct BackwardLayout {
   std::size_t q, k, d_o, v, vt, qt, d_ot, kt;
   std::size_t q_scale, k_scale, do_scale, v_scale, v_channel_scale, k_mean, lse_shift, nonfinite, scratch;
-  std::size_t delta, lse_log2;
+  std::size_t delta, lse_log2, ds_scales;
   std::size_t mx_q_codes = 0, mx_q_scales = 0, mx_k_codes = 0, mx_k_scales = 0, mx_scratch = 0;
   std::size_t dq_accum, bytes;
 };
@@ -67,6 +67,10 @@ BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe) {
   l.scratch = take(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
   l.delta = take(floats(s.B * s.Hq * pq));
   l.lse_log2 = take(floats(s.B * s.Hq * pq));
+  // One dS scale per (query tile, key tile) pair: the dQ kernel hands them to
+  // the dK/dV kernel. Quadratic in S, but below the linear terms up to
+  // sequences of millions of tokens (4 bytes per 128 × 128 pair and head).
+  l.ds_scales = take(floats(s.B * s.Hq * token_blocks(s.Sq) * token_blocks(s.Sk)));
   if (recipe == Recipe::mxfp4_train) {
     namespace cq = cuda_quantize;
     const cq::Fp4Sizes zq = cq::fp4_sizes(cq::Fp4Operand::q, TensorFormat::mxfp4, s.B, s.Sq, s.Hq, s.D);
@@ -216,6 +220,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   a.qt = base + layout.qt, a.d_ot = base + layout.d_ot, a.kt = base + layout.kt;
   a.q_scale = fwd.q_scale, a.k_scale = fwd.k_scale, a.do_scale = grad.q_scale, a.v_scale = grad.k_scale;
   a.lse_log2 = floats(layout.lse_log2), a.delta = floats(layout.delta);
+  a.ds_scales = floats(layout.ds_scales);
   a.out_type = element_type(args.element);
   a.B = B, a.Hq = Hq, a.Hkv = Hkv, a.Sq = Sq, a.Sk = Sk, a.D = D;
   a.softmax_scale = scale;

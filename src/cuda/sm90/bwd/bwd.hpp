@@ -49,6 +49,11 @@ struct Fp8BackwardArgs {
   const float* lse_log2 = nullptr;  // log2-domain LSE of the smoothed scores; +inf: the row sees no key
   const float* delta = nullptr;     // rowsum(dO ⊙ O)
   float* dq_accum = nullptr;  // DqMode::atomic: (B, Sq, Hq, D) fp32, zero before the call
+  // DqMode::two_pass: the dS scale of every (query tile, key tile) pair,
+  // (B, Hq, query tiles, key tiles) fp32. The dQ kernel computes each one
+  // (the pair's amax over both consumers) and writes it; the dK/dV kernel
+  // reads it instead of reducing the same amax again.
+  float* ds_scales = nullptr;
   DqMode dq_mode = DqMode::two_pass;
   ElementType out_type = ElementType::f32;
   TensorRef dq, dk, dv;

@@ -119,10 +119,11 @@ FP4ATTN_DEVICE_INLINE void p_operand(const float (&s)[N], float c, const Lse& ls
 }
 
 // dS = P·2^-8 ⊙ (dP·f − delta) in place of dP, and the largest |dS| of this
-// thread. p: P codes in A layout. dP·f − delta is one FFMA where the emulator
+// thread (kAmax; 0 without: the dK/dV kernel of the two passes reads the
+// pair's scale from the dQ kernel). p: P codes in A layout. dP·f − delta is one FFMA where the emulator
 // rounds twice: dP itself already differs from the emulator's fp32 sum by the
 // tensor core's accumulation, far more than this one rounding.
-template <int N, class Delta>
+template <bool kAmax = true, int N, class Delta>
 FP4ATTN_DEVICE_INLINE float ds_in_place(float (&dp)[N], float dp_factor, const Delta& delta,
                                         const std::uint32_t (&p)[N / 16][4]) {
   float amax = 0.0f;
@@ -138,7 +139,7 @@ FP4ATTN_DEVICE_INLINE float ds_in_place(float (&dp)[N], float dp_factor, const D
         for (int i = 0; i < 4; ++i) {
           const int e = a_element(t, h, r, i);
           dp[e] = __fmul_rn(__fmul_rn(pv[i], kPBitsUnscale), fmaf(dp[e], dp_factor, -delta(r, e)));
-          amax = fmaxf(amax, fabsf(dp[e]));
+          if constexpr (kAmax) amax = fmaxf(amax, fabsf(dp[e]));
         }
       }
   return amax;

@@ -9,7 +9,9 @@
 //   consumer warpgroups 0, 1 (keys 64c .. 64c + 63), per query tile:
 //     Sᵀ = K·Qᵀ                 → Pᵀ codes (−inf masked), as the dQ pass
 //     dV += (Pᵀ·dOᵀ) · 2^-8 · do_scale
-//     dPᵀ = V·dOᵀ               → dSᵀ, pair scale (both consumers), E4M3 codes
+//     dPᵀ = V·dOᵀ               → dSᵀ, E4M3 codes with the pair's scale (two
+//                                 passes: the dQ kernel's; atomic: the amax
+//                                 over both consumers)
 //     dK += (dSᵀ·Qᵀ) · scale · q_scale
 //   The products run one after another: dK, dV (fp32) and one 64 × 128 tile
 //   in flight fill the consumer's registers.
@@ -132,6 +134,9 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       const std::int64_t q_head = static_cast<std::int64_t>(batch) * args.Hq + head;
       const float q_scale = args.q_scale[q_head * q_blocks + qt];
       const float do_scale = args.do_scale[q_head * q_blocks + qt];
+      // Two passes: the pair's dS scale as the dQ kernel found it (the same
+      // dS values, so the same amax), loaded early so that S hides the load.
+      const float pair_scale = kDqAtomic ? 0.0f : args.ds_scales[(q_head * q_blocks + qt) * k_blocks + k_tile];
       wait_barrier(&smem.full[stage], (n / Cfg::kStages) & 1);
       const float* lse_tile = smem.lse_log2[stage];
       const float* delta_tile = smem.delta[stage];
@@ -187,8 +192,13 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         wgmma_commit();
         wgmma_wait<0>();
         fence_registers(dp);
-        const float amax = ds_in_place(dp, do_scale * v_scale, delta, p);
-        ds_scale = pair_ds_scale(amax, smem.amax[n & 1], consumer_thread);
+        if constexpr (kDqAtomic) {
+          const float amax = ds_in_place(dp, do_scale * v_scale, delta, p);
+          ds_scale = pair_ds_scale(amax, smem.amax[n & 1], consumer_thread);
+        } else {
+          ds_in_place<false>(dp, do_scale * v_scale, delta, p);
+          ds_scale = pair_scale;
+        }
         ds_operand(dp, ds_scale, a);
       }
       if constexpr (kDqAtomic) {

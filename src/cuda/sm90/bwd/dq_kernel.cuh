@@ -6,7 +6,8 @@
 //     S  = Q·Kᵀ, dP = dO·Vᵀ      wgmma m64n128k32, operands in SMEM
 //     P  = E4M3 code of 2^(S·c − lse_log2 + 8) (Direct-P or exp2), −inf masked
 //     dS = P·2^-8 ⊙ (dP·f − delta); scale = amax over the 128 × 128 pair / 448
-//          (both consumers, through SMEM and a named barrier)
+//          (both consumers, through SMEM and a named barrier), also written
+//          to ds_scales for the dK/dV kernel
 //     dQ += (E4M3(dS / scale) · Kᵀ) · scale · k_scale   wgmma m64nDk32, dS the
 //          register A operand, Kᵀ (tokens permuted) from SMEM, a fresh fp32
 //          tile added to dQ in fp32 as the emulator does
@@ -142,6 +143,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       p_operand<kPCode>(s, c, lse, p);
       const float amax = ds_in_place(dp, do_scale * v_scale, delta, p);
       const float ds_scale = pair_ds_scale(amax, smem.amax[n & 1], consumer_thread);
+      if (consumer_thread == 0) args.ds_scales[(q_head * q_blocks + q_tile) * k_blocks + n] = ds_scale;
       std::uint32_t a[Cfg::kTokenSteps][4];
       ds_operand(dp, ds_scale, a);
 

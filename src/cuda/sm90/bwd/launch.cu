@@ -69,6 +69,8 @@ void backward_fp8(const Fp8BackwardArgs& a, cudaStream_t stream) {
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) throw Error("Hkv", "Hq must be a multiple of Hkv");
   if (!(a.softmax_scale > 0.0f)) throw Error("softmax_scale", "must be positive");
   if (a.dq_mode == DqMode::atomic && a.dq_accum == nullptr) throw Error("dq_accum", "DqMode::atomic needs the buffer");
+  if (a.dq_mode == DqMode::two_pass && a.ds_scales == nullptr)
+    throw Error("ds_scales", "DqMode::two_pass needs the pair scale buffer");
   const bool direct = a.p_code == PCode::direct_p;
   switch (a.D) {
     case 64: return direct ? launch<64, PCode::direct_p>(a, stream) : launch<64, PCode::exp2_cvt>(a, stream);
