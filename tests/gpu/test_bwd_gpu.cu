@@ -9,8 +9,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <string>
+#include <vector>
 
+#include "cuda/sm90/bwd/bwd.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/emulator.hpp"
@@ -260,6 +263,40 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, true, kF32, kMx},
         Case{{1, 4, 2, 384, 256, 128}, MaskKind::none, true, true, dispatch::DeviceElement::bf16, kMx}),
     case_name);
+
+// The transposed code copies the gradient products read (Qᵀ, dOᵀ, Kᵀ):
+// every byte of (B, H, D, padded S) against the layout rule, tokens permuted
+// per 32 by vt_key_of_slot and the padding zero, for both head dims and a
+// length that ends in a partial tile. The output starts poisoned.
+TEST(GpuBackwardPrep, TransposedCodesFollowTheLayoutRule) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  for (const int D : {64, 128}) {
+    const int B = 2, S = 333, H = 3;
+    const std::int64_t padded = sm90::bwd::padded_tokens(S);
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(B) * S * H * D);
+    for (auto& c : codes) c = static_cast<std::uint8_t>(rng());
+    DeviceArray<std::uint8_t> in(codes.size()), out(static_cast<std::size_t>(B * H * D * padded));
+    in.upload(codes);
+    out.poison();
+    sm90::bwd::transpose_codes(in.ptr, out.ptr, B, S, H, D, nullptr);
+    FP4ATTN_CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<std::uint8_t> got = out.download();
+    std::int64_t wrong = 0;
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int d = 0; d < D; ++d)
+          for (std::int64_t slot = 0; slot < padded; ++slot) {
+            const std::int64_t group = slot / cuda_quantize::kVtKeyGroup;
+            const std::int64_t token =
+                group * cuda_quantize::kVtKeyGroup + cuda_quantize::vt_key_of_slot(slot % cuda_quantize::kVtKeyGroup);
+            const std::uint8_t want = token < S ? codes[((static_cast<std::size_t>(b) * S + token) * H + h) * D + d] : 0;
+            wrong += got[((static_cast<std::size_t>(b) * H + h) * D + d) * padded + slot] != want;
+          }
+    EXPECT_EQ(wrong, 0) << "D = " << D << ", seed " << seed;
+  }
+}
 
 TEST(GpuBackwardFp8, DeterministicRunsAreBitIdentical) {
   FP4ATTN_REQUIRE_HOPPER();

@@ -20,16 +20,17 @@ constexpr int kTransposeThreads = 128;
 constexpr int kStatThreads = 128;
 constexpr int kStatLanes = 16;  // lanes per row of the statistics
 constexpr int kChunk = 16;      // bytes per vector load of a token row
-constexpr int kWordTokens = 4;  // tokens per 32-bit store of a transposed row
 
 using cuda_common::check_cuda;
 
 // One CTA moves 128 tokens of one (b, h): token rows into shared memory
-// (coalesced 16-byte loads), then D transposed rows of 128 tokens out, each
-// 32-token group in the A-operand order (slot k holds token vt_key_of_slot(k)).
-// A thread writes 16 slots of one row; neighbouring lanes take neighbouring
-// rows, so their shared-memory reads (one byte column of 16 tokens) fall into
-// a few words and never conflict.
+// (coalesced 16-byte loads, all of a thread's in flight at once), then D
+// transposed rows of 128 tokens out, each 32-token group in the A-operand
+// order (slot k holds token vt_key_of_slot(k)). A thread takes four channels
+// of one 32-token group: per four slots it reads the four tokens' words of
+// those channels and transposes the 4 × 4 bytes by byte permutes, then it
+// stores 32 bytes (a whole sector) per channel. At D = 128 a warp reads one
+// token row per instruction, free of bank conflicts.
 template <int D>
 __global__ void __launch_bounds__(kTransposeThreads) transpose_kernel(const std::uint8_t* __restrict__ codes,
                                                                       std::uint8_t* __restrict__ out, int S, int H,
@@ -37,34 +38,50 @@ __global__ void __launch_bounds__(kTransposeThreads) transpose_kernel(const std:
   __shared__ alignas(16) std::uint8_t tile[kTile * D];
   const int s0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
   constexpr int kChunksPerRow = D / kChunk;
-  for (int i = threadIdx.x; i < kTile * kChunksPerRow; i += kTransposeThreads) {
+  constexpr int kLoads = kTile * kChunksPerRow / kTransposeThreads;
+  static_assert(kLoads * kTransposeThreads == kTile * kChunksPerRow, "whole loads per thread");
+  uint4 v[kLoads];
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = threadIdx.x + j * kTransposeThreads;
     const int token = i / kChunksPerRow, chunk = i % kChunksPerRow;
-    uint4 v = make_uint4(0, 0, 0, 0);
+    v[j] = make_uint4(0, 0, 0, 0);
     if (s0 + token < S)
-      v = *reinterpret_cast<const uint4*>(codes + ((static_cast<std::int64_t>(b) * S + s0 + token) * H + h) * D +
-                                          chunk * kChunk);
-    *reinterpret_cast<uint4*>(tile + token * D + chunk * kChunk) = v;
+      v[j] = *reinterpret_cast<const uint4*>(codes + ((static_cast<std::int64_t>(b) * S + s0 + token) * H + h) * D +
+                                             chunk * kChunk);
+  }
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = threadIdx.x + j * kTransposeThreads;
+    *reinterpret_cast<uint4*>(tile + (i / kChunksPerRow) * D + (i % kChunksPerRow) * kChunk) = v[j];
   }
   __syncthreads();
-  constexpr int kSlotChunks = kTile / kChunk;  // 16-slot pieces of a transposed row
-  std::uint8_t* dst = out + (static_cast<std::int64_t>(b) * H + h) * D * padded + s0;
-  for (int w = threadIdx.x; w < D * kSlotChunks; w += kTransposeThreads) {
-    const int d = w % D, piece = w / D;
-    std::uint32_t words[kChunk / kWordTokens];
+  constexpr int kGroup = cuda_quantize::kVtKeyGroup;
+  constexpr int kQuads = D / 4;  // four channels per thread
+  static_assert(kQuads * (kTile / kGroup) <= kTransposeThreads, "one (channel quad, group) per thread");
+  if (threadIdx.x >= kQuads * (kTile / kGroup)) return;
+  const int quad = threadIdx.x % kQuads, group = threadIdx.x / kQuads;
+  const std::uint8_t* column = tile + group * kGroup * D + 4 * quad;
+  std::uint32_t rows[4][kGroup / 4];  // channel 4·quad + c, slots 4m .. 4m + 3 in word m
 #pragma unroll
-    for (int k = 0; k < kChunk / kWordTokens; ++k) {
-      std::uint32_t packed = 0;
+  for (int m = 0; m < kGroup / 4; ++m) {
+    std::uint32_t w[4];  // token of slot 4m + i: its four channels
 #pragma unroll
-      for (int i = 0; i < kWordTokens; ++i) {
-        const int slot = piece * kChunk + k * kWordTokens + i;
-        const int group = slot / cuda_quantize::kVtKeyGroup, in_group = slot % cuda_quantize::kVtKeyGroup;
-        const int token = group * cuda_quantize::kVtKeyGroup + cuda_quantize::vt_key_of_slot(in_group);
-        packed |= static_cast<std::uint32_t>(tile[token * D + d]) << (8 * i);
-      }
-      words[k] = packed;
-    }
-    *reinterpret_cast<uint4*>(dst + static_cast<std::int64_t>(d) * padded + piece * kChunk) =
-        make_uint4(words[0], words[1], words[2], words[3]);
+    for (int i = 0; i < 4; ++i)
+      w[i] = *reinterpret_cast<const std::uint32_t*>(column + cuda_quantize::vt_key_of_slot(4 * m + i) * D);
+    const std::uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+    const std::uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+    rows[0][m] = __byte_perm(lo01, lo23, 0x5410);
+    rows[1][m] = __byte_perm(lo01, lo23, 0x7632);
+    rows[2][m] = __byte_perm(hi01, hi23, 0x5410);
+    rows[3][m] = __byte_perm(hi01, hi23, 0x7632);
+  }
+  std::uint8_t* dst = out + ((static_cast<std::int64_t>(b) * H + h) * D + 4 * quad) * padded + s0 + group * kGroup;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    auto* row = reinterpret_cast<uint4*>(dst + c * padded);
+    row[0] = make_uint4(rows[c][0], rows[c][1], rows[c][2], rows[c][3]);
+    row[1] = make_uint4(rows[c][4], rows[c][5], rows[c][6], rows[c][7]);
   }
 }
 
