@@ -28,15 +28,16 @@ constexpr int kNonfiniteFlags = 3;
 
 std::int64_t token_blocks(std::int64_t S) { return (S + cuda_quantize::kTokenBlock - 1) / cuda_quantize::kTokenBlock; }
 
-// Byte offsets inside the workspace. The two quantizer calls (Q, K, V as the
-// forward; dO, V per token block) share the outputs nobody reads (Vᵀ, the
-// per-channel V scale, the flags) and the quantizer's scratch. Recipe
+// Byte offsets inside the workspace. The two quantizer calls (Q, K as the
+// forward; dO, V per token block) skip V's forward format (Vᵀ and its
+// channel scales, which no gradient product reads) and share the flags and
+// the quantizer's scratch. Recipe
 // mxfp4_train adds the MXFP4 codes and scales of Q and K and the MXFP4
 // quantizer's scratch (mx_*); its folded E4M3 operands and their per-tile
 // factors take the places of the fp8 recipe's Q, K codes and scales.
 struct BackwardLayout {
-  std::size_t q, k, d_o, v, vt, qt, d_ot, kt;
-  std::size_t q_scale, k_scale, do_scale, v_scale, v_channel_scale, k_mean, lse_shift, nonfinite, scratch;
+  std::size_t q, k, d_o, v, qt, d_ot, kt;
+  std::size_t q_scale, k_scale, do_scale, v_scale, k_mean, lse_shift, nonfinite, scratch;
   std::size_t delta, lse_log2, ds_scales;
   std::size_t mx_q_codes = 0, mx_q_scales = 0, mx_k_codes = 0, mx_k_scales = 0, mx_scratch = 0;
   std::size_t dq_accum, bytes;
@@ -52,7 +53,6 @@ BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe) {
   l.k = take(static_cast<std::size_t>(s.kv_elems()));
   l.d_o = take(static_cast<std::size_t>(s.q_elems()));
   l.v = take(static_cast<std::size_t>(s.kv_elems()));
-  l.vt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * cuda_quantize::padded_keys(s.Sk)));
   l.qt = take(static_cast<std::size_t>(s.B * s.Hq * s.D * pq));
   l.d_ot = take(static_cast<std::size_t>(s.B * s.Hq * s.D * pq));
   l.kt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * pk));
@@ -60,7 +60,6 @@ BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe) {
   l.do_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
   l.k_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
   l.v_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
-  l.v_channel_scale = take(floats(s.B * s.Hkv * s.D));
   l.k_mean = take(floats(s.B * s.Hkv * s.D));
   l.lse_shift = take(floats(s.lse_elems()));
   l.nonfinite = take(kNonfiniteFlags * sizeof(int));
@@ -168,15 +167,13 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   auto* base = static_cast<unsigned char*>(args.workspace);
   const auto floats = [base](std::size_t offset) { return reinterpret_cast<float*>(base + offset); };
 
-  // Q, K as the forward quantized them (fp8: also V, unused).
+  // Q, K as the forward quantized them; V's forward format is not needed
+  // (vt null: the quantizer skips V).
   cuda_quantize::Fp8Buffers fwd;
   fwd.q = base + layout.q;
   fwd.k = base + layout.k;
-  fwd.vt = base + layout.vt;
-  fwd.vt_keys = cuda_quantize::padded_keys(s.Sk);
   fwd.q_scale = floats(layout.q_scale);
   fwd.k_scale = floats(layout.k_scale);
-  fwd.v_scale = floats(layout.v_channel_scale);
   fwd.k_mean = floats(layout.k_mean);
   fwd.lse_shift = floats(layout.lse_shift);
   fwd.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);

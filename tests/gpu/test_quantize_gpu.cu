@@ -495,6 +495,53 @@ TEST(GpuQuantizeFp8, VOnlyCallWritesVAlone) {
   }
 }
 
+// Without out.vt (the backward's calls) V is skipped: Q and K, their scales,
+// k_mean and lse_shift are those of a full call, with smooth_k on and off,
+// and V's outputs keep their poison.
+TEST(GpuQuantizeFp8, CallWithoutVWritesQAndKAlone) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{2, 4, 2, 200, 333, 128};
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+  const DeviceInputs<__nv_bfloat16> dev_in(in, kOddPad);
+  for (const bool smooth_k : {true, false}) {
+    DeviceOutputs full(s, true), no_v(s, true);
+    const Fp8Result want = run_gpu(dev_in, s, smooth_k, full);
+    const std::string where = std::string("call without V, smooth_k ") + (smooth_k ? "on" : "off") + ", seed " +
+                              std::to_string(seed);
+    expect_matches_cpu(want, in, smooth_k, "full call: " + where);
+    no_v.poison();
+    cq::Fp8Buffers bufs = no_v.bufs;
+    bufs.vt = nullptr;
+    bufs.v_scale = nullptr;
+    cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, smooth_k, softmax_scale_of(s), bufs, nullptr);
+    cq::check_finite(bufs, nullptr);
+    const Fp8Result got = download(no_v, s, smooth_k);
+    expect_bytes_equal(got.q, want.q, "q codes", where);
+    expect_bytes_equal(got.k, want.k, "k codes", where);
+    expect_floats_bitwise(got.q_scale, want.q_scale, "q scales", where);
+    expect_floats_bitwise(got.k_scale, want.k_scale, "k scales", where);
+    expect_floats_bitwise(got.k_mean, want.k_mean, "k mean", where);
+    expect_floats_bitwise(got.lse_shift, want.lse_shift, "lse shift", where);
+    const std::vector<std::uint8_t> vt = no_v.vt.download();
+    EXPECT_EQ(std::count(vt.begin(), vt.end(), std::uint8_t{0xFF}), static_cast<std::ptrdiff_t>(vt.size())) << where;
+    EXPECT_EQ(std::count_if(got.v_scale.begin(), got.v_scale.end(), [](float x) { return std::isnan(x); }),
+              static_cast<std::ptrdiff_t>(got.v_scale.size()))
+        << where;
+  }
+  // No code buffer at all is refused by name.
+  DeviceOutputs none(s, true);
+  cq::Fp8Buffers empty = none.bufs;
+  empty.q = empty.k = empty.vt = nullptr;
+  try {
+    cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, false, 0.125f, empty, nullptr);
+    ADD_FAILURE() << "a call without any code buffer was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "out");
+  }
+}
+
 TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 2, 2, 40, 40, 64};

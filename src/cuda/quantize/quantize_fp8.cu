@@ -64,30 +64,38 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   job.ws = {reinterpret_cast<unsigned*>(ws.bytes() + layout.v_amax),
             reinterpret_cast<double*>(ws.bytes() + layout.k_partial)};
 
-  // Statistics: V always, K with smooth_k.
+  // Statistics: V (unless out.vt is null), K with smooth_k.
   const int channel_blocks = static_cast<int>((k.H * (k.D / kQuad) + kStatsThreads - 1) / kStatsThreads);
   const std::int64_t stats_x = static_cast<std::int64_t>(job.k_blocks) * channel_blocks;
   const std::int64_t kv_blocks = slices * job.k_blocks;
-  // A V-only call (recipe mxfp4_train: null q and k code buffers) has V blocks alone.
-  const bool v_only = out.q == nullptr;
-  const std::int64_t blocks =
-      (v_only ? 1 : 2) * kv_blocks + (v_only ? 0 : q.B * q.H * static_cast<std::int64_t>(job.q_blocks));
+  // A V-only call (recipe mxfp4_train: null q and k code buffers) has V blocks
+  // alone; a call without V (the backward's) Q and K blocks alone.
+  const bool v_only = out.q == nullptr, has_v = out.vt != nullptr;
+  const unsigned stats_tensors = (has_v ? 1u : 0u) + (smooth_k ? 1u : 0u);
+  const std::int64_t blocks = ((v_only ? 0 : 1) + (has_v ? 1 : 0)) * kv_blocks +
+                              (v_only ? 0 : q.B * q.H * static_cast<std::int64_t>(job.q_blocks));
   if (stats_x > std::numeric_limits<int>::max() || blocks > std::numeric_limits<int>::max())
     throw Error("k", "too many token blocks for one launch");
   if (k.B > kMaxGridY) throw Error("k", "batch size above " + std::to_string(kMaxGridY) + " for one launch");
-  check_cuda(cudaMemsetAsync(ws.bytes() + layout.v_amax, 0, sizeof(unsigned) * slices * k.D, stream),
-             "cudaMemsetAsync");
-  const dim3 stats_grid(static_cast<unsigned>(stats_x), static_cast<unsigned>(k.B), smooth_k ? 2u : 1u);
-  fp8_stats_kernel<T><<<stats_grid, kStatsThreads, 0, stream>>>(job, channel_blocks);
-  check_cuda(cudaGetLastError(), "fp8_stats_kernel launch");
-  // The finalize and quantize kernels are programmatic dependent launches:
-  // each may start while its predecessor finishes, and waits for it
-  // (cudaGridDependencySynchronize) before reading what it wrote.
-  const std::int64_t channels = slices * k.D;
-  launch_kernel(fp8_finalize_kernel<T>, dim3(static_cast<unsigned>((channels + kThreads - 1) / kThreads)), kThreads, 0,
-                stream, true, "fp8_finalize_kernel launch", job);
+  if (stats_tensors > 0) {
+    if (has_v)
+      check_cuda(cudaMemsetAsync(ws.bytes() + layout.v_amax, 0, sizeof(unsigned) * slices * k.D, stream),
+                 "cudaMemsetAsync");
+    const dim3 stats_grid(static_cast<unsigned>(stats_x), static_cast<unsigned>(k.B), stats_tensors);
+    fp8_stats_kernel<T><<<stats_grid, kStatsThreads, 0, stream>>>(job, channel_blocks);
+    check_cuda(cudaGetLastError(), "fp8_stats_kernel launch");
+    // The finalize and quantize kernels are programmatic dependent launches:
+    // each may start while its predecessor finishes, and waits for it
+    // (cudaGridDependencySynchronize) before reading what it wrote.
+    const std::int64_t channels = slices * k.D;
+    launch_kernel(fp8_finalize_kernel<T>, dim3(static_cast<unsigned>((channels + kThreads - 1) / kThreads)), kThreads,
+                  0, stream, true, "fp8_finalize_kernel launch", job);
+  }
+  // Without statistics the quantize kernel is the call's first: launched
+  // plainly, since the caller's work before it may write its input.
   launch_kernel(fp8_quantize_kernel<T>, dim3(static_cast<unsigned>(blocks)),
-                static_cast<unsigned>(quantize_threads(job.D)), 0, stream, true, "fp8_quantize_kernel launch", job);
+                static_cast<unsigned>(quantize_threads(job.D)), 0, stream, stats_tensors > 0,
+                "fp8_quantize_kernel launch", job);
 }
 
 void check_shape(const StridedInput& x, const char* name) {
@@ -119,7 +127,8 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
   if (k.B != q.B || v.B != q.B || k.S != v.S || k.H != v.H) throw Error("k", "q, k and v shapes disagree");
   if (q.H % k.H != 0) throw Error("Hq", "must be a multiple of Hkv");
   if (q.type != k.type || k.type != v.type) throw Error("dtype", "q, k and v must share one element type");
-  if (out.vt_keys != padded_keys(k.S)) throw Error("vt_keys", "must be padded_keys(Sk)");
+  if (out.vt != nullptr && out.vt_keys != padded_keys(k.S)) throw Error("vt_keys", "must be padded_keys(Sk)");
+  if (out.vt == nullptr && out.q == nullptr) throw Error("out", "no code buffers: nothing to quantize");
   if (smooth_k && (out.k_mean == nullptr || out.lse_shift == nullptr))
     throw Error("smooth_k", "needs k_mean and lse_shift buffers");
   if ((out.q == nullptr) != (out.k == nullptr)) throw Error("out", "q and k codes must both be given or both be null");

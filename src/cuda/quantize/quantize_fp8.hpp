@@ -74,7 +74,10 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 // subtracted first and out.lse_shift receives the LSE correction for
 // `softmax_scale`. With out.q and out.k both null only V is quantized (Vᵀ and
 // v_scale; smooth_k must be off): recipe mxfp4_train quantizes Q and K to
-// MXFP4 elsewhere, and q, k then serve only to check the shapes.
+// MXFP4 elsewhere, and q, k then serve only to check the shapes. With out.vt
+// null V is not quantized (no Vᵀ, no v_scale, no V statistics; v serves only
+// to check the shapes): the backward needs Q and K exactly as the forward
+// quantized them, and V only per token block, which it gets as a "k".
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
                   float softmax_scale, const Fp8Buffers& out, cudaStream_t stream);
 

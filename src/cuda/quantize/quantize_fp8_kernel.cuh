@@ -127,7 +127,7 @@ __device__ __forceinline__ float fp8_scale_of(float amax) {
 
 // ---- fp8_stats_kernel -----------------------------------------------------------------
 // Grid: x = chunk · (channel blocks) + channel block, y = b, z = tensor (0: V,
-// 1: K, present with smooth_k). A channel block is kStatsThreads quads (4
+// 1: K, present with smooth_k; a call without V has z = 0: K). A channel block is kStatsThreads quads (4
 // channels) of the (h, d) channels of one token. Four channels a thread with
 // 16 tokens in flight: eight channels with 8 tokens (the same bytes in flight
 // per thread, half the threads) measured 2 % slower, four with 8 tokens 10 %
@@ -138,7 +138,8 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_stats_kernel(const __grid_c
                                                                   int channel_blocks) {
   // The finalize kernel may launch now; it waits for this grid before reading.
   cudaTriggerProgrammaticLaunchCompletion();
-  const bool k_tensor = blockIdx.z == 1;
+  // z = 1 is K when V has statistics too; a call without V has K's alone.
+  const bool k_tensor = blockIdx.z == 1 || job.out.vt == nullptr;
   const InputView<T> in = k_tensor ? job.k : job.v;
   const int chunk = static_cast<int>(blockIdx.x) / channel_blocks;
   const int quad = (static_cast<int>(blockIdx.x) % channel_blocks) * kStatsThreads + static_cast<int>(threadIdx.x);
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(kThreads) fp8_finalize_kernel(const __grid_con
     for (int c = 0; c < job.k_blocks; ++c) total += partial[static_cast<std::int64_t>(c) * job.D];
     job.out.k_mean[channel] = __double2float_rn(__ddiv_rn(total, static_cast<double>(job.Sk)));
   }
-  job.out.v_scale[channel] = fp8_scale_of(__uint_as_float(job.ws.v_amax[channel]));
+  if (job.out.vt != nullptr) job.out.v_scale[channel] = fp8_scale_of(__uint_as_float(job.ws.v_amax[channel]));
 }
 
 // ---- fp8_quantize_kernel: block geometry ---------------------------------------------
@@ -579,7 +580,7 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
 // Blocks in launch order: first those of the tensors the statistics kernel
 // read, in the reverse of its order ((b, chunk, h) descending; with smooth_k
 // K, which it read last, then V), then unsmoothed K (same order) and Q.
-// A V-only call has no K or Q blocks.
+// A V-only call has no K or Q blocks, a call without V no V blocks.
 template <class T>
 __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_kernel(const __grid_constant__ Job<T> job) {
   __shared__ std::uint32_t warp_max[kWarps];
@@ -603,12 +604,14 @@ __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_
     }
     u -= kv_blocks;
   }
-  if (u < static_cast<std::uint32_t>(kv_blocks)) {
-    kv_place(u, b, h, blk);
-    v_block(job, items, b, h, blk, vt_tile);
-    return;
+  if (job.out.vt != nullptr) {
+    if (u < static_cast<std::uint32_t>(kv_blocks)) {
+      kv_place(u, b, h, blk);
+      v_block(job, items, b, h, blk, vt_tile);
+      return;
+    }
+    u -= kv_blocks;
   }
-  u -= kv_blocks;
   if (!job.smooth_k) {
     if (u < static_cast<std::uint32_t>(kv_blocks)) {
       kv_place(u, b, h, blk);
