@@ -79,6 +79,17 @@ FP4ATTN_DEVICE_INLINE void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The dynamic shared memory block as a T, aligned up to kAlign by pointer
+// arithmetic on the __shared__ array itself: the compiler then still knows
+// the address space and emits shared loads and stores, where integer
+// arithmetic on the address gives generic ones.
+template <class T, std::uint32_t kAlign>
+FP4ATTN_DEVICE_INLINE T& aligned_dynamic_shared(std::uint8_t* raw) {
+  static_assert((kAlign & (kAlign - 1)) == 0, "alignment must be a power of two");
+  const auto misalign = static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(raw)) & (kAlign - 1);
+  return *reinterpret_cast<T*>(raw + ((kAlign - misalign) & (kAlign - 1)));
+}
+
 // Register budget per thread of the calling warpgroup (setmaxnreg).
 template <int kRegs>
 FP4ATTN_DEVICE_INLINE void set_max_registers_dec() {

@@ -35,8 +35,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   constexpr bool kDqAtomic = kDqMode == DqMode::atomic;
   using Cfg = BwdConfig<HeadDim>;
   extern __shared__ std::uint8_t smem_raw[];
-  auto& smem = *reinterpret_cast<DkvShared<Cfg>*>(
-      (reinterpret_cast<std::uintptr_t>(smem_raw) + Cfg::kSwizzleAlign - 1) & ~std::uintptr_t{Cfg::kSwizzleAlign - 1});
+  auto& smem = aligned_dynamic_shared<DkvShared<Cfg>, Cfg::kSwizzleAlign>(smem_raw);
 
   const int k_tile = blockIdx.x;  // causal: the first key tiles see the most queries and start first
   const int kv_head = blockIdx.y, batch = blockIdx.z;

@@ -25,8 +25,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_kt) {
   using Cfg = BwdConfig<HeadDim>;
   extern __shared__ std::uint8_t smem_raw[];
-  auto& smem = *reinterpret_cast<DqShared<Cfg>*>(
-      (reinterpret_cast<std::uintptr_t>(smem_raw) + Cfg::kSwizzleAlign - 1) & ~std::uintptr_t{Cfg::kSwizzleAlign - 1});
+  auto& smem = aligned_dynamic_shared<DqShared<Cfg>, Cfg::kSwizzleAlign>(smem_raw);
 
   // Causal grids start with their longest CTAs (the last query tiles).
   const int q_tile = args.mask == MaskKind::none ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
