@@ -127,11 +127,11 @@ __device__ __forceinline__ float fp8_scale_of(float amax) {
 
 // ---- fp8_stats_kernel -----------------------------------------------------------------
 // Grid: x = chunk · (channel blocks) + channel block, y = b, z = tensor (0: V,
-// 1: K, present with smooth_k; a call without V has z = 0: K). A channel block is kStatsThreads quads (4
-// channels) of the (h, d) channels of one token. Four channels a thread with
-// 16 tokens in flight: eight channels with 8 tokens (the same bytes in flight
-// per thread, half the threads) measured 2 % slower, four with 8 tokens 10 %
-// slower (perf log q5).
+// 1: K, present with smooth_k; a call without V has z = 0: K). A channel
+// block is kStatsThreads quads (4 channels) of the (h, d) channels of one
+// token. Four channels a thread with 16 tokens in flight: eight channels
+// with 8 tokens (the same bytes in flight per thread, half the threads)
+// measured 2 % slower, four with 8 tokens 10 % slower (perf log q5).
 
 template <class T>
 __global__ void __launch_bounds__(kStatsThreads) fp8_stats_kernel(const __grid_constant__ Job<T> job,

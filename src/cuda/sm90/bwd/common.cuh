@@ -120,9 +120,10 @@ FP4ATTN_DEVICE_INLINE void p_operand(const float (&s)[N], float c, const Lse& ls
 
 // dS = P·2^-8 ⊙ (dP·f − delta) in place of dP, and the largest |dS| of this
 // thread (kAmax; 0 without: the dK/dV kernel of the two passes reads the
-// pair's scale from the dQ kernel). p: P codes in A layout. dP·f − delta is one FFMA where the emulator
-// rounds twice: dP itself already differs from the emulator's fp32 sum by the
-// tensor core's accumulation, far more than this one rounding.
+// pair's scale from the dQ kernel). p: P codes in A layout. dP·f − delta is
+// one FFMA where the emulator rounds twice: dP itself already differs from
+// the emulator's fp32 sum by the tensor core's accumulation, far more than
+// this one rounding.
 template <bool kAmax = true, int N, class Delta>
 FP4ATTN_DEVICE_INLINE float ds_in_place(float (&dp)[N], float dp_factor, const Delta& delta,
                                         const std::uint32_t (&p)[N / 16][4]) {
