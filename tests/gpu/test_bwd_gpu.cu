@@ -82,18 +82,22 @@ AttentionOptions options_of(const Case& c) {
   return opt;
 }
 
-// A logical (B, S, H, D) tensor on the device as f32 or bf16 in (B, S, H + pad, D).
+// A logical (B, S, H, D) tensor on the device as f32 or bf16 in (B, S, H + pad, D),
+// starting `offset` elements into its allocation.
 struct PaddedTensor {
   std::int64_t B, S, H, D;
   dispatch::DeviceElement element;
+  std::int64_t offset;
   DeviceArray<std::uint8_t> data;
-  PaddedTensor(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, dispatch::DeviceElement e)
-      : B(b), S(s), H(h), D(d), element(e), data(static_cast<std::size_t>(b * s * (h + kHeadPad) * d) * element_bytes(e)) {
+  PaddedTensor(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d, dispatch::DeviceElement e,
+               std::int64_t offset_elements = 0)
+      : B(b), S(s), H(h), D(d), element(e), offset(offset_elements),
+        data(static_cast<std::size_t>(b * s * (h + kHeadPad) * d + offset_elements) * element_bytes(e)) {
     data.poison();
   }
   static std::size_t element_bytes(dispatch::DeviceElement e) { return e == dispatch::DeviceElement::f32 ? 4 : 2; }
   std::size_t padded_index(std::int64_t i, std::int64_t d) const {
-    return static_cast<std::size_t>(((i / H) * (H + kHeadPad) + i % H) * D + d);
+    return static_cast<std::size_t>(offset + ((i / H) * (H + kHeadPad) + i % H) * D + d);
   }
   void upload(const std::vector<float>& x) {
     std::vector<std::uint8_t> h(data.count, 0);
@@ -123,7 +127,9 @@ struct PaddedTensor {
       }
     return x;
   }
-  dispatch::DeviceTensorView view() const { return {data.ptr, S * (H + kHeadPad) * D, (H + kHeadPad) * D, D}; }
+  dispatch::DeviceTensorView view() const {
+    return {data.ptr + offset * element_bytes(element), S * (H + kHeadPad) * D, (H + kHeadPad) * D, D};
+  }
 };
 
 struct Problem {
@@ -144,8 +150,10 @@ Problem make_problem(const Case& c, std::mt19937& rng) {
 
 // Outputs start as NaN, so that every element must be written; `zero_outputs`
 // starts them at zero instead, for a test that expects NaN gradients.
+// `output_offset` places dQ, dK and dV that many elements into their buffers
+// (an odd offset leaves pairs of elements unaligned for a two-element store).
 emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool deterministic = true,
-                                 bool zero_outputs = false) {
+                                 bool zero_outputs = false, std::int64_t output_offset = 0) {
   const AttentionShape& s = c.shape;
   PaddedTensor q(s.B, s.Sq, s.Hq, s.D, c.element), k(s.B, s.Sk, s.Hkv, s.D, c.element),
       v(s.B, s.Sk, s.Hkv, s.D, c.element), o(s.B, s.Sq, s.Hq, s.D, c.element), d_o(s.B, s.Sq, s.Hq, s.D, c.element);
@@ -153,8 +161,8 @@ emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool determini
   DeviceArray<float> lse(s.lse_elems());
   lse.upload(p.fwd.lse);
   // Outputs start as NaN (poisoned by the constructor): every element must be written.
-  PaddedTensor dq(s.B, s.Sq, s.Hq, s.D, c.element), dk(s.B, s.Sk, s.Hkv, s.D, c.element),
-      dv(s.B, s.Sk, s.Hkv, s.D, c.element);
+  PaddedTensor dq(s.B, s.Sq, s.Hq, s.D, c.element, output_offset), dk(s.B, s.Sk, s.Hkv, s.D, c.element, output_offset),
+      dv(s.B, s.Sk, s.Hkv, s.D, c.element, output_offset);
   if (zero_outputs)
     for (PaddedTensor* t : {&dq, &dk, &dv}) EXPECT_EQ(cudaMemset(t->data.ptr, 0, t->data.bytes()), cudaSuccess);
   DeviceArray<std::uint8_t> ws(dispatch::sm90_device_backward_workspace_bytes(s, deterministic, c.recipe));
@@ -166,7 +174,7 @@ emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool determini
   a.lse = lse.ptr;
   const auto out = [](PaddedTensor& t, void*& ptr, std::int64_t& sb, std::int64_t& ss, std::int64_t& sh) {
     const auto view = t.view();
-    ptr = t.data.ptr, sb = view.stride_b, ss = view.stride_s, sh = view.stride_h;
+    ptr = const_cast<void*>(view.data), sb = view.stride_b, ss = view.stride_s, sh = view.stride_h;
   };
   out(dq, a.dq, a.dq_stride_b, a.dq_stride_s, a.dq_stride_h);
   out(dk, a.dk, a.dk_stride_b, a.dk_stride_s, a.dk_stride_h);
@@ -295,6 +303,22 @@ TEST(GpuBackwardPrep, TransposedCodesFollowTheLayoutRule) {
             wrong += got[((static_cast<std::size_t>(b) * H + h) * D + d) * padded + slot] != want;
           }
     EXPECT_EQ(wrong, 0) << "D = " << D << ", seed " << seed;
+  }
+}
+
+// The kernels store neighbouring gradient elements as one two-element store
+// where the output's layout keeps them aligned, one by one where it does not:
+// both give the same bits.
+TEST(GpuBackwardFp8, UnalignedOutputsGetTheSameGradients) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (const Case& c : {Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, dispatch::DeviceElement::bf16},
+                        Case{{1, 2, 2, 300, 257, 128}, MaskKind::none, true, false}}) {
+    std::mt19937 rng(gpu_test::fresh_seed());
+    const Problem p = make_problem(c, rng);
+    const emulator::BackwardResult aligned = run_gpu(c, p), shifted = run_gpu(c, p, true, false, 1);
+    EXPECT_EQ(aligned.dq, shifted.dq);
+    EXPECT_EQ(aligned.dk, shifted.dk);
+    EXPECT_EQ(aligned.dv, shifted.dv);
   }
 }
 

@@ -256,23 +256,50 @@ FP4ATTN_DEVICE_INLINE __half to_element<__half>(float x) { return __float2half_r
 template <>
 FP4ATTN_DEVICE_INLINE __nv_bfloat16 to_element<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// Two neighbouring elements of T as one store: float2, __half2, __nv_bfloat162.
+template <class T>
+struct ElementPair;
+template <>
+struct ElementPair<float> {
+  FP4ATTN_DEVICE_INLINE static float2 of(float a, float b) { return make_float2(a, b); }
+};
+template <>
+struct ElementPair<__half> {
+  FP4ATTN_DEVICE_INLINE static __half2 of(float a, float b) { return __floats2half2_rn(a, b); }
+};
+template <>
+struct ElementPair<__nv_bfloat16> {
+  FP4ATTN_DEVICE_INLINE static __nv_bfloat162 of(float a, float b) { return __floats2bfloat162_rn(a, b); }
+};
+
 // Stores a 64 × HeadDim gradient tile times `scale` (rows from `first_row`,
-// those ≥ rows skipped) into a (B, S, H, D) tensor of `type`.
+// those ≥ rows skipped) into a (B, S, H, D) tensor of `type`. A thread's
+// columns come in neighbouring pairs (col, col + 1 with col even): where the
+// tensor's layout keeps such a pair aligned (the usual one does), each pair
+// is one store of two elements, converted together; otherwise one by one.
 template <int N>
 FP4ATTN_DEVICE_INLINE void store_rows(const float (&acc)[N], float scale, const Fragment& f, int first_row, int rows,
                                       ElementType type, const TensorRef& out, int batch, int head) {
   const auto store = [&](auto* base) {
     using T = std::remove_pointer_t<decltype(base)>;
+    using Pair = decltype(ElementPair<T>::of(0.0f, 0.0f));
     base += batch * out.stride_b + head * out.stride_h;
+    const bool pairs = reinterpret_cast<std::uintptr_t>(base) % sizeof(Pair) == 0 && out.stride_s % 2 == 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = first_row + f.row[r];
       if (row >= rows) continue;
       T* dst = base + static_cast<std::int64_t>(row) * out.stride_s;
 #pragma unroll
-      for (int j = 0; j < N / 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) dst[8 * j + f.col + e] = to_element<T>(__fmul_rn(scale, acc[4 * j + 2 * r + e]));
+      for (int j = 0; j < N / 4; ++j) {
+        const float a = __fmul_rn(scale, acc[4 * j + 2 * r]), b = __fmul_rn(scale, acc[4 * j + 2 * r + 1]);
+        if (pairs) {
+          *reinterpret_cast<Pair*>(dst + 8 * j + f.col) = ElementPair<T>::of(a, b);
+        } else {
+          dst[8 * j + f.col] = to_element<T>(a);
+          dst[8 * j + f.col + 1] = to_element<T>(b);
+        }
+      }
     }
   };
   switch (type) {
