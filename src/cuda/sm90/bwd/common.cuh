@@ -309,4 +309,59 @@ FP4ATTN_DEVICE_INLINE void store_rows(const float (&acc)[N], float scale, const 
   }
 }
 
+// store_rows for 16-bit outputs through this consumer's own shared memory:
+// the 64-row tile goes into two pieces (rows 0–31 and 32–63, 32 rows of
+// HeadDim elements each) with its 16-byte chunks swizzled by row, so that
+// both the pair writes and the 16-byte reads are free of bank conflicts;
+// then out with 16-byte stores, a row's elements by consecutive threads.
+// The pieces must be shared memory that only this consumer reads now; they
+// are free again on return. f32 outputs, and 16-bit ones whose rows are not
+// 16-byte aligned, go through store_rows.
+template <int HeadDim, int N>
+FP4ATTN_DEVICE_INLINE void store_rows_staged(const float (&acc)[N], float scale, const Fragment& f, int first_row,
+                                             int rows, ElementType type, const TensorRef& out, int batch, int head,
+                                             std::uint8_t* piece0, std::uint8_t* piece1, int consumer,
+                                             int thread_in_wg) {
+  constexpr int kRowBytes = HeadDim * 2, kChunks = kRowBytes / 16, kPieceRows = 32;
+  static_assert(N == HeadDim / 2, "a 64 × HeadDim tile over 128 threads");
+  auto* base = static_cast<std::uint8_t*>(out.data) + 2 * (batch * out.stride_b + head * out.stride_h);
+  if (type == ElementType::f32 || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || (out.stride_s * 2) % 16 != 0) {
+    store_rows(acc, scale, f, first_row, rows, type, out, batch, head);
+    return;
+  }
+  const auto at = [&](int row, int chunk) {
+    std::uint8_t* piece = row < kPieceRows ? piece0 : piece1;
+    const int r = row % kPieceRows;
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(piece + r * kRowBytes + (chunk ^ (r & 7)) * 16));
+  };
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float a = __fmul_rn(scale, acc[4 * j + 2 * r]), b = __fmul_rn(scale, acc[4 * j + 2 * r + 1]);
+      std::uint32_t bits;
+      if (type == ElementType::bf16) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+        bits = *reinterpret_cast<const std::uint32_t*>(&v);
+      } else {
+        const __half2 v = __floats2half2_rn(a, b);
+        bits = *reinterpret_cast<const std::uint32_t*>(&v);
+      }
+      // Chunk j holds elements 8j .. 8j + 7; this thread's pair starts at element col.
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(at(f.row[r], j) + 2 * f.col), "r"(bits) : "memory");
+    }
+  named_barrier_sync(kBarrierStaging + consumer, kWarpgroupThreads);
+  for (int i = thread_in_wg; i < 2 * kPieceRows * kChunks; i += kWarpgroupThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    if (first_row + row >= rows) continue;
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(at(row, chunk))
+                 : "memory");
+    *reinterpret_cast<uint4*>(base + static_cast<std::int64_t>(first_row + row) * out.stride_s * 2 + chunk * 16) = v;
+  }
+  named_barrier_sync(kBarrierStaging + consumer, kWarpgroupThreads);  // the pieces may be written again
+}
+
 }  // namespace fp4attn::sm90::bwd

@@ -39,6 +39,7 @@ struct BwdConfig {
   static constexpr int kRowStatBytes = kBlock * 4;         // 128 fp32 (lse_log2 or delta)
   static constexpr int kSwizzleAlign = 1024;
   static_assert(kTileBytes % kSwizzleAlign == 0 && kConsumerBytes % 512 == 0, "tiles start on swizzle boundaries");
+  static_assert(kConsumerBytes == 32 * 2 * HeadDim, "half a 16-bit gradient tile fits a consumer's rows of a tile");
 
   static constexpr int kStages = 2;
   // wgmma k32 steps: over D for S and dP, over the 128 tokens of a tile for the gradients.
@@ -58,6 +59,7 @@ enum BarrierId : int {
   kBarrierSyncThreads = 0,
   kBarrierPairAmax = 1,  // both consumers: the dS scale of a pair
   kBarrierDsTile = 2,    // both consumers: the pair's dS tile is in shared memory (DqMode::atomic)
+  kBarrierStaging = 3,   // 3, 4: one consumer's gradient tile staged in its shared memory (store_rows_staged)
 };
 inline constexpr int kPairThreads = 2 * kWarpgroupThreads;
 

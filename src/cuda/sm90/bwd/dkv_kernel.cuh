@@ -256,8 +256,14 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       }
     }
   }
-  store_rows(dk, args.softmax_scale, frag, first_key, args.Sk, args.out_type, args.dk, batch, kv_head);
-  store_rows(dv, 1.0f, frag, first_key, args.Sk, args.out_type, args.dv, batch, kv_head);
+  // Staged in this consumer's halves of K and V, which no product reads any more.
+  std::uint8_t* piece0 = smem.k + consumer * Cfg::kConsumerBytes;
+  std::uint8_t* piece1 = smem.v + consumer * Cfg::kConsumerBytes;
+  const int thread_in_wg = threadIdx.x % kWarpgroupThreads;
+  store_rows_staged<HeadDim>(dk, args.softmax_scale, frag, first_key, args.Sk, args.out_type, args.dk, batch, kv_head,
+                             piece0, piece1, consumer, thread_in_wg);
+  store_rows_staged<HeadDim>(dv, 1.0f, frag, first_key, args.Sk, args.out_type, args.dv, batch, kv_head, piece0, piece1,
+                             consumer, thread_in_wg);
 }
 
 }  // namespace fp4attn::sm90::bwd

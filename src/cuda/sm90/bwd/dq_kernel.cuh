@@ -161,8 +161,10 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       for (int i = 0; i < Cfg::kGradRegs; ++i) dq[i] = fmaf(part[i], factor, dq[i]);
     }
   }
-  TensorRef out = args.dq;
-  store_rows(dq, args.softmax_scale, frag, first_row, args.Sq, args.out_type, out, batch, head);
+  // Staged in this consumer's halves of Q and dO, which no product reads any more.
+  store_rows_staged<HeadDim>(dq, args.softmax_scale, frag, first_row, args.Sq, args.out_type, args.dq, batch, head,
+                             smem.q + consumer * Cfg::kConsumerBytes, smem.d_o + consumer * Cfg::kConsumerBytes,
+                             consumer, threadIdx.x % kWarpgroupThreads);
 }
 
 }  // namespace fp4attn::sm90::bwd
