@@ -272,6 +272,14 @@ struct ElementPair<__nv_bfloat16> {
   FP4ATTN_DEVICE_INLINE static __nv_bfloat162 of(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
 
+// The two elements of a 16-bit pair as the 32-bit word they fill.
+template <class T>
+FP4ATTN_DEVICE_INLINE std::uint32_t pair_bits(float a, float b) {
+  const auto v = ElementPair<T>::of(a, b);
+  static_assert(sizeof(v) == sizeof(std::uint32_t), "16-bit elements");
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
 // Stores a 64 × HeadDim gradient tile times `scale` (rows from `first_row`,
 // those ≥ rows skipped) into a (B, S, H, D) tensor of `type`. A thread's
 // columns come in neighbouring pairs (col, col + 1 with col even): where the
@@ -339,14 +347,7 @@ FP4ATTN_DEVICE_INLINE void store_rows_staged(const float (&acc)[N], float scale,
 #pragma unroll
     for (int j = 0; j < N / 4; ++j) {
       const float a = __fmul_rn(scale, acc[4 * j + 2 * r]), b = __fmul_rn(scale, acc[4 * j + 2 * r + 1]);
-      std::uint32_t bits;
-      if (type == ElementType::bf16) {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-        bits = *reinterpret_cast<const std::uint32_t*>(&v);
-      } else {
-        const __half2 v = __floats2half2_rn(a, b);
-        bits = *reinterpret_cast<const std::uint32_t*>(&v);
-      }
+      const std::uint32_t bits = type == ElementType::bf16 ? pair_bits<__nv_bfloat16>(a, b) : pair_bits<__half>(a, b);
       // Chunk j holds elements 8j .. 8j + 7; this thread's pair starts at element col.
       asm volatile("st.shared.b32 [%0], %1;" ::"r"(at(f.row[r], j) + 2 * f.col), "r"(bits) : "memory");
     }
