@@ -7,11 +7,15 @@
 // public API and mxfp4_train's fold and non-finite input. Bounds:
 // src/cuda/sm90/bwd/NOTES.md.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include <cuda_fp16.h>
 
 #include "cuda/sm90/bwd/bwd.hpp"
 #include "dispatch/sm90_executor.hpp"
@@ -82,8 +86,8 @@ AttentionOptions options_of(const Case& c) {
   return opt;
 }
 
-// A logical (B, S, H, D) tensor on the device as f32 or bf16 in (B, S, H + pad, D),
-// starting `offset` elements into its allocation.
+// A logical (B, S, H, D) tensor on the device as f32, f16 or bf16 in
+// (B, S, H + pad, D), starting `offset` elements into its allocation.
 struct PaddedTensor {
   std::int64_t B, S, H, D;
   dispatch::DeviceElement element;
@@ -104,8 +108,12 @@ struct PaddedTensor {
     for (std::int64_t i = 0; i < B * S * H; ++i)
       for (std::int64_t d = 0; d < D; ++d) {
         const std::size_t at = padded_index(i, d) * element_bytes(element);
-        if (element == dispatch::DeviceElement::f32) std::memcpy(&h[at], &x[i * D + d], 4);
-        else {
+        if (element == dispatch::DeviceElement::f32) {
+          std::memcpy(&h[at], &x[i * D + d], 4);
+        } else if (element == dispatch::DeviceElement::f16) {
+          const __half v = __float2half_rn(x[i * D + d]);
+          std::memcpy(&h[at], &v, 2);
+        } else {
           const __nv_bfloat16 b = __float2bfloat16_rn(x[i * D + d]);
           std::memcpy(&h[at], &b, 2);
         }
@@ -118,8 +126,13 @@ struct PaddedTensor {
     for (std::int64_t i = 0; i < B * S * H; ++i)
       for (std::int64_t d = 0; d < D; ++d) {
         const std::size_t at = padded_index(i, d) * element_bytes(element);
-        if (element == dispatch::DeviceElement::f32) std::memcpy(&x[i * D + d], &raw[at], 4);
-        else {
+        if (element == dispatch::DeviceElement::f32) {
+          std::memcpy(&x[i * D + d], &raw[at], 4);
+        } else if (element == dispatch::DeviceElement::f16) {
+          __half v;
+          std::memcpy(&v, &raw[at], 2);
+          x[i * D + d] = __half2float(v);
+        } else {
           __nv_bfloat16 b;
           std::memcpy(&b, &raw[at], 2);
           x[i * D + d] = __bfloat162float(b);
@@ -319,6 +332,33 @@ TEST(GpuBackwardFp8, UnalignedOutputsGetTheSameGradients) {
     EXPECT_EQ(aligned.dq, shifted.dq);
     EXPECT_EQ(aligned.dk, shifted.dk);
     EXPECT_EQ(aligned.dv, shifted.dv);
+  }
+}
+
+// f16 tensors: on inputs that f16 holds exactly, the quantizers see the same
+// values as with f32 tensors, so every f16 gradient must be the f32 run's
+// gradient rounded to f16 (the kernels convert once, to nearest even).
+TEST(GpuBackwardFp8, HalfGradientsAreTheFloatOnesRounded) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const auto to_half_grid = [](std::vector<float>& x) {
+    for (float& v : x) v = __half2float(__float2half_rn(v));
+  };
+  for (const AttentionShape shape : {AttentionShape{2, 4, 2, 200, 333, 64}, AttentionShape{1, 2, 2, 300, 257, 128}}) {
+    Case c{shape, MaskKind::causal, true, true};
+    std::mt19937 rng(gpu_test::fresh_seed());
+    Problem p = make_problem(c, rng);
+    for (auto* x : {&p.q, &p.k, &p.v, &p.d_o, &p.fwd.o}) to_half_grid(*x);
+    const emulator::BackwardResult wide = run_gpu(c, p);
+    c.element = dispatch::DeviceElement::f16;
+    const emulator::BackwardResult half = run_gpu(c, p);
+    for (auto [got, want, name] : {std::tuple{&half.dq, &wide.dq, "dq"}, std::tuple{&half.dk, &wide.dk, "dk"},
+                                   std::tuple{&half.dv, &wide.dv, "dv"}}) {
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < want->size(); ++i)
+        wrong += std::bit_cast<std::uint32_t>((*got)[i]) !=
+                 std::bit_cast<std::uint32_t>(__half2float(__float2half_rn((*want)[i])));
+      EXPECT_EQ(wrong, 0u) << name << " at D = " << shape.D;
+    }
   }
 }
 
