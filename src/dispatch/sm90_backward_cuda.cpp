@@ -184,10 +184,15 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   // The workspace arrives with any content: the flags start clear on every call.
   cuda_common::check_cuda(cudaMemsetAsync(fwd.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream),
                           "cudaMemsetAsync");
-  if (opt.recipe == Recipe::mxfp4_train) {
+  const bool mx = opt.recipe == Recipe::mxfp4_train;
+  if (mx) {
     quantize_mx_qk(in_q, in_k, opt, scale, base, layout, fwd, stream);
   } else {
-    cuda_quantize::quantize_fp8(in_q, in_k, in_v, opt.smooth_k, scale, fwd, stream);
+    // Qᵀ and Kᵀ come from the blocks the quantizer holds anyway.
+    cuda_quantize::Fp8Buffers with_t = fwd;
+    with_t.qt = base + layout.qt;
+    with_t.kt = base + layout.kt;
+    cuda_quantize::quantize_fp8(in_q, in_k, in_v, opt.smooth_k, scale, with_t, stream);
   }
   // dO and V meet in dP = dO·Vᵀ, a reduction over D: both per token block
   // along D, which is how the quantizer treats Q and K without smooth_k.
@@ -196,6 +201,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   grad.q_scale = floats(layout.do_scale);
   grad.k = base + layout.v;
   grad.k_scale = floats(layout.v_scale);
+  grad.qt = base + layout.d_ot;  // dOᵀ; V is needed in its token-major form only
   cuda_quantize::quantize_fp8(strided(args.d_o, args.element, s.B, s.Sq, s.Hq, s.D, "d_o"), in_v, in_v, false, scale,
                               grad, stream);
   // Non-finite input cannot raise an error without a host synchronisation:
@@ -207,9 +213,10 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
 
   const int B = static_cast<int>(s.B), Sq = static_cast<int>(s.Sq), Sk = static_cast<int>(s.Sk);
   const int Hq = static_cast<int>(s.Hq), Hkv = static_cast<int>(s.Hkv), D = static_cast<int>(s.D);
-  sm90::bwd::transpose_codes(fwd.q, base + layout.qt, B, Sq, Hq, D, stream);
-  sm90::bwd::transpose_codes(grad.q, base + layout.d_ot, B, Sq, Hq, D, stream);
-  sm90::bwd::transpose_codes(fwd.k, base + layout.kt, B, Sk, Hkv, D, stream);
+  if (mx) {  // the folded MXFP4 codes are transposed in a pass of their own
+    sm90::bwd::transpose_codes(fwd.q, base + layout.qt, B, Sq, Hq, D, stream);
+    sm90::bwd::transpose_codes(fwd.k, base + layout.kt, B, Sk, Hkv, D, stream);
+  }
   sm90::bwd::row_statistics(element_type(args.element), d_o, o, args.lse, opt.smooth_k ? fwd.lse_shift : nullptr,
                             floats(layout.delta), floats(layout.lse_log2), B, Sq, Hq, D, stream);
 

@@ -2,7 +2,7 @@
 // bit for bit: Q, K and V codes and scales, the smooth_k mean, Vᵀ's key
 // permutation and zero padding, over bf16, fp16 and fp32 inputs with odd
 // lengths, GQA, head dims 16 to 128 and strided layouts (16-byte aligned and
-// not). Then known answers (E4M3 ties, the chunked order of the mean), a
+// not); the transposed Q and K codes written on request. Then known answers (E4M3 ties, the chunked order of the mean), a
 // reused workspace starting each call afresh, non-finite input reported by
 // tensor name, and arguments the quantizer must refuse.
 #include <cuda_bf16.h>
@@ -542,6 +542,57 @@ TEST(GpuQuantizeFp8, CallWithoutVWritesQAndKAlone) {
   }
 }
 
+// (B, S, H, D) codes in the transposed layout the quantizer writes on
+// request: (B, H, D, padded_keys(S)), slot k of each 32-token group holding
+// token vt_key_of_slot(k), zero codes past S.
+std::vector<std::uint8_t> transposed_by_rule(const std::vector<std::uint8_t>& codes, std::int64_t B, std::int64_t S,
+                                             std::int64_t H, std::int64_t D) {
+  const std::int64_t padded = cq::padded_keys(S);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(B * H * D * padded));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t d = 0; d < D; ++d)
+        for (std::int64_t slot = 0; slot < padded; ++slot) {
+          const std::int64_t token =
+              slot / cq::kVtKeyGroup * cq::kVtKeyGroup + cq::vt_key_of_slot(static_cast<int>(slot % cq::kVtKeyGroup));
+          out[static_cast<std::size_t>(((b * H + h) * D + d) * padded + slot)] =
+              token < S ? codes[static_cast<std::size_t>(bshd_index(S, H, D, b, token, h, d))] : 0;
+        }
+  return out;
+}
+
+// With out.qt and out.kt (the backward's first call) the quantizer also
+// writes the transposed Q and K codes: byte for byte the transposition of
+// the codes it writes, which are those of a call without them. smooth_k on
+// gives K's padding tokens a nonzero code unless they are masked. Lengths
+// end in partial blocks; head dims 16, 64 and 128 take different thread
+// layouts; f32 runs two CTAs per SM, bf16 three. Outputs start poisoned.
+TEST(GpuQuantizeFp8, TransposedCodesAreTheCodesTransposed) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const auto check = [&](auto element, const AttentionShape& s, bool smooth_k, const Layout& layout) {
+    using T = decltype(element);
+    const Inputs in = random_inputs<T>(s, rng);
+    const DeviceInputs<T> dev_in(in, layout);
+    const std::string where = describe(s, smooth_k, sizeof(T) == 2 ? "16-bit" : "f32", seed);
+    DeviceOutputs plain(s, true), with_t(s, true);
+    const Fp8Result want = run_gpu(dev_in, s, smooth_k, plain);
+    DeviceArray<std::uint8_t> qt(s.B * s.Hq * s.D * cq::padded_keys(s.Sq)), kt(s.B * s.Hkv * s.D * cq::padded_keys(s.Sk));
+    qt.poison(), kt.poison();
+    with_t.bufs.qt = qt.ptr, with_t.bufs.kt = kt.ptr;
+    const Fp8Result got = run_gpu(dev_in, s, smooth_k, with_t);
+    expect_same(got, want, where);
+    expect_bytes_equal(qt.download(), transposed_by_rule(got.q, s.B, s.Sq, s.Hq, s.D), "q codes transposed", where);
+    expect_bytes_equal(kt.download(), transposed_by_rule(got.k, s.B, s.Sk, s.Hkv, s.D), "k codes transposed", where);
+  };
+  for (const bool smooth_k : {true, false}) {
+    check(__nv_bfloat16{}, AttentionShape{2, 4, 2, 200, 333, 128}, smooth_k, kOddPad);
+    check(__nv_bfloat16{}, AttentionShape{1, 3, 3, 129, 100, 64}, smooth_k, kDense);
+    check(float{}, AttentionShape{1, 2, 1, 300, 257, 16}, smooth_k, kAlignedPad);
+  }
+}
+
 TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 2, 2, 40, 40, 64};
@@ -566,6 +617,9 @@ TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
   cq::Fp8Buffers short_vt = dev.bufs;
   short_vt.vt_keys = s.Sk;
   EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, dev_in.v.view, short_vt), "vt_keys");
+  cq::Fp8Buffers odd_qt = dev.bufs;
+  odd_qt.qt = dev.vt.ptr + 8;  // 8-byte aligned: transposed rows are stored 16 bytes at a time
+  EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, dev_in.v.view, odd_qt), "out");
   cq::StridedInput odd_heads_q = dev_in.q.view;
   odd_heads_q.H = 3;  // not a multiple of Hkv = 2
   EXPECT_EQ(argument_of_error(odd_heads_q, dev_in.k.view, dev_in.v.view, dev.bufs), "Hq");

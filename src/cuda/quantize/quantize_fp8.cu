@@ -133,8 +133,11 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
     throw Error("smooth_k", "needs k_mean and lse_shift buffers");
   if ((out.q == nullptr) != (out.k == nullptr)) throw Error("out", "q and k codes must both be given or both be null");
   if (out.q == nullptr && smooth_k) throw Error("smooth_k", "needs the q and k code buffers (V-only call)");
-  if (!aligned(out.q, kCodeStoreAlign) || !aligned(out.k, kCodeStoreAlign) || !aligned(out.vt, kVtStoreAlign))
-    throw Error("out", "code buffers must be 8-byte (q, k) and 16-byte (vt) aligned");
+  if (!aligned(out.q, kCodeStoreAlign) || !aligned(out.k, kCodeStoreAlign) || !aligned(out.vt, kVtStoreAlign) ||
+      !aligned(out.qt, kVtStoreAlign) || !aligned(out.kt, kVtStoreAlign))
+    throw Error("out", "code buffers must be 8-byte (q, k) and 16-byte (vt, qt, kt) aligned");
+  if ((out.qt != nullptr || out.kt != nullptr) && out.q == nullptr)
+    throw Error("out", "transposed q or k codes need the q and k code buffers (V-only call)");
   switch (q.type) {
     case ElementType::f32: return launch<float>(q, k, v, smooth_k, softmax_scale, out, stream);
     case ElementType::f16: return launch<__half>(q, k, v, smooth_k, softmax_scale, out, stream);

@@ -8,6 +8,8 @@
 //          codes to a multiple of 128 and permuted inside each group of 32 by
 //          vt_key_of_slot (the order in which the forward kernel's P operand
 //          holds keys, so P never needs a register shuffle); scale per (b, h, d)
+//   qt, kt : on request, (B, H, D, padded_keys(S)) codes, Q's and K's codes
+//          transposed in Vᵀ's token order (the backward's operands)
 //   k_mean    : (B, Hkv, D) smooth_k mean, fp4attn::sequence_mean's order
 //   lse_shift : (B, Hq, Sq) softmax_scale · Σ_d q_deq · k_mean, the LSE
 //               correction that smooth_k makes necessary
@@ -51,6 +53,13 @@ struct Fp8Buffers {
   // quantizer resets what it needs on `stream`); one call at a time may use it.
   // Null: each call allocates one, stream-ordered.
   void* workspace = nullptr;
+  // Optional transposed copies of the q and k codes, (B, H, D, padded_keys(S))
+  // in Vᵀ's token order (vt_key_of_slot inside each group of 32, zero codes
+  // past S): the token-major operands of the backward's gradient products,
+  // written from the block the CTA already holds instead of a second pass
+  // over the codes. Null: not written.
+  std::uint8_t* qt = nullptr;
+  std::uint8_t* kt = nullptr;
 };
 
 inline constexpr int kTokenBlock = 128;  // FP8 Q/K scale block, the kernel's tile

@@ -3,7 +3,8 @@
 //                        read of K and V
 //   fp8_finalize_kernel  k_mean and v_scale per (slice, channel)
 //   fp8_quantize_kernel  one CTA per 128-token block of Q, K or V: codes,
-//                        block scales, Vᵀ, the smooth_k LSE correction
+//                        block scales, Vᵀ, the smooth_k LSE correction, and
+//                        on request Qᵀ and Kᵀ (the backward's operands)
 // Every arithmetic step mirrors the CPU quantizer so codes, scales and the
 // smooth_k mean agree bit for bit:
 //   amax     max |x| over a 128-token block (Q, K) or over the sequence per
@@ -353,6 +354,53 @@ __device__ __forceinline__ std::uint32_t segments_magnitude(const Block<T>& c) {
 
 // ---- fp8_quantize_kernel: units -------------------------------------------------------
 
+// Writes a staged transposed block (D rows of 128 codes as 32 words each,
+// pitch kVtPitchWords) to `rows`, one 128-byte run per row `pitch` bytes
+// apart. Each thread stores 16 bytes of one row per store (rows are 16-byte
+// aligned: the host checks the buffer, and pitches are multiples of 128).
+__device__ __forceinline__ void store_transposed_block(const std::uint32_t* tile, std::uint8_t* rows,
+                                                       std::int64_t pitch) {
+  constexpr int kChunksPerRow = kTokenBlock / 16;
+  const int chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
+  // quantize_threads(D) = 2·D threads, kChunksPerRow to a row: D / 4 rows a pass.
+  constexpr int kPasses = kChunksPerRow / kMaxItems;
+  static_assert(kPasses * kMaxItems == kChunksPerRow, "whole passes");
+#pragma unroll
+  for (int k = 0; k < kPasses; ++k) {
+    const int d = static_cast<int>(threadIdx.x) / kChunksPerRow + k * (static_cast<int>(blockDim.x) / kChunksPerRow);
+    const std::uint32_t* from = tile + d * kVtPitchWords + 4 * chunk;
+    __stcs(reinterpret_cast<uint4*>(rows + static_cast<std::int64_t>(d) * pitch) + chunk,
+           make_uint4(from[0], from[1], from[2], from[3]));
+  }
+}
+
+// The transposed copy of a Q or K block: each item's four token words (four
+// channels each) become four channel words of four tokens by byte permutes,
+// staged in `tile` as Vᵀ words are, then stored row by row. Tokens past S
+// get code 0 (smoothed K's pad would otherwise code −mean).
+__device__ __forceinline__ void store_transposed_codes(const ThreadItems& items, bool whole, int s0,
+                                                       int S, std::uint32_t (&words)[kMaxItems][kQuadTokens][2],
+                                                       std::uint32_t* tile, std::uint8_t* rows, std::int64_t pitch) {
+#pragma unroll
+  for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      std::uint32_t t[kQuadTokens];
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i) t[i] = whole || item_token(items, r, i, s0, S) >= 0 ? words[r][i][w] : 0u;
+      // byte i of channel c's word is token i's byte c
+      const std::uint32_t lo01 = __byte_perm(t[0], t[1], 0x5140), hi01 = __byte_perm(t[0], t[1], 0x7362);
+      const std::uint32_t lo23 = __byte_perm(t[2], t[3], 0x5140), hi23 = __byte_perm(t[2], t[3], 0x7362);
+      std::uint32_t* column = tile + (items.first_d + 4 * w) * kVtPitchWords + items.quad[r];
+      column[0 * kVtPitchWords] = __byte_perm(lo01, lo23, 0x5410);
+      column[1 * kVtPitchWords] = __byte_perm(lo01, lo23, 0x7632);
+      column[2 * kVtPitchWords] = __byte_perm(hi01, hi23, 0x5410);
+      column[3 * kVtPitchWords] = __byte_perm(hi01, hi23, 0x7632);
+    }
+  __syncthreads();
+  store_transposed_block(tile, rows, pitch);
+}
+
 // Codes of one 128-token block of Q or K, minus `mean` per channel when
 // `smoothed` (K with smooth_k). Writes the codes and the block's scale,
 // flags a non-finite block, and returns the scale; `words` receives this
@@ -362,7 +410,8 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
                                                       bool smoothed, const float (&mean)[kSegment], int b, int h,
                                                       int blk, int S, int H, int blocks, bool whole,
                                                       std::uint8_t* codes, float* scales, int* nonfinite,
-                                                      std::uint32_t (&warp_max)[kWarps],
+                                                      std::uint8_t* transposed, std::uint32_t (&warp_max)[kWarps],
+                                                      std::uint32_t* tile,
                                                       std::uint32_t (&words)[kMaxItems][kQuadTokens][2]) {
   const int s0 = blk * kTokenBlock;
   std::uint32_t mag = 0;
@@ -431,6 +480,11 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
       if (whole || item_token(items, r, i, s0, S) >= 0)
         __stcs(reinterpret_cast<uint2*>(row + quad_offset(i) * token_bytes), make_uint2(words[r][i][0], words[r][i][1]));
   }
+  if (transposed != nullptr) {
+    const std::int64_t pitch = static_cast<std::int64_t>(blocks) * kTokenBlock;
+    store_transposed_codes(items, whole, s0, S, words, tile,
+                           transposed + (static_cast<std::int64_t>(b) * H + h) * job.D * pitch + s0, pitch);
+  }
   return scale;
 }
 
@@ -443,7 +497,7 @@ __device__ __forceinline__ void statistics_ready() { cudaGridDependencySynchroni
 // K block: (k − mean when smooth_k) → codes and block scale.
 template <class T>
 __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& items, int b, int h, int blk,
-                                        std::uint32_t (&warp_max)[kWarps]) {
+                                        std::uint32_t (&warp_max)[kWarps], std::uint32_t* tile) {
   const int j = b * job.Hkv + h;
   const int s0 = blk * kTokenBlock;
   const bool whole = whole_block(job.k, s0, job.Sk);
@@ -454,7 +508,7 @@ __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& it
   if (job.smooth_k) load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   std::uint32_t words[kMaxItems][kQuadTokens][2];
   quantize_token_block(job, items, c, job.smooth_k, mean, b, h, blk, job.Sk, job.Hkv, job.k_blocks, whole, job.out.k,
-                       job.out.k_scale, job.out.nonfinite + kK, warp_max, words);
+                       job.out.k_scale, job.out.nonfinite + kK, job.out.kt, warp_max, tile, words);
 }
 
 // V block: codes of v / scale[d], staged as Vᵀ words (a quad's four keys of
@@ -499,29 +553,16 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
     for (int e = 0; e < kSegment; ++e) tile[(kSegment * g + e) * kVtPitchWords + q] = words[e];
   }
   __syncthreads();
-  // Each channel's 128 keys are a 128-byte run of its Vᵀ row: a thread
-  // writes 16 bytes of one row per store (rows are 16-byte aligned: the host
-  // checks vt, and vt_keys is a multiple of 128).
-  constexpr int kChunksPerRow = kTokenBlock / 16;
-  std::uint8_t* rows = job.out.vt + static_cast<std::int64_t>(j) * job.D * job.out.vt_keys + blk * kTokenBlock;
-  const int chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
-  // quantize_threads(D) = 2·D threads, kChunksPerRow to a row: D / 4 rows a pass.
-  constexpr int kPasses = kChunksPerRow / kMaxItems;
-  static_assert(kPasses * kMaxItems == kChunksPerRow, "whole passes");
-#pragma unroll
-  for (int k = 0; k < kPasses; ++k) {
-    const int d = static_cast<int>(threadIdx.x) / kChunksPerRow + k * (static_cast<int>(blockDim.x) / kChunksPerRow);
-    const std::uint32_t* from = tile + d * kVtPitchWords + 4 * chunk;
-    __stcs(reinterpret_cast<uint4*>(rows + static_cast<std::int64_t>(d) * job.out.vt_keys) + chunk,
-           make_uint4(from[0], from[1], from[2], from[3]));
-  }
+  // Each channel's 128 keys are a 128-byte run of its Vᵀ row.
+  store_transposed_block(
+      tile, job.out.vt + static_cast<std::int64_t>(j) * job.D * job.out.vt_keys + blk * kTokenBlock, job.out.vt_keys);
 }
 
 // Q block: codes and block scale; with smooth_k also the LSE correction
 // softmax_scale · Σ_d q_deq[d] · k_mean[d] of each token.
 template <class T>
 __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& items, int b, int h, int kv_head,
-                                        int blk, std::uint32_t (&warp_max)[kWarps]) {
+                                        int blk, std::uint32_t (&warp_max)[kWarps], std::uint32_t* tile) {
   const int s0 = blk * kTokenBlock;
   const bool whole = whole_block(job.q, s0, job.Sq);
   Block<T> c;
@@ -535,7 +576,8 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   const float zero[kSegment] = {};
   std::uint32_t words[kMaxItems][kQuadTokens][2];
   const float scale = quantize_token_block(job, items, c, false, zero, b, h, blk, job.Sq, job.Hq, job.q_blocks, whole,
-                                           job.out.q, job.out.q_scale, job.out.nonfinite + kQ, warp_max, words);
+                                           job.out.q, job.out.q_scale, job.out.nonfinite + kQ, job.out.qt, warp_max, tile,
+                                           words);
   if (!job.smooth_k) return;
   // Σ code·mean over the thread's channels for each of its tokens, then the
   // sum over the D / 8 consecutive lanes of each token (one shuffle level
@@ -599,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_
   if (job.smooth_k) {
     if (u < static_cast<std::uint32_t>(kv_blocks)) {
       kv_place(u, b, h, blk);
-      k_block(job, items, b, h, blk, warp_max);
+      k_block(job, items, b, h, blk, warp_max, vt_tile);
       return;
     }
     u -= kv_blocks;
@@ -615,7 +657,7 @@ __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_
   if (!job.smooth_k) {
     if (u < static_cast<std::uint32_t>(kv_blocks)) {
       kv_place(u, b, h, blk);
-      k_block(job, items, b, h, blk, warp_max);
+      k_block(job, items, b, h, blk, warp_max, vt_tile);
       return;
     }
     u -= kv_blocks;
@@ -623,7 +665,7 @@ __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_
   const std::uint32_t bh = job.by_q_blocks.quotient(u), bq = job.by_hq.quotient(bh);
   h = static_cast<int>(job.by_hq.remainder(bh, bq));
   q_block(job, items, static_cast<int>(bq), h, static_cast<int>(job.by_group.quotient(h)),
-          static_cast<int>(job.by_q_blocks.remainder(u, bh)), warp_max);
+          static_cast<int>(job.by_q_blocks.remainder(u, bh)), warp_max, vt_tile);
 }
 
 }  // namespace fp4attn::cuda_quantize
