@@ -86,11 +86,6 @@ BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe) {
   return l;
 }
 
-sm90::bwd::TensorRef input_ref(const DeviceTensorView& x, const char* name) {
-  if (x.data == nullptr) throw Error(name, "is a null device pointer");
-  return {const_cast<void*>(x.data), x.stride_b, x.stride_s, x.stride_h};
-}
-
 sm90::bwd::TensorRef output_ref(void* p, std::int64_t b, std::int64_t s, std::int64_t h, const char* name) {
   if (p == nullptr) throw Error(name, "is a null device pointer");
   return {p, b, s, h};
@@ -157,8 +152,8 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   a.dq = output_ref(args.dq, args.dq_stride_b, args.dq_stride_s, args.dq_stride_h, "dq");
   a.dk = output_ref(args.dk, args.dk_stride_b, args.dk_stride_s, args.dk_stride_h, "dk");
   a.dv = output_ref(args.dv, args.dv_stride_b, args.dv_stride_s, args.dv_stride_h, "dv");
-  const sm90::bwd::TensorRef o = input_ref(args.o, "o"), d_o = input_ref(args.d_o, "d_o");
-  for (const auto& [view, name] : {std::pair{&args.q, "q"}, {&args.k, "k"}, {&args.v, "v"}})
+  for (const auto& [view, name] :
+       {std::pair{&args.q, "q"}, {&args.k, "k"}, {&args.v, "v"}, {&args.o, "o"}, {&args.d_o, "d_o"}})
     if (view->data == nullptr) throw Error(name, "is a null device pointer");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
 
@@ -202,8 +197,13 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   grad.k = base + layout.v;
   grad.k_scale = floats(layout.v_scale);
   grad.qt = base + layout.d_ot;  // dOᵀ; V is needed in its token-major form only
+  // delta = Σ_d dO·O per row, taken while the call holds dO's blocks.
+  cuda_quantize::QRowDot delta;
+  delta.with = strided(args.o, args.element, s.B, s.Sq, s.Hq, s.D, "o");
+  delta.out = floats(layout.delta);
+  delta.pitch = sm90::bwd::padded_tokens(s.Sq);
   cuda_quantize::quantize_fp8(strided(args.d_o, args.element, s.B, s.Sq, s.Hq, s.D, "d_o"), in_v, in_v, false, scale,
-                              grad, stream);
+                              grad, delta, stream);
   // Non-finite input cannot raise an error without a host synchronisation:
   // it makes the gradients NaN. After both quantizers, so that a non-finite
   // q, k, d_o or v counts.
@@ -217,8 +217,8 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
     sm90::bwd::transpose_codes(fwd.q, base + layout.qt, B, Sq, Hq, D, stream);
     sm90::bwd::transpose_codes(fwd.k, base + layout.kt, B, Sk, Hkv, D, stream);
   }
-  sm90::bwd::row_statistics(element_type(args.element), d_o, o, args.lse, opt.smooth_k ? fwd.lse_shift : nullptr,
-                            floats(layout.delta), floats(layout.lse_log2), B, Sq, Hq, D, stream);
+  sm90::bwd::lse_statistics(args.lse, opt.smooth_k ? fwd.lse_shift : nullptr, floats(layout.delta),
+                            floats(layout.lse_log2), B, Sq, Hq, stream);
 
   a.q = fwd.q, a.k = fwd.k, a.d_o = grad.q, a.v = grad.k;
   a.qt = base + layout.qt, a.d_ot = base + layout.d_ot, a.kt = base + layout.kt;

@@ -2,7 +2,8 @@
 // bit for bit: Q, K and V codes and scales, the smooth_k mean, Vᵀ's key
 // permutation and zero padding, over bf16, fp16 and fp32 inputs with odd
 // lengths, GQA, head dims 16 to 128 and strided layouts (16-byte aligned and
-// not); the transposed Q and K codes written on request. Then known answers (E4M3 ties, the chunked order of the mean), a
+// not); the transposed Q and K codes and the row dot written on request.
+// Then known answers (E4M3 ties, the chunked order of the mean), a
 // reused workspace starting each call afresh, non-finite input reported by
 // tensor name, and arguments the quantizer must refuse.
 #include <cuda_bf16.h>
@@ -593,6 +594,79 @@ TEST(GpuQuantizeFp8, TransposedCodesAreTheCodesTransposed) {
   }
 }
 
+// QRowDot, the sum the kernel forms: per token, each lane of D / 8 takes its
+// eight channels by fp32 fma in order, then the lanes' sums meet in a
+// butterfly (lane g adds lane g ^ 1, then g ^ 2, ...); lane 0's is kept.
+std::vector<float> row_dot_by_rule(const std::vector<float>& q, const std::vector<float>& w, const AttentionShape& s,
+                                   std::int64_t pitch) {
+  std::vector<float> out(static_cast<std::size_t>(s.B * s.Hq * pitch), 0.0f);
+  const int lanes = static_cast<int>(s.D / 8);
+  for (std::int64_t b = 0; b < s.B; ++b)
+    for (std::int64_t h = 0; h < s.Hq; ++h)
+      for (std::int64_t t = 0; t < s.Sq; ++t) {
+        std::vector<float> lane(static_cast<std::size_t>(lanes), 0.0f);
+        for (int g = 0; g < lanes; ++g)
+          for (int e = 0; e < 8; ++e) {
+            const std::size_t i = static_cast<std::size_t>(bshd_index(s.Sq, s.Hq, s.D, b, t, h, 8 * g + e));
+            lane[g] = std::fma(q[i], w[i], lane[g]);
+          }
+        for (int m = 1; m < lanes; m <<= 1) {
+          std::vector<float> next(lane);
+          for (int g = 0; g < lanes; ++g) next[g] = lane[g] + lane[g ^ m];
+          lane = next;
+        }
+        out[static_cast<std::size_t>((b * s.Hq + h) * pitch + t)] = lane[0];
+      }
+  return out;
+}
+
+// The backward's delta = Σ dO·O comes from the dO call's QRowDot: bit for
+// bit the rule above for every row, 0 on the rows from Sq to the next
+// multiple of 128, and nothing written beyond them (the pitch's tail keeps
+// its poison). The codes are those of a call without it. Head dims 16, 64
+// and 128; 16-byte loads and element-wise ones (odd strides); bf16 and f32.
+TEST(GpuQuantizeFp8, RowDotIsTheSumOfProductsInItsOrder) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const auto check = [&](auto element, const AttentionShape& s, const Layout& layout) {
+    using T = decltype(element);
+    const Inputs in = random_inputs<T>(s, rng);
+    std::vector<float> with = gpu_test::attention_input(s.q_elems(), s.D, 1.0f, rng);
+    round_to_element<T>(with);
+    const DeviceInputs<T> dev_in(in, layout);
+    const DeviceTensor dev_with(with, s.B, s.Sq, s.Hq, s.D, layout, T{});
+    const std::string where = describe(s, false, sizeof(T) == 2 ? "bf16" : "f32", seed);
+    const std::int64_t pitch = cq::padded_keys(s.Sq) + 64;  // a tail past the padded rows
+    DeviceArray<float> dot(s.B * s.Hq * pitch);
+    dot.poison();
+    DeviceOutputs plain(s, true), with_dot(s, true);
+    const Fp8Result want = run_gpu(dev_in, s, false, plain);
+    with_dot.poison();
+    cq::QRowDot row_dot;
+    row_dot.with = dev_with.view, row_dot.out = dot.ptr, row_dot.pitch = pitch;
+    cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, false, softmax_scale_of(s), with_dot.bufs, row_dot,
+                     nullptr);
+    cq::check_finite(with_dot.bufs, nullptr);
+    expect_same(download(with_dot, s, false), want, where);
+    const std::vector<float> got = dot.download();
+    std::vector<float> expected = row_dot_by_rule(in.q, with, s, pitch);
+    std::size_t tail_written = 0;
+    for (std::int64_t row = 0; row < s.B * s.Hq; ++row)
+      for (std::int64_t t = cq::padded_keys(s.Sq); t < pitch; ++t) {
+        const std::size_t i = static_cast<std::size_t>(row * pitch + t);
+        tail_written += !std::isnan(got[i]);
+        expected[i] = got[i];  // compared above
+      }
+    EXPECT_EQ(tail_written, 0u) << "row dot written past the padded rows " << where;
+    expect_floats_bitwise(got, expected, "row dot", where);
+  };
+  check(__nv_bfloat16{}, AttentionShape{2, 4, 2, 200, 333, 128}, kDense);
+  check(__nv_bfloat16{}, AttentionShape{1, 3, 3, 129, 100, 64}, kOddPad);
+  check(float{}, AttentionShape{1, 2, 1, 300, 257, 16}, kAlignedPad);
+  check(float{}, AttentionShape{2, 2, 2, 77, 77, 128}, kOddPad);
+}
+
 TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 2, 2, 40, 40, 64};
@@ -620,6 +694,21 @@ TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
   cq::Fp8Buffers odd_qt = dev.bufs;
   odd_qt.qt = dev.vt.ptr + 8;  // 8-byte aligned: transposed rows are stored 16 bytes at a time
   EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, dev_in.v.view, odd_qt), "out");
+  // A row dot whose partner differs from q in shape, or whose rows are short.
+  DeviceArray<float> dot(s.B * s.Hq * cq::padded_keys(s.Sq));
+  const auto row_dot_error = [&](cq::StridedInput with, std::int64_t pitch) {
+    try {
+      cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, false, 0.125f, dev.bufs,
+                       cq::QRowDot{with, dot.ptr, pitch}, nullptr);
+    } catch (const Error& e) {
+      return e.argument();
+    }
+    return std::string("nothing");
+  };
+  cq::StridedInput short_with = dev_in.q.view;
+  short_with.S = s.Sq - 1;
+  EXPECT_EQ(row_dot_error(short_with, cq::padded_keys(s.Sq)), "q_row_dot.with");
+  EXPECT_EQ(row_dot_error(dev_in.q.view, s.Sq), "q_row_dot.pitch");
   cq::StridedInput odd_heads_q = dev_in.q.view;
   odd_heads_q.H = 3;  // not a multiple of Hkv = 2
   EXPECT_EQ(argument_of_error(odd_heads_q, dev_in.k.view, dev_in.v.view, dev.bufs), "Hq");

@@ -43,9 +43,11 @@ WorkspaceLayout workspace_layout(std::int64_t slices, std::int64_t chunks_per_sl
 
 template <class T>
 void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k, float softmax_scale,
-            const Fp8Buffers& out, cudaStream_t stream) {
+            const Fp8Buffers& out, const QRowDot& row_dot, cudaStream_t stream) {
   Job<T> job{};
   job.q = view_of<T>(q), job.k = view_of<T>(k), job.v = view_of<T>(v);
+  if (row_dot.out != nullptr) job.dot_with = view_of<T>(row_dot.with);
+  job.dot_out = row_dot.out, job.dot_pitch = row_dot.pitch;
   job.B = static_cast<int>(q.B), job.Hq = static_cast<int>(q.H), job.Hkv = static_cast<int>(k.H);
   job.Sq = static_cast<int>(q.S), job.Sk = static_cast<int>(k.S), job.D = static_cast<int>(q.D);
   job.seg_shift = std::countr_zero(static_cast<unsigned>(q.D / kSegment));
@@ -117,6 +119,11 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
                   float softmax_scale, const Fp8Buffers& out, cudaStream_t stream) {
+  quantize_fp8(q, k, v, smooth_k, softmax_scale, out, QRowDot{}, stream);
+}
+
+void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
+                  float softmax_scale, const Fp8Buffers& out, const QRowDot& q_row_dot, cudaStream_t stream) {
   check_shape(q, "q");
   check_shape(k, "k");
   check_shape(v, "v");
@@ -138,10 +145,18 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
     throw Error("out", "code buffers must be 8-byte (q, k) and 16-byte (vt, qt, kt) aligned");
   if ((out.qt != nullptr || out.kt != nullptr) && out.q == nullptr)
     throw Error("out", "transposed q or k codes need the q and k code buffers (V-only call)");
+  if (q_row_dot.out != nullptr) {
+    const StridedInput& w = q_row_dot.with;
+    check_shape(w, "q_row_dot.with");
+    if (w.B != q.B || w.S != q.S || w.H != q.H || w.D != q.D || w.type != q.type)
+      throw Error("q_row_dot.with", "must have q's shape and element type");
+    if (out.q == nullptr) throw Error("q_row_dot", "needs the q codes (a V-only call has no q blocks)");
+    if (q_row_dot.pitch < padded_keys(q.S)) throw Error("q_row_dot.pitch", "must be at least Sq rounded up to 128");
+  }
   switch (q.type) {
-    case ElementType::f32: return launch<float>(q, k, v, smooth_k, softmax_scale, out, stream);
-    case ElementType::f16: return launch<__half>(q, k, v, smooth_k, softmax_scale, out, stream);
-    case ElementType::bf16: return launch<__nv_bfloat16>(q, k, v, smooth_k, softmax_scale, out, stream);
+    case ElementType::f32: return launch<float>(q, k, v, smooth_k, softmax_scale, out, q_row_dot, stream);
+    case ElementType::f16: return launch<__half>(q, k, v, smooth_k, softmax_scale, out, q_row_dot, stream);
+    case ElementType::bf16: return launch<__nv_bfloat16>(q, k, v, smooth_k, softmax_scale, out, q_row_dot, stream);
   }
 }
 

@@ -90,6 +90,22 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
                   float softmax_scale, const Fp8Buffers& out, cudaStream_t stream);
 
+// Optional companion of q for quantize_fp8: a tensor `with` of q's shape and
+// element type, and an fp32 output `out` of (B, Hq, pitch) rows with pitch
+// at least Sq rounded up to 128. The quantizer writes out[b, h, s] =
+// Σ_d q[b, s, h, d]·with[b, s, h, d] (fp32 products and sums: eight channels
+// in order, then a tree over the row's lanes) for every s below that rounded
+// length, 0 past Sq. The backward's delta = Σ dO·O, taken while its call
+// holds dO's blocks in registers, so dO is read once.
+struct QRowDot {
+  StridedInput with;
+  float* out = nullptr;
+  std::int64_t pitch = 0;
+};
+
+void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
+                  float softmax_scale, const Fp8Buffers& out, const QRowDot& q_row_dot, cudaStream_t stream);
+
 // Synchronizes `stream` and throws fp4attn::Error naming q, k or v if the
 // quantizer saw a non-finite value in it; clears the flags.
 void check_finite(const Fp8Buffers& out, cudaStream_t stream);

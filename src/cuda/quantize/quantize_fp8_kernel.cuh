@@ -114,6 +114,9 @@ struct Job {
   bool smooth_k;
   float softmax_scale;
   Fp8Buffers out;
+  InputView<T> dot_with;  // QRowDot: read when dot_out is set
+  float* dot_out;
+  std::int64_t dot_pitch;
   Workspace ws;
   // The quantize kernel's block index → (b, h, block), see fp8_quantize_kernel.
   FastDiv by_hkv, by_hq, by_group, by_k_blocks, by_q_blocks;
@@ -270,32 +273,35 @@ __device__ __forceinline__ bool whole_block(const InputView<T>& in, int s0, int 
   return sizeof(T) == 2 && in.vector_loads && s0 + kTokenBlock <= S;
 }
 
+// Item r's four token segments (zeros past the tensor's end).
 template <L2Reuse R, class T>
-__device__ __forceinline__ void load_block(const ThreadItems& items, const InputView<T>& in, int b, int h, int s0,
-                                           int S, bool whole, Block<T>& c) {
-  const T* first = in.segment(b, s0, h, items.first_d);
+__device__ __forceinline__ void load_item(const ThreadItems& items, const InputView<T>& in, const T* first, int r,
+                                          int s0, int S, bool whole, Segment<T> (&seg)[kQuadTokens]) {
   if constexpr (sizeof(T) == 2) {
     if (whole) {
-#pragma unroll
-    for (int r = 0; r < kMaxItems; ++r) {
       const T* row = first + items.base[r] * in.stride_s;
 #pragma unroll
       for (int i = 0; i < kQuadTokens; ++i) {
         const uint4 v = load_global<R>(reinterpret_cast<const uint4*>(row + quad_offset(i) * in.stride_s));
-        c.seg[r][i].w[0] = v.x, c.seg[r][i].w[1] = v.y, c.seg[r][i].w[2] = v.z, c.seg[r][i].w[3] = v.w;
+        seg[i].w[0] = v.x, seg[i].w[1] = v.y, seg[i].w[2] = v.z, seg[i].w[3] = v.w;
       }
-    }
-    return;
+      return;
     }
   }
 #pragma unroll
-  for (int r = 0; r < kMaxItems; ++r)
+  for (int i = 0; i < kQuadTokens; ++i) {
+    const int s = item_token(items, r, i, s0, S);
+    if (s >= 0) load_segment<R>(first + (s - s0) * in.stride_s, in.vector_loads, seg[i]);
+    else zero_segment(seg[i]);
+  }
+}
+
+template <L2Reuse R, class T>
+__device__ __forceinline__ void load_block(const ThreadItems& items, const InputView<T>& in, int b, int h, int s0,
+                                           int S, bool whole, Block<T>& c) {
+  const T* first = in.segment(b, s0, h, items.first_d);
 #pragma unroll
-    for (int i = 0; i < kQuadTokens; ++i) {
-      const int s = item_token(items, r, i, s0, S);
-      if (s >= 0) load_segment<R>(first + (s - s0) * in.stride_s, in.vector_loads, c.seg[r][i]);
-      else zero_segment(c.seg[r][i]);
-    }
+  for (int r = 0; r < kMaxItems; ++r) load_item<R>(items, in, first, r, s0, S, whole, c.seg[r]);
 }
 
 // 8 floats of a per-channel array, this thread's channels: two 16-byte
@@ -558,6 +564,49 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
       tile, job.out.vt + static_cast<std::int64_t>(j) * job.D * job.out.vt_keys + blk * kTokenBlock, job.out.vt_keys);
 }
 
+// Sum over the D / 8 consecutive lanes that hold one token's segments (one
+// shuffle level for all of a thread's tokens at a time).
+__device__ __forceinline__ void sum_over_token_lanes(int seg_shift, float (&x)[kMaxItems][kQuadTokens]) {
+  static_assert(kMaxHeadDim / kSegment == 1 << 4, "at most four shuffle levels");
+#pragma unroll
+  for (int level = 0; level < 4; ++level) {
+    if ((2 << level) > (1 << seg_shift)) break;
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i) x[r][i] += __shfl_xor_sync(kFullWarp, x[r][i], 1 << level);
+  }
+}
+
+// QRowDot: Σ_d q·with per token of the block, for every token below the
+// block's end (q and `with` read as zeros past Sq, so those rows get 0).
+// `with` is loaded an item at a time, beside the q block already held.
+template <class T>
+__device__ __forceinline__ void q_row_dot(const Job<T>& job, const ThreadItems& items, const Block<T>& c, int b, int h,
+                                          int s0) {
+  const bool whole = whole_block(job.dot_with, s0, job.Sq);
+  const T* first = job.dot_with.segment(b, s0, h, items.first_d);
+  float dot[kMaxItems][kQuadTokens];
+#pragma unroll
+  for (int r = 0; r < kMaxItems; ++r) {
+    Segment<T> w[kQuadTokens];
+    load_item<L2Reuse::last>(items, job.dot_with, first, r, s0, job.Sq, whole, w);
+#pragma unroll
+    for (int i = 0; i < kQuadTokens; ++i) {
+      dot[r][i] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kSegment; ++e) dot[r][i] = fmaf(element(c.seg[r][i], e), element(w[i], e), dot[r][i]);
+    }
+  }
+  sum_over_token_lanes(job.seg_shift, dot);
+  if (items.column != 0) return;
+  float* out = job.dot_out + (static_cast<std::int64_t>(b) * job.Hq + h) * job.dot_pitch + s0;
+#pragma unroll
+  for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+    for (int i = 0; i < kQuadTokens; ++i) out[items.base[r] + quad_offset(i)] = dot[r][i];
+}
+
 // Q block: codes and block scale; with smooth_k also the LSE correction
 // softmax_scale · Σ_d q_deq[d] · k_mean[d] of each token.
 template <class T>
@@ -568,6 +617,8 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   Block<T> c;
   load_block<L2Reuse::last>(items, job.q, b, h, s0, job.Sq, whole, c);
   statistics_ready();
+  // Before the codes, so that nothing but the block is live across it.
+  if (job.dot_out != nullptr) q_row_dot(job, items, c, b, h, s0);
   float mean[kSegment] = {};
   if (job.smooth_k) {
     const int j = b * job.Hkv + kv_head;
@@ -597,15 +648,7 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
         dot[r][i] = fmaf(qd.y, mean[2 * p + 1], dot[r][i]);
       }
     }
-  static_assert(kMaxHeadDim / kSegment == 1 << 4, "at most four shuffle levels");
-#pragma unroll
-  for (int level = 0; level < 4; ++level) {
-    if ((2 << level) > (1 << job.seg_shift)) break;
-#pragma unroll
-    for (int r = 0; r < kMaxItems; ++r)
-#pragma unroll
-      for (int i = 0; i < kQuadTokens; ++i) dot[r][i] += __shfl_xor_sync(kFullWarp, dot[r][i], 1 << level);
-  }
+  sum_over_token_lanes(job.seg_shift, dot);
   if (items.column != 0) return;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)

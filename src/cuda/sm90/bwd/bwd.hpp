@@ -67,12 +67,12 @@ struct Fp8BackwardArgs {
 // tokens permuted per 32 as above, padding zero.
 void transpose_codes(const std::uint8_t* codes, std::uint8_t* out, int B, int S, int H, int D, cudaStream_t stream);
 
-// Row statistics of the backward: delta = Σ_d dO·O in fp32, lse_log2 =
-// (lse − shift)·log2 e, or +inf where lse is −inf (a row that sees no key;
-// a NaN lse makes delta NaN). shift may be null (no smooth_k). Padding rows
-// get delta 0 and lse_log2 +inf.
-void row_statistics(ElementType type, const TensorRef& d_o, const TensorRef& o, const float* lse, const float* shift,
-                    float* delta, float* lse_log2, int B, int Sq, int Hq, int D, cudaStream_t stream);
+// The backward's log2-domain LSE per row: lse_log2 = (lse − shift)·log2 e,
+// or +inf where lse is −inf (a row that sees no key); shift may be null (no
+// smooth_k). Padding rows get +inf. delta (Σ_d dO·O, written before by the
+// dO quantizer call) becomes NaN where lse is NaN, lse_log2 0 there.
+void lse_statistics(const float* lse, const float* shift, float* delta, float* lse_log2, int B, int Sq, int Hq,
+                    cudaStream_t stream);
 
 // Sets every element of the scale arrays a, b, c (a_count, b_count, c_count
 // floats) to NaN when one of the `flag_count` device ints at `flags` is set.

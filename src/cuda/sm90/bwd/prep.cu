@@ -1,6 +1,7 @@
 // Preparation of the FP8 backward: the transposed code copies that the
-// K-major-only FP8 wgmma needs as B operands of the gradient products, and
-// the per-row statistics (delta, log2-domain LSE).
+// K-major-only FP8 wgmma needs as B operands of the gradient products (for
+// recipe mxfp4_train's folded codes; the FP8 quantizer writes the others),
+// and the log2-domain LSE per row.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -18,7 +19,6 @@ namespace {
 
 constexpr int kTransposeThreads = 128;
 constexpr int kStatThreads = 128;
-constexpr int kStatLanes = 16;  // lanes per row of the statistics
 constexpr int kChunk = 16;      // bytes per vector load of a token row
 
 using cuda_common::check_cuda;
@@ -86,15 +86,6 @@ __global__ void __launch_bounds__(kTransposeThreads) transpose_kernel(const std:
 }
 
 template <class T>
-__device__ float to_float(T x);
-template <>
-__device__ float to_float<float>(float x) { return x; }
-template <>
-__device__ float to_float<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <class T>
 __device__ T from_float(float x);
 template <>
 __device__ float from_float<float>(float x) { return x; }
@@ -103,37 +94,24 @@ __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-struct StatJob {
-  TensorRef d_o, o;
+struct LseJob {
   const float* lse;
   const float* shift;
   float* delta;
   float* lse_log2;
-  int B, Sq, Hq, D;
-  std::int64_t padded;
+  int Sq;
+  std::int64_t padded, rows;
 };
 
-// kStatLanes lanes per (b, h, padded row): coalesced reads of dO and O, a
-// shuffle sum (its order differs from the emulator's ascending sum by fp32
-// rounding only, far below what dP's tensor-core sum already moves dS).
-template <class T>
-__global__ void __launch_bounds__(kStatThreads) row_stat_kernel(const StatJob job) {
-  const std::int64_t index = (static_cast<std::int64_t>(blockIdx.x) * kStatThreads + threadIdx.x) / kStatLanes;
-  const int lane = threadIdx.x % kStatLanes;
-  const std::int64_t rows = static_cast<std::int64_t>(job.B) * job.Hq * job.padded;
-  if (index >= rows) return;  // whole groups of lanes leave together (rows·kStatLanes is a multiple of 32)
+// One thread per (b, h, padded row). delta itself comes from the dO
+// quantizer call (QRowDot); a NaN LSE (the forward saw non-finite input)
+// overwrites it, so the row's dS, and with it dQ and dK, is NaN rather than
+// silently zero.
+__global__ void __launch_bounds__(kStatThreads) lse_rows_kernel(const LseJob job) {
+  const std::int64_t index = static_cast<std::int64_t>(blockIdx.x) * kStatThreads + threadIdx.x;
+  if (index >= job.rows) return;
   const int i = static_cast<int>(index % job.padded);
   const std::int64_t bh = index / job.padded;
-  const int h = static_cast<int>(bh % job.Hq), b = static_cast<int>(bh / job.Hq);
-  float delta = 0.0f;
-  if (i < job.Sq) {
-    const T* d_o = static_cast<const T*>(job.d_o.data) + b * job.d_o.stride_b + i * job.d_o.stride_s + h * job.d_o.stride_h;
-    const T* o = static_cast<const T*>(job.o.data) + b * job.o.stride_b + i * job.o.stride_s + h * job.o.stride_h;
-    for (int d = lane; d < job.D; d += kStatLanes) delta = fmaf(to_float(d_o[d]), to_float(o[d]), delta);
-  }
-#pragma unroll
-  for (int o = kStatLanes / 2; o > 0; o >>= 1) delta += __shfl_xor_sync(0xFFFFFFFFu, delta, o, kStatLanes);
-  if (lane != 0) return;
   float lse_log2 = __int_as_float(0x7F800000);
   if (i < job.Sq) {
     const std::int64_t row = bh * job.Sq + i;
@@ -141,13 +119,8 @@ __global__ void __launch_bounds__(kStatThreads) row_stat_kernel(const StatJob jo
     // The forward's LSE is that of the original scores; the recomputed scores
     // use the smoothed K, so its smooth_k shift comes back out.
     if (isfinite(lse)) lse_log2 = __fmul_rn(__fsub_rn(lse, job.shift != nullptr ? job.shift[row] : 0.0f), direct_p::kLog2e);
-    // A NaN LSE (the forward saw non-finite input) makes the row's dS, and
-    // so dQ and dK, NaN rather than silently zero.
-    if (isnan(lse)) delta = lse, lse_log2 = 0.0f;
-  } else {
-    delta = 0.0f;
+    if (isnan(lse)) job.delta[index] = lse, lse_log2 = 0.0f;
   }
-  job.delta[index] = delta;
   job.lse_log2[index] = lse_log2;
 }
 
@@ -223,17 +196,13 @@ void transpose_codes(const std::uint8_t* codes, std::uint8_t* out, int B, int S,
   check_cuda(cudaGetLastError(), "transpose_codes launch");
 }
 
-void row_statistics(ElementType type, const TensorRef& d_o, const TensorRef& o, const float* lse, const float* shift,
-                    float* delta, float* lse_log2, int B, int Sq, int Hq, int D, cudaStream_t stream) {
-  const StatJob job{d_o, o, lse, shift, delta, lse_log2, B, Sq, Hq, D, padded_tokens(Sq)};
-  const std::int64_t threads = static_cast<std::int64_t>(B) * Hq * job.padded * kStatLanes;
-  const unsigned grid = static_cast<unsigned>((threads + kStatThreads - 1) / kStatThreads);
-  switch (type) {
-    case ElementType::f32: row_stat_kernel<float><<<grid, kStatThreads, 0, stream>>>(job); break;
-    case ElementType::f16: row_stat_kernel<__half><<<grid, kStatThreads, 0, stream>>>(job); break;
-    case ElementType::bf16: row_stat_kernel<__nv_bfloat16><<<grid, kStatThreads, 0, stream>>>(job); break;
-  }
-  check_cuda(cudaGetLastError(), "row_statistics launch");
+void lse_statistics(const float* lse, const float* shift, float* delta, float* lse_log2, int B, int Sq, int Hq,
+                    cudaStream_t stream) {
+  const std::int64_t padded = padded_tokens(Sq);
+  const LseJob job{lse, shift, delta, lse_log2, Sq, padded, static_cast<std::int64_t>(B) * Hq * padded};
+  const unsigned grid = static_cast<unsigned>((job.rows + kStatThreads - 1) / kStatThreads);
+  lse_rows_kernel<<<grid, kStatThreads, 0, stream>>>(job);
+  check_cuda(cudaGetLastError(), "lse_statistics launch");
 }
 
 }  // namespace fp4attn::sm90::bwd
