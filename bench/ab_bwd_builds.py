@@ -2,7 +2,7 @@
 
     python3 bench/ab_bwd_builds.py --names base,new --libs A/libfp4attn_capi.so,B/libfp4attn_capi.so --out OUT
 
-Recipe fp8 with Direct-P from bf16 inputs (bench_bwd.py's plan: the device
+Recipe fp8 (or --recipe mxfp4_train) with Direct-P from bf16 inputs (bench_bwd.py's plan: the device
 backward with its quantizers, transposes and row statistics, deterministic),
 B·S = 32k tokens, H = 16 at D = 128 and 32 at D = 64. Each build runs the
 forward once per input set, then its backward is timed; builds and cuDNN
@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--reps", type=int, default=8, help="timed calls per build and round")
+    ap.add_argument("--recipe", default="fp8", help="fp8 or mxfp4_train")
     ap.add_argument("--cases", default=None,
                     help="D:S:causal triples, comma-separated (e.g. 128:4096:1,64:16384:0); default: CASES")
     args = ap.parse_args()
@@ -56,7 +57,7 @@ def main() -> None:
         H = 16 if D == 128 else 32
         B = 32768 // S
         sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4)) for _ in range(2)]
-        ours = [Ours(lib, ll3, ll6, sets, B, H, S, D, causal) for lib, ll3, ll6 in libs]
+        ours = [Ours(lib, ll3, ll6, sets, B, H, S, D, causal, args.recipe) for lib, ll3, ll6 in libs]
         # Same inputs, same forward: the gradients of every build against the first's.
         grads = []
         for o in ours:
@@ -75,7 +76,7 @@ def main() -> None:
         f = flops(B, H, S, D, causal, "bwd")
         row = {k: f / (statistics.median(v) * 1e-3) / 1e12 for k, v in times.items()}
         paired = {n: statistics.median(t0 / t for t0, t in zip(times[names[0]], times[n])) for n in names[1:]}
-        row.update(D=D, S=S, B=B, H=H, causal=causal, op="bwd", paired_vs_first=paired, grads_equal_first=equal,
+        row.update(D=D, S=S, B=B, H=H, causal=causal, op="bwd", recipe=args.recipe, paired_vs_first=paired, grads_equal_first=equal,
                    spread={k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()})
         rows.append(row)
         print(f"D={D} S={S} causal={int(causal)}  bwd TFLOP/s " + "  ".join(f"{k} {row[k]:.1f}" for k in times) +

@@ -115,8 +115,8 @@ void quantize_mx_qk(const cuda_quantize::StridedInput& q, const cuda_quantize::S
   cq::quantize_fp4(q, cq::Fp4Operand::q, o, mx, stream);
   o.smooth_k = opt.smooth_k;
   cq::quantize_fp4(k, cq::Fp4Operand::k, o, mx, stream);
-  cq::fold_mx_qk(mx.q, q.B, q.S, q.H, q.D, cq::kTokenBlock, out.q, out.q_scale, stream);
-  cq::fold_mx_qk(mx.k, k.B, k.S, k.H, k.D, cq::kTokenBlock, out.k, out.k_scale, stream);
+  cq::fold_mx_qk(mx.q, q.B, q.S, q.H, q.D, cq::kTokenBlock, out.q, out.q_scale, stream, base + layout.qt);
+  cq::fold_mx_qk(mx.k, k.B, k.S, k.H, k.D, cq::kTokenBlock, out.k, out.k_scale, stream, base + layout.kt);
   if (opt.smooth_k) cq::mx_lse_shift(mx.q, q.B, q.S, q.H, k.H, q.D, out.k_mean, scale, out.lse_shift, stream);
 }
 
@@ -179,11 +179,11 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   // The workspace arrives with any content: the flags start clear on every call.
   cuda_common::check_cuda(cudaMemsetAsync(fwd.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream),
                           "cudaMemsetAsync");
-  const bool mx = opt.recipe == Recipe::mxfp4_train;
-  if (mx) {
+  if (opt.recipe == Recipe::mxfp4_train) {
     quantize_mx_qk(in_q, in_k, opt, scale, base, layout, fwd, stream);
   } else {
-    // Qᵀ and Kᵀ come from the blocks the quantizer holds anyway.
+    // Qᵀ and Kᵀ come from the blocks the quantizer holds anyway (for
+    // mxfp4_train from the fold's tiles).
     cuda_quantize::Fp8Buffers with_t = fwd;
     with_t.qt = base + layout.qt;
     with_t.kt = base + layout.kt;
@@ -213,10 +213,6 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
 
   const int B = static_cast<int>(s.B), Sq = static_cast<int>(s.Sq), Sk = static_cast<int>(s.Sk);
   const int Hq = static_cast<int>(s.Hq), Hkv = static_cast<int>(s.Hkv), D = static_cast<int>(s.D);
-  if (mx) {  // the folded MXFP4 codes are transposed in a pass of their own
-    sm90::bwd::transpose_codes(fwd.q, base + layout.qt, B, Sq, Hq, D, stream);
-    sm90::bwd::transpose_codes(fwd.k, base + layout.kt, B, Sk, Hkv, D, stream);
-  }
   sm90::bwd::lse_statistics(args.lse, opt.smooth_k ? fwd.lse_shift : nullptr, floats(layout.delta),
                             floats(layout.lse_log2), B, Sq, Hq, stream);
 

@@ -285,40 +285,6 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 4, 2, 384, 256, 128}, MaskKind::none, true, true, dispatch::DeviceElement::bf16, kMx}),
     case_name);
 
-// The transposed code copies the gradient products read (Qᵀ, dOᵀ, Kᵀ):
-// every byte of (B, H, D, padded S) against the layout rule, tokens permuted
-// per 32 by vt_key_of_slot and the padding zero, for both head dims and a
-// length that ends in a partial tile. The output starts poisoned.
-TEST(GpuBackwardPrep, TransposedCodesFollowTheLayoutRule) {
-  FP4ATTN_REQUIRE_HOPPER();
-  const std::uint32_t seed = gpu_test::fresh_seed();
-  std::mt19937 rng(seed);
-  for (const int D : {64, 128}) {
-    const int B = 2, S = 333, H = 3;
-    const std::int64_t padded = sm90::bwd::padded_tokens(S);
-    std::vector<std::uint8_t> codes(static_cast<std::size_t>(B) * S * H * D);
-    for (auto& c : codes) c = static_cast<std::uint8_t>(rng());
-    DeviceArray<std::uint8_t> in(codes.size()), out(static_cast<std::size_t>(B * H * D * padded));
-    in.upload(codes);
-    out.poison();
-    sm90::bwd::transpose_codes(in.ptr, out.ptr, B, S, H, D, nullptr);
-    FP4ATTN_CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<std::uint8_t> got = out.download();
-    std::int64_t wrong = 0;
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < H; ++h)
-        for (int d = 0; d < D; ++d)
-          for (std::int64_t slot = 0; slot < padded; ++slot) {
-            const std::int64_t group = slot / cuda_quantize::kVtKeyGroup;
-            const std::int64_t token =
-                group * cuda_quantize::kVtKeyGroup + cuda_quantize::vt_key_of_slot(slot % cuda_quantize::kVtKeyGroup);
-            const std::uint8_t want = token < S ? codes[((static_cast<std::size_t>(b) * S + token) * H + h) * D + d] : 0;
-            wrong += got[((static_cast<std::size_t>(b) * H + h) * D + d) * padded + slot] != want;
-          }
-    EXPECT_EQ(wrong, 0) << "D = " << D << ", seed " << seed;
-  }
-}
-
 // The kernels store neighbouring gradient elements as one two-element store
 // where the output's layout keeps them aligned, one by one where it does not:
 // both give the same bits.

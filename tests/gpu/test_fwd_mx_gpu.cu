@@ -125,12 +125,13 @@ TEST(GpuFoldMx, QkAndVMatchEmulatorOperands) {
     cq::quantize_fp4(dv.view, cq::Fp4Operand::v, opt, bufs, nullptr);
 
     const std::int64_t tiles = (S + 127) / 128, vt_keys = cq::padded_keys(S);
-    DeviceArray<std::uint8_t> rows(B * S * H * D), tiled(B * S * H * D), vt(B * H * D * vt_keys);
+    DeviceArray<std::uint8_t> rows(B * S * H * D), tiled(B * S * H * D), vt(B * H * D * vt_keys),
+        tiled_t(B * H * D * vt_keys);
     DeviceArray<float> row_f(B * H * S), tile_f(B * H * tiles), v_f(B * H * D);
-    for (auto* a : {&rows, &tiled, &vt}) a->poison();
+    for (auto* a : {&rows, &tiled, &vt, &tiled_t}) a->poison();
     for (auto* a : {&row_f, &tile_f, &v_f}) a->poison();
     cq::fold_mx_qk(bufs.q, B, S, H, D, 1, rows.ptr, row_f.ptr, nullptr);
-    cq::fold_mx_qk(bufs.q, B, S, H, D, 128, tiled.ptr, tile_f.ptr, nullptr);
+    cq::fold_mx_qk(bufs.q, B, S, H, D, 128, tiled.ptr, tile_f.ptr, nullptr, tiled_t.ptr);
     cq::fold_mx_v(bufs.v, B, S, H, D, vt_keys, vt.ptr, v_f.ptr, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -140,9 +141,10 @@ TEST(GpuFoldMx, QkAndVMatchEmulatorOperands) {
     const emulator::QkOperand want_tiled = emulator::qk_operand(tq, Target::sm90, 128);
     const emulator::VOperand want_v = emulator::v_operand(tv, Target::sm90);
     const auto got_rows = rows.download(), got_tiled = tiled.download(), got_vt = vt.download();
+    const auto got_tiled_t = tiled_t.download();
     const auto got_row_f = row_f.download(), got_tile_f = tile_f.download(), got_v_f = v_f.download();
 
-    std::size_t bad_values = 0, bad_factors = 0, subnormal_or_zero = 0;
+    std::size_t bad_values = 0, bad_factors = 0, subnormal_or_zero = 0, bad_transposed = 0;
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < H; ++h) {
         for (std::int64_t s = 0; s < S; ++s) {
@@ -163,11 +165,15 @@ TEST(GpuFoldMx, QkAndVMatchEmulatorOperands) {
             const std::int64_t token = group * cq::kVtKeyGroup + cq::vt_key_of_slot(static_cast<int>(slot));
             const float want = token < S ? want_v.values_of(b, h, token)[d] : 0.0f;
             bad_values += !(decode(ElemFormat::e4m3, got_vt[((b * H + h) * D + d) * vt_keys + key]) == want);
+            // The transposed copy of the tiled fold (the backward's Kᵀ / Qᵀ): the same bytes, zero past S.
+            const std::uint8_t want_t = token < S ? got_tiled[((b * S + token) * H + h) * D + d] : 0;
+            bad_transposed += got_tiled_t[((b * H + h) * D + d) * vt_keys + key] != want_t;
           }
         }
       }
     EXPECT_EQ(bad_values, 0u) << where;
     EXPECT_EQ(bad_factors, 0u) << where;
+    EXPECT_EQ(bad_transposed, 0u) << where;
     EXPECT_GT(subnormal_or_zero, 0u) << "the input must push some blocks out of the fold window " << where;
   }
 }

@@ -8,6 +8,7 @@
 #include "cuda/common/device_memory.hpp"
 #include "cuda/quantize/fold_table.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"  // vt_key_of_slot, kVtKeyGroup
+#include "cuda/quantize/transposed_tile.cuh"
 #include "fp4attn/error.hpp"
 #include "fp4attn/formats.hpp"
 
@@ -36,10 +37,16 @@ __device__ int cta_max(int v, int* scratch) {
 }
 
 // grid (ceil(S / 128), H, B): rows s0 .. s0 + 127 of one (b, h).
+// With out_t, the folded rows also go to a shared tile that is then stored
+// transposed ((B, H, D, padded), transposed_tile.cuh).
 __global__ void __launch_bounds__(kFoldThreads) fold_qk_kernel(const std::uint8_t* __restrict__ codes,
                                                                const std::uint8_t* __restrict__ scales, int S, int H,
                                                                int D, int fold_rows, std::uint8_t* __restrict__ out,
-                                                               float* __restrict__ factor) {
+                                                               float* __restrict__ factor,
+                                                               std::uint8_t* __restrict__ out_t, std::int64_t padded) {
+  static_assert(kRowsPerCta == kTransposedTileTokens && kTransposeStoreThreads<128> <= kFoldThreads,
+                "one transposed tile per CTA");
+  __shared__ alignas(16) std::uint8_t tile[kRowsPerCta * 128];  // D ≤ 128
   __shared__ int row_exp[kRowsPerCta];
   __shared__ int scratch[kFoldThreads / 32];
   const int s0 = blockIdx.x * kRowsPerCta, h = blockIdx.y, b = blockIdx.z;
@@ -68,7 +75,16 @@ __global__ void __launch_bounds__(kFoldThreads) fold_qk_kernel(const std::uint8_
     const uint2 bytes = fold_word(word, fold_table(e, row_exp[row]));
     const std::int64_t dst = ((static_cast<std::int64_t>(b) * S + s0 + row) * H + h) * D + d0;
     *reinterpret_cast<uint2*>(out + dst) = bytes;
+    if (out_t != nullptr) *reinterpret_cast<uint2*>(tile + row * D + d0) = bytes;
   }
+  if (out_t == nullptr) return;
+  // Tokens past S are zero codes in the transposed copy.
+  for (int i = rows * D / 16 + static_cast<int>(threadIdx.x); i < kRowsPerCta * D / 16; i += kFoldThreads)
+    reinterpret_cast<uint4*>(tile)[i] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  std::uint8_t* dst_t = out_t + (static_cast<std::int64_t>(b) * H + h) * D * padded + s0;
+  if (D == 128) store_tile_transposed<128>(tile, dst_t, padded, static_cast<int>(threadIdx.x));
+  else store_tile_transposed<64>(tile, dst_t, padded, static_cast<int>(threadIdx.x));
 }
 
 // grid (D, H, B): channel d of one (b, h). Thread t folds 32-key groups t, t + 128, ...
@@ -171,14 +187,17 @@ void check_head_dim(std::int64_t D) {
 }  // namespace
 
 void fold_mx_qk(const Fp4Output& in, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D, int fold_rows,
-                std::uint8_t* e4m3, float* factor, cudaStream_t stream) {
+                std::uint8_t* e4m3, float* factor, cudaStream_t stream, std::uint8_t* e4m3_t) {
   check_head_dim(D);
   if (fold_rows != 1 && fold_rows != kRowsPerCta) throw Error("fold_rows", "must be 1 (Q) or 128 (K)");
+  if (e4m3_t != nullptr && (e4m3 == nullptr || reinterpret_cast<std::uintptr_t>(e4m3_t) % 16 != 0))
+    throw Error("e4m3_t", "needs the row-major codes too and 16-byte alignment");
   if (S <= 0) return;
-  const dim3 grid(static_cast<unsigned>((S + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>(H),
-                  static_cast<unsigned>(B));
+  const std::int64_t blocks = (S + kRowsPerCta - 1) / kRowsPerCta;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(H), static_cast<unsigned>(B));
   fold_qk_kernel<<<grid, kFoldThreads, 0, stream>>>(in.codes, in.scales, static_cast<int>(S), static_cast<int>(H),
-                                                    static_cast<int>(D), fold_rows, e4m3, factor);
+                                                    static_cast<int>(D), fold_rows, e4m3, factor, e4m3_t,
+                                                    blocks * kRowsPerCta);
   check_cuda(cudaGetLastError(), "fold_qk_kernel launch");
 }
 

@@ -36,8 +36,12 @@ namespace fp4attn::cuda_quantize {
 
 inline constexpr int kMxFoldKeyTile = 128;  // K's fold group: the forward kernel's key tile
 
+// e4m3_t (optional, 16-byte aligned, needs e4m3): the folded codes also
+// transposed, (B, H, D, S rounded up to 128), each 32-token group in Vᵀ's
+// slot order (vt_key_of_slot), zero codes past S: the FP8 backward's
+// token-major operands (recipe mxfp4_train).
 void fold_mx_qk(const Fp4Output& in, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D, int fold_rows,
-                std::uint8_t* e4m3, float* factor, cudaStream_t stream);
+                std::uint8_t* e4m3, float* factor, cudaStream_t stream, std::uint8_t* e4m3_t = nullptr);
 
 void fold_mx_v(const Fp4Output& in, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D,
                std::int64_t vt_keys, std::uint8_t* vt, float* factor, cudaStream_t stream);

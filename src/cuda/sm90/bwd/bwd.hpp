@@ -63,9 +63,6 @@ struct Fp8BackwardArgs {
   PCode p_code = PCode::direct_p;
 };
 
-// Transposes contiguous (B, S, H, D) codes into (B, H, D, padded_tokens(S)),
-// tokens permuted per 32 as above, padding zero.
-void transpose_codes(const std::uint8_t* codes, std::uint8_t* out, int B, int S, int H, int D, cudaStream_t stream);
 
 // The backward's log2-domain LSE per row: lse_log2 = (lse − shift)·log2 e,
 // or +inf where lse is −inf (a row that sees no key); shift may be null (no

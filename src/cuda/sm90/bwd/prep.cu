@@ -1,7 +1,6 @@
-// Preparation of the FP8 backward: the transposed code copies that the
-// K-major-only FP8 wgmma needs as B operands of the gradient products (for
-// recipe mxfp4_train's folded codes; the FP8 quantizer writes the others),
-// and the log2-domain LSE per row.
+// Preparation of the FP8 backward: the log2-domain LSE per row, the NaN
+// scales of non-finite input, and the atomic mode's dQ finalization. (The
+// transposed code copies come from the quantizer and the MX fold.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -17,73 +16,9 @@
 namespace fp4attn::sm90::bwd {
 namespace {
 
-constexpr int kTransposeThreads = 128;
 constexpr int kStatThreads = 128;
-constexpr int kChunk = 16;      // bytes per vector load of a token row
 
 using cuda_common::check_cuda;
-
-// One CTA moves 128 tokens of one (b, h): token rows into shared memory
-// (coalesced 16-byte loads, all of a thread's in flight at once), then D
-// transposed rows of 128 tokens out, each 32-token group in the A-operand
-// order (slot k holds token vt_key_of_slot(k)). A thread takes four channels
-// of one 32-token group: per four slots it reads the four tokens' words of
-// those channels and transposes the 4 × 4 bytes by byte permutes, then it
-// stores 32 bytes (a whole sector) per channel. At D = 128 a warp reads one
-// token row per instruction, free of bank conflicts.
-template <int D>
-__global__ void __launch_bounds__(kTransposeThreads) transpose_kernel(const std::uint8_t* __restrict__ codes,
-                                                                      std::uint8_t* __restrict__ out, int S, int H,
-                                                                      std::int64_t padded) {
-  __shared__ alignas(16) std::uint8_t tile[kTile * D];
-  const int s0 = blockIdx.x * kTile, h = blockIdx.y, b = blockIdx.z;
-  constexpr int kChunksPerRow = D / kChunk;
-  constexpr int kLoads = kTile * kChunksPerRow / kTransposeThreads;
-  static_assert(kLoads * kTransposeThreads == kTile * kChunksPerRow, "whole loads per thread");
-  uint4 v[kLoads];
-#pragma unroll
-  for (int j = 0; j < kLoads; ++j) {
-    const int i = threadIdx.x + j * kTransposeThreads;
-    const int token = i / kChunksPerRow, chunk = i % kChunksPerRow;
-    v[j] = make_uint4(0, 0, 0, 0);
-    if (s0 + token < S)
-      v[j] = *reinterpret_cast<const uint4*>(codes + ((static_cast<std::int64_t>(b) * S + s0 + token) * H + h) * D +
-                                             chunk * kChunk);
-  }
-#pragma unroll
-  for (int j = 0; j < kLoads; ++j) {
-    const int i = threadIdx.x + j * kTransposeThreads;
-    *reinterpret_cast<uint4*>(tile + (i / kChunksPerRow) * D + (i % kChunksPerRow) * kChunk) = v[j];
-  }
-  __syncthreads();
-  constexpr int kGroup = cuda_quantize::kVtKeyGroup;
-  constexpr int kQuads = D / 4;  // four channels per thread
-  static_assert(kQuads * (kTile / kGroup) <= kTransposeThreads, "one (channel quad, group) per thread");
-  if (threadIdx.x >= kQuads * (kTile / kGroup)) return;
-  const int quad = threadIdx.x % kQuads, group = threadIdx.x / kQuads;
-  const std::uint8_t* column = tile + group * kGroup * D + 4 * quad;
-  std::uint32_t rows[4][kGroup / 4];  // channel 4·quad + c, slots 4m .. 4m + 3 in word m
-#pragma unroll
-  for (int m = 0; m < kGroup / 4; ++m) {
-    std::uint32_t w[4];  // token of slot 4m + i: its four channels
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      w[i] = *reinterpret_cast<const std::uint32_t*>(column + cuda_quantize::vt_key_of_slot(4 * m + i) * D);
-    const std::uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
-    const std::uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
-    rows[0][m] = __byte_perm(lo01, lo23, 0x5410);
-    rows[1][m] = __byte_perm(lo01, lo23, 0x7632);
-    rows[2][m] = __byte_perm(hi01, hi23, 0x5410);
-    rows[3][m] = __byte_perm(hi01, hi23, 0x7632);
-  }
-  std::uint8_t* dst = out + ((static_cast<std::int64_t>(b) * H + h) * D + 4 * quad) * padded + s0 + group * kGroup;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    auto* row = reinterpret_cast<uint4*>(dst + c * padded);
-    row[0] = make_uint4(rows[c][0], rows[c][1], rows[c][2], rows[c][3]);
-    row[1] = make_uint4(rows[c][4], rows[c][5], rows[c][6], rows[c][7]);
-  }
-}
 
 template <class T>
 __device__ T from_float(float x);
@@ -183,17 +118,6 @@ void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, floa
       break;
   }
   check_cuda(cudaGetLastError(), "finalize_dq launch");
-}
-
-void transpose_codes(const std::uint8_t* codes, std::uint8_t* out, int B, int S, int H, int D, cudaStream_t stream) {
-  const std::int64_t padded = padded_tokens(S);
-  const dim3 grid(static_cast<unsigned>(padded / kTile), H, B);
-  switch (D) {
-    case 64: transpose_kernel<64><<<grid, kTransposeThreads, 0, stream>>>(codes, out, S, H, padded); break;
-    case 128: transpose_kernel<128><<<grid, kTransposeThreads, 0, stream>>>(codes, out, S, H, padded); break;
-    default: throw Error("D", "the sm90 backward supports D = 64 and 128, got " + std::to_string(D));
-  }
-  check_cuda(cudaGetLastError(), "transpose_codes launch");
 }
 
 void lse_statistics(const float* lse, const float* shift, float* delta, float* lse_log2, int B, int Sq, int Hq,
