@@ -49,6 +49,10 @@ if has_stage sanitize; then
   small+=':Shapes/GpuForwardMxGrid.MatchesEmulator/mxfp4_B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk'
   # recipe nvfp4's exp2 baseline
   small+=':Shapes/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_smoothk_exp2'
+  # the backward's preparation: transposed codes and the row dot from the FP8
+  # quantizer, transposed folded codes from the MX fold
+  small+=':GpuQuantizeFp8.TransposedCodesAreTheCodesTransposed:GpuQuantizeFp8.RowDotIsTheSumOfProductsInItsOrder'
+  small+=':GpuFoldMx.QkAndVMatchEmulatorOperands'
   for tool in memcheck racecheck; do
     FP4ATTN_REQUIRE_GPU=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 7 \
       "$BUILD/tests/fp4attn_gpu_tests" --gtest_filter="$small" >"$OUT/sanitize-$tool.log" 2>&1
