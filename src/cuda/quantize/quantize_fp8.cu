@@ -95,7 +95,9 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   }
   // Without statistics the quantize kernel is the call's first: launched
   // plainly, since the caller's work before it may write its input.
-  launch_kernel(fp8_quantize_kernel<T>, dim3(static_cast<unsigned>(blocks)),
+  const bool backward_operands = out.qt != nullptr || out.kt != nullptr || row_dot.out != nullptr;
+  launch_kernel(backward_operands ? fp8_quantize_kernel<T, true> : fp8_quantize_kernel<T, false>,
+                dim3(static_cast<unsigned>(blocks)),
                 static_cast<unsigned>(quantize_threads(job.D)), 0, stream, stats_tensors > 0,
                 "fp8_quantize_kernel launch", job);
 }

@@ -501,7 +501,7 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
 __device__ __forceinline__ void statistics_ready() { cudaGridDependencySynchronize(); }
 
 // K block: (k − mean when smooth_k) → codes and block scale.
-template <class T>
+template <bool kBackwardOperands, class T>
 __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& items, int b, int h, int blk,
                                         std::uint32_t (&warp_max)[kWarps], std::uint32_t* tile) {
   const int j = b * job.Hkv + h;
@@ -514,7 +514,8 @@ __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& it
   if (job.smooth_k) load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   std::uint32_t words[kMaxItems][kQuadTokens][2];
   quantize_token_block(job, items, c, job.smooth_k, mean, b, h, blk, job.Sk, job.Hkv, job.k_blocks, whole, job.out.k,
-                       job.out.k_scale, job.out.nonfinite + kK, job.out.kt, warp_max, tile, words);
+                       job.out.k_scale, job.out.nonfinite + kK, kBackwardOperands ? job.out.kt : nullptr, warp_max,
+                       tile, words);
 }
 
 // V block: codes of v / scale[d], staged as Vᵀ words (a quad's four keys of
@@ -609,7 +610,7 @@ __device__ __forceinline__ void q_row_dot(const Job<T>& job, const ThreadItems& 
 
 // Q block: codes and block scale; with smooth_k also the LSE correction
 // softmax_scale · Σ_d q_deq[d] · k_mean[d] of each token.
-template <class T>
+template <bool kBackwardOperands, class T>
 __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& items, int b, int h, int kv_head,
                                         int blk, std::uint32_t (&warp_max)[kWarps], std::uint32_t* tile) {
   const int s0 = blk * kTokenBlock;
@@ -618,7 +619,7 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   load_block<L2Reuse::last>(items, job.q, b, h, s0, job.Sq, whole, c);
   statistics_ready();
   // Before the codes, so that nothing but the block is live across it.
-  if (job.dot_out != nullptr) q_row_dot(job, items, c, b, h, s0);
+  if (kBackwardOperands && job.dot_out != nullptr) q_row_dot(job, items, c, b, h, s0);
   float mean[kSegment] = {};
   if (job.smooth_k) {
     const int j = b * job.Hkv + kv_head;
@@ -627,8 +628,8 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   const float zero[kSegment] = {};
   std::uint32_t words[kMaxItems][kQuadTokens][2];
   const float scale = quantize_token_block(job, items, c, false, zero, b, h, blk, job.Sq, job.Hq, job.q_blocks, whole,
-                                           job.out.q, job.out.q_scale, job.out.nonfinite + kQ, job.out.qt, warp_max, tile,
-                                           words);
+                                           job.out.q, job.out.q_scale, job.out.nonfinite + kQ,
+                                           kBackwardOperands ? job.out.qt : nullptr, warp_max, tile, words);
   if (!job.smooth_k) return;
   // Σ code·mean over the thread's channels for each of its tokens, then the
   // sum over the D / 8 consecutive lanes of each token (one shuffle level
@@ -666,7 +667,10 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
 // read, in the reverse of its order ((b, chunk, h) descending; with smooth_k
 // K, which it read last, then V), then unsmoothed K (same order) and Q.
 // A V-only call has no K or Q blocks, a call without V no V blocks.
-template <class T>
+// kBackwardOperands: the backward's extra outputs (Qᵀ, Kᵀ, the row dot) are
+// compiled in; the forward's calls run the instantiation without them (with
+// them their quantize kernel measured 1.4–2.7 % slower).
+template <class T, bool kBackwardOperands>
 __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_kernel(const __grid_constant__ Job<T> job) {
   __shared__ std::uint32_t warp_max[kWarps];
   __shared__ std::uint32_t vt_tile[kMaxHeadDim * kVtPitchWords];
@@ -684,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_
   if (job.smooth_k) {
     if (u < static_cast<std::uint32_t>(kv_blocks)) {
       kv_place(u, b, h, blk);
-      k_block(job, items, b, h, blk, warp_max, vt_tile);
+      k_block<kBackwardOperands>(job, items, b, h, blk, warp_max, vt_tile);
       return;
     }
     u -= kv_blocks;
@@ -700,14 +704,14 @@ __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_
   if (!job.smooth_k) {
     if (u < static_cast<std::uint32_t>(kv_blocks)) {
       kv_place(u, b, h, blk);
-      k_block(job, items, b, h, blk, warp_max, vt_tile);
+      k_block<kBackwardOperands>(job, items, b, h, blk, warp_max, vt_tile);
       return;
     }
     u -= kv_blocks;
   }
   const std::uint32_t bh = job.by_q_blocks.quotient(u), bq = job.by_hq.quotient(bh);
   h = static_cast<int>(job.by_hq.remainder(bh, bq));
-  q_block(job, items, static_cast<int>(bq), h, static_cast<int>(job.by_group.quotient(h)),
+  q_block<kBackwardOperands>(job, items, static_cast<int>(bq), h, static_cast<int>(job.by_group.quotient(h)),
           static_cast<int>(job.by_q_blocks.remainder(u, bh)), warp_max, vt_tile);
 }
 
