@@ -5,10 +5,12 @@
 Recipe fp8 (or --recipe mxfp4_train) with Direct-P from bf16 inputs (bench_bwd.py's plan: the device
 backward with its quantizers, transposes and row statistics, deterministic),
 B·S = 32k tokens, H = 16 at D = 128 and 32 at D = 64. Each build runs the
-forward once per input set, then its backward is timed; builds and cuDNN
-BF16's backward (autograd on a kept graph) are timed in interleaved rounds,
-the builds' order turning by one place each round (as ab_fwd_builds.py). A
-figure is the backward's TFLOP/s in the median round; `paired_vs_first` the
+forward once per input set, then its backward is timed (--op fwdbwd: forward
+and backward); builds and cuDNN BF16 (autograd; the backward on a kept graph)
+are timed in interleaved rounds, the builds' order turning by one place each
+round (as ab_fwd_builds.py). --saved picks per build whether the forward
+keeps Q's and K's operands for the backward (the same library may appear
+twice, with 0 and 1). A figure is the timed op's TFLOP/s in the median round; `paired_vs_first` the
 median over rounds of each build's speed over the first build's in the same
 round. `grads_equal_first` says whether each build's dQ, dK and dV equal the
 first build's bit for bit on the same inputs (a change of schedule alone must
@@ -41,6 +43,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--reps", type=int, default=8, help="timed calls per build and round")
     ap.add_argument("--recipe", default="fp8", help="fp8 or mxfp4_train")
+    ap.add_argument("--saved", default=None,
+                    help="comma-separated 0/1 per build: whether its forward keeps Q's and K's operands for the "
+                         "backward (default 1 for every build; libraries without the entry points keep none)")
+    ap.add_argument("--op", default="bwd", choices=["bwd", "fwdbwd"], help="what is timed")
     ap.add_argument("--cases", default=None,
                     help="D:S:causal triples, comma-separated (e.g. 128:4096:1,64:16384:0); default: CASES")
     args = ap.parse_args()
@@ -48,6 +54,9 @@ def main() -> None:
     if len(names) != len(paths):
         raise SystemExit("--names and --libs need the same number of entries")
     libs = [load_bwd_lib(p) for p in paths]
+    saved = [bool(int(x)) for x in args.saved.split(",")] if args.saved else [True] * len(libs)
+    if len(saved) != len(libs):
+        raise SystemExit("--saved needs one entry per build")
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     cases = CASES
     if args.cases:
@@ -57,11 +66,12 @@ def main() -> None:
         H = 16 if D == 128 else 32
         B = 32768 // S
         sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(4)) for _ in range(2)]
-        ours = [Ours(lib, ll3, ll6, sets, B, H, S, D, causal, args.recipe) for lib, ll3, ll6 in libs]
+        ours = [Ours(lib, ll3, ll6, sets, B, H, S, D, causal, args.recipe, keep)
+                for (lib, ll3, ll6), keep in zip(libs, saved)]
         # Same inputs, same forward: the gradients of every build against the first's.
         grads = []
         for o in ours:
-            o.backward(0)
+            o.fwdbwd(0)
             torch.cuda.synchronize()
             grads.append([g.clone() for g in o.grads])
         equal = {names[i]: all(torch.equal(a, b) for a, b in zip(grads[0], grads[i])) for i in range(1, len(ours))}
@@ -71,15 +81,17 @@ def main() -> None:
         for r in range(args.rounds):
             order = [(r + i) % len(names) for i in range(len(names))]
             for i in order:
-                times[names[i]].append(time_ms(ours[i].backward, args.reps, 2))
-            times["cudnn"].append(time_ms(cudnn.backward, args.reps, 2))
-        f = flops(B, H, S, D, causal, "bwd")
+                times[names[i]].append(time_ms(ours[i].fwdbwd if args.op == "fwdbwd" else ours[i].backward,
+                                               args.reps, 2))
+            times["cudnn"].append(time_ms(cudnn.fwdbwd if args.op == "fwdbwd" else cudnn.backward, args.reps, 2))
+        f = flops(B, H, S, D, causal, args.op)
         row = {k: f / (statistics.median(v) * 1e-3) / 1e12 for k, v in times.items()}
         paired = {n: statistics.median(t0 / t for t0, t in zip(times[names[0]], times[n])) for n in names[1:]}
-        row.update(D=D, S=S, B=B, H=H, causal=causal, op="bwd", recipe=args.recipe, paired_vs_first=paired, grads_equal_first=equal,
+        row.update(D=D, S=S, B=B, H=H, causal=causal, op=args.op, recipe=args.recipe,
+                   saved_operands={n: o.saved is not None for n, o in zip(names, ours)}, paired_vs_first=paired, grads_equal_first=equal,
                    spread={k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()})
         rows.append(row)
-        print(f"D={D} S={S} causal={int(causal)}  bwd TFLOP/s " + "  ".join(f"{k} {row[k]:.1f}" for k in times) +
+        print(f"D={D} S={S} causal={int(causal)}  {args.op} TFLOP/s " + "  ".join(f"{k} {row[k]:.1f}" for k in times) +
               "  | " + "  ".join(f"{k}/cudnn {row[k] / row['cudnn']:.3f}" for k in names) + "  | paired " +
               "  ".join(f"{k}/{names[0]} {v:.3f}" for k, v in paired.items()) + "  | grads equal " +
               "  ".join(f"{k} {v}" for k, v in equal.items()), flush=True)

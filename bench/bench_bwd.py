@@ -51,6 +51,13 @@ def load_bwd_lib(path):
     lib.fp4attn_bwd_workspace_bytes.argtypes = [ll6, i]
     lib.fp4attn_bwd_forward.argtypes = [ll6, i, i, i, i, vp, ll3, vp, ll3, vp, ll3, vp, ll3, vp, vp, ll, vp]
     lib.fp4attn_bwd_backward.argtypes = ([ll6, i, i, i, i] + [vp, ll3] * 5 + [vp] + [vp, ll3] * 3 + [vp, ll, i, vp])
+    if hasattr(lib, "fp4attn_bwd_saved_bytes"):  # libraries from before the saved operands lack these
+        lib.fp4attn_bwd_saved_bytes.restype = ll
+        lib.fp4attn_bwd_saved_bytes.argtypes = [ll6, i]
+        lib.fp4attn_bwd_forward_saved.argtypes = [ll6, i, i, i, i, vp, ll3, vp, ll3, vp, ll3, vp, ll3, vp, vp, ll, vp,
+                                                  ll, vp]
+        lib.fp4attn_bwd_backward_saved.argtypes = ([ll6, i, i, i, i] + [vp, ll3] * 5 + [vp] + [vp, ll3] * 3 +
+                                                   [vp, ll, i, vp, ll, vp])
     return lib, ll3, ll6
 
 
@@ -60,7 +67,11 @@ def flops(B, H, S, D, causal, op):
 
 
 class Ours:
-    def __init__(self, lib, ll3, ll6, sets, B, H, S, D, causal, recipe="fp8"):
+    """Our device forward and backward on `sets`. saved=True: as in training through the torch op, the
+    forward keeps Q's and K's operands (recipe fp8) and the backward reads them; where the library or the
+    recipe keeps none, the backward quantizes q and k itself."""
+
+    def __init__(self, lib, ll3, ll6, sets, B, H, S, D, causal, recipe="fp8", saved=True):
         self.lib, self.ll3, self.sets = lib, ll3, sets
         self.shape = ll6(B, S, S, H, H, D)
         self.recipe = RECIPE_CODES[recipe]
@@ -72,6 +83,11 @@ class Ours:
             raise RuntimeError(lib.fp4attn_bwd_last_error().decode())
         self.fwd_ws = torch.empty(fwd_ws, device="cuda", dtype=torch.uint8)
         self.bwd_ws = torch.empty(bwd_ws, device="cuda", dtype=torch.uint8)
+        kept = lib.fp4attn_bwd_saved_bytes(self.shape, self.recipe) if saved and hasattr(
+            lib, "fp4attn_bwd_saved_bytes") else 0
+        if kept < 0:
+            raise RuntimeError(lib.fp4attn_bwd_last_error().decode())
+        self.saved = [torch.empty(kept, device="cuda", dtype=torch.uint8) for _ in sets] if kept > 0 else None
         self.o = [torch.empty(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in sets]
         self.lse = [torch.empty(B, H, S, device="cuda", dtype=torch.float32) for _ in sets]
         self.grads = [torch.empty(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
@@ -88,20 +104,28 @@ class Ours:
     def forward(self, i):
         n = i % len(self.sets)
         q, k, v, _ = self.sets[n]
-        self.check(self.lib.fp4attn_bwd_forward(
-            self.shape, self.recipe, self.mask, 1, DTYPE_BF16, q.data_ptr(), self.st(q), k.data_ptr(), self.st(k),
-            v.data_ptr(), self.st(v), self.o[n].data_ptr(), self.st(self.o[n]), self.lse[n].data_ptr(),
-            self.fwd_ws.data_ptr(), self.fwd_ws.numel(), self.stream))
+        args = (self.shape, self.recipe, self.mask, 1, DTYPE_BF16, q.data_ptr(), self.st(q), k.data_ptr(), self.st(k),
+                v.data_ptr(), self.st(v), self.o[n].data_ptr(), self.st(self.o[n]), self.lse[n].data_ptr(),
+                self.fwd_ws.data_ptr(), self.fwd_ws.numel())
+        if self.saved is None:
+            self.check(self.lib.fp4attn_bwd_forward(*args, self.stream))
+        else:
+            self.check(self.lib.fp4attn_bwd_forward_saved(*args, self.saved[n].data_ptr(), self.saved[n].numel(),
+                                                          self.stream))
 
     def backward(self, i, deterministic=True):
         n = i % len(self.sets)
         q, k, v, d_o = self.sets[n]
         dq, dk, dv = self.grads
-        self.check(self.lib.fp4attn_bwd_backward(
-            self.shape, self.recipe, self.mask, 1, DTYPE_BF16, q.data_ptr(), self.st(q), k.data_ptr(), self.st(k),
-            v.data_ptr(), self.st(v), self.o[n].data_ptr(), self.st(self.o[n]), d_o.data_ptr(), self.st(d_o),
-            self.lse[n].data_ptr(), dq.data_ptr(), self.st(dq), dk.data_ptr(), self.st(dk), dv.data_ptr(),
-            self.st(dv), self.bwd_ws.data_ptr(), self.bwd_ws.numel(), int(deterministic), self.stream))
+        args = (self.shape, self.recipe, self.mask, 1, DTYPE_BF16, q.data_ptr(), self.st(q), k.data_ptr(), self.st(k),
+                v.data_ptr(), self.st(v), self.o[n].data_ptr(), self.st(self.o[n]), d_o.data_ptr(), self.st(d_o),
+                self.lse[n].data_ptr(), dq.data_ptr(), self.st(dq), dk.data_ptr(), self.st(dk), dv.data_ptr(),
+                self.st(dv), self.bwd_ws.data_ptr(), self.bwd_ws.numel(), int(deterministic))
+        if self.saved is None:
+            self.check(self.lib.fp4attn_bwd_backward(*args, self.stream))
+        else:
+            self.check(self.lib.fp4attn_bwd_backward_saved(*args, self.saved[n].data_ptr(), self.saved[n].numel(),
+                                                           self.stream))
 
     def fwdbwd(self, i, deterministic=True):
         self.forward(i)
@@ -163,6 +187,9 @@ def main():
     ap.add_argument("--causal", default="0,1", help="mask settings to run: 0 noncausal, 1 causal (bottom-right)")
     ap.add_argument("--recipes", default="fp8", help="our recipes to run: fp8, mxfp4_train or both, comma-separated")
     ap.add_argument("--atomic", type=int, default=1, help="also time the atomic-dQ mode (1) or not (0)")
+    ap.add_argument("--saved", type=int, default=1,
+                    help="1: the forward keeps Q's and K's operands for the backward, as training through the torch "
+                         "op does (recipe fp8); 0: the backward quantizes q and k again")
     ap.add_argument("--profile", action="store_true",
                     help="also print each kernel's share of our backward (torch.profiler), first grid point only")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
@@ -174,10 +201,12 @@ def main():
     gpu = torch.cuda.get_device_name()
     rows, log = [], []
 
-    def add(op, impl, recipe, direct_p, causal, B, H, S, D, ms, deterministic=True):
+    def add(op, impl, recipe, direct_p, causal, B, H, S, D, ms, deterministic=True, saved=None):
         tf = flops(B, H, S, D, causal, op) / (ms * 1e-3) / 1e12
         rows.append(dict(op=op, impl=impl, recipe=recipe, direct_p=direct_p, causal=causal, B=B, H=H, Hkv=H, Sq=S,
                          Sk=S, D=D, ms=round(ms, 4), tflops=round(tf, 1), gbps=None, deterministic=deterministic))
+        if saved is not None:
+            rows[-1]["saved_operands"] = saved
         return tf
 
     dims = set(map(int, args.dims.split(",")))
@@ -194,11 +223,12 @@ def main():
             for causal in map(bool, map(int, args.causal.split(","))):
                 r, err = {}, {}
                 for recipe in recipes:
-                    ours = Ours(lib, ll3, ll6, sets, B, H, S, D, causal, recipe)
+                    ours = Ours(lib, ll3, ll6, sets, B, H, S, D, causal, recipe, bool(args.saved))
+                    kept = ours.saved is not None
                     r[recipe] = add("fwdbwd", "fp4attn", recipe, True, causal, B, H, S, D,
-                                    time_ms(ours.fwdbwd, args.reps, args.warmup))
+                                    time_ms(ours.fwdbwd, args.reps, args.warmup), saved=kept)
                     r[recipe + "_bwd"] = add("bwd", "fp4attn", recipe, True, causal, B, H, S, D,
-                                             time_ms(ours.backward, args.reps, args.warmup))
+                                             time_ms(ours.backward, args.reps, args.warmup), saved=kept)
                     if args.atomic:
                         r[recipe + "_nd"] = add("fwdbwd", "fp4attn", recipe, True, causal, B, H, S, D,
                                                 time_ms(lambda i: ours.fwdbwd(i, False), args.reps, args.warmup),

@@ -67,11 +67,23 @@ long long fp4attn_bwd_workspace_bytes(const long long* shape, int recipe) {
   }
 }
 
-// dtype: 0 fp32, 1 fp16, 2 bf16 (q, k, v); o is bf16, lse fp32 (B, Hq, Sq).
-int fp4attn_bwd_forward(const long long* shape, int recipe, int mask, int direct_p, int dtype, const void* q,
-                        const long long* qs, const void* k, const long long* ks, const void* v, const long long* vs,
-                        void* o, const long long* os, float* lse, void* workspace, long long workspace_bytes,
-                        void* stream) {
+// Bytes of the block where a recipe-fp8 forward keeps Q's and K's operands
+// for the backward (0 for mxfp4_train, which keeps none); −1 on failure.
+long long fp4attn_bwd_saved_bytes(const long long* shape, int recipe) {
+  try {
+    return static_cast<long long>(fp4attn::dispatch::sm90_device_saved_bytes(shape_of(shape), recipe_of(recipe)));
+  } catch (const std::exception& e) {
+    fail(e);
+    return -1;
+  }
+}
+
+// The forward and backward below with `saved` (null: none): the forward
+// fills it, the backward reads it instead of quantizing q and k again.
+int fp4attn_bwd_forward_saved(const long long* shape, int recipe, int mask, int direct_p, int dtype, const void* q,
+                              const long long* qs, const void* k, const long long* ks, const void* v,
+                              const long long* vs, void* o, const long long* os, float* lse, void* workspace,
+                              long long workspace_bytes, void* saved, long long saved_bytes, void* stream) {
   try {
     fp4attn::dispatch::DeviceForwardArgs a;
     a.shape = shape_of(shape);
@@ -80,6 +92,7 @@ int fp4attn_bwd_forward(const long long* shape, int recipe, int mask, int direct
     a.o = o, a.o_stride_b = os[0], a.o_stride_s = os[1], a.o_stride_h = os[2];
     a.lse = lse;
     a.workspace = workspace, a.workspace_bytes = static_cast<std::size_t>(workspace_bytes);
+    a.saved = saved, a.saved_bytes = static_cast<std::size_t>(saved_bytes);
     fp4attn::dispatch::sm90_forward_device(a, options_of(recipe, mask, direct_p), stream);
     return 0;
   } catch (const std::exception& e) {
@@ -87,13 +100,13 @@ int fp4attn_bwd_forward(const long long* shape, int recipe, int mask, int direct
   }
 }
 
-// All tensors of `dtype`; lse fp32 (B, Hq, Sq) natural log.
-int fp4attn_bwd_backward(const long long* shape, int recipe, int mask, int direct_p, int dtype, const void* q,
-                         const long long* qs, const void* k, const long long* ks, const void* v, const long long* vs,
-                         const void* o, const long long* os, const void* d_o, const long long* dos, const float* lse,
-                         void* dq, const long long* dqs, void* dk, const long long* dks, void* dv,
-                         const long long* dvs, void* workspace, long long workspace_bytes, int deterministic,
-                         void* stream) {
+int fp4attn_bwd_backward_saved(const long long* shape, int recipe, int mask, int direct_p, int dtype, const void* q,
+                               const long long* qs, const void* k, const long long* ks, const void* v,
+                               const long long* vs, const void* o, const long long* os, const void* d_o,
+                               const long long* dos, const float* lse, void* dq, const long long* dqs, void* dk,
+                               const long long* dks, void* dv, const long long* dvs, void* workspace,
+                               long long workspace_bytes, int deterministic, const void* saved,
+                               long long saved_bytes, void* stream) {
   try {
     fp4attn::dispatch::DeviceBackwardArgs a;
     a.shape = shape_of(shape);
@@ -104,11 +117,33 @@ int fp4attn_bwd_backward(const long long* shape, int recipe, int mask, int direc
     a.dk = dk, a.dk_stride_b = dks[0], a.dk_stride_s = dks[1], a.dk_stride_h = dks[2];
     a.dv = dv, a.dv_stride_b = dvs[0], a.dv_stride_s = dvs[1], a.dv_stride_h = dvs[2];
     a.workspace = workspace, a.workspace_bytes = static_cast<std::size_t>(workspace_bytes);
+    a.saved = saved, a.saved_bytes = static_cast<std::size_t>(saved_bytes);
     fp4attn::dispatch::sm90_backward_device(a, options_of(recipe, mask, direct_p), deterministic != 0, stream);
     return 0;
   } catch (const std::exception& e) {
     return fail(e);
   }
+}
+
+// dtype: 0 fp32, 1 fp16, 2 bf16 (q, k, v); o is bf16, lse fp32 (B, Hq, Sq).
+int fp4attn_bwd_forward(const long long* shape, int recipe, int mask, int direct_p, int dtype, const void* q,
+                        const long long* qs, const void* k, const long long* ks, const void* v, const long long* vs,
+                        void* o, const long long* os, float* lse, void* workspace, long long workspace_bytes,
+                        void* stream) {
+  return fp4attn_bwd_forward_saved(shape, recipe, mask, direct_p, dtype, q, qs, k, ks, v, vs, o, os, lse, workspace,
+                                   workspace_bytes, nullptr, 0, stream);
+}
+
+// All tensors of `dtype`; lse fp32 (B, Hq, Sq) natural log.
+int fp4attn_bwd_backward(const long long* shape, int recipe, int mask, int direct_p, int dtype, const void* q,
+                         const long long* qs, const void* k, const long long* ks, const void* v, const long long* vs,
+                         const void* o, const long long* os, const void* d_o, const long long* dos, const float* lse,
+                         void* dq, const long long* dqs, void* dk, const long long* dks, void* dv,
+                         const long long* dvs, void* workspace, long long workspace_bytes, int deterministic,
+                         void* stream) {
+  return fp4attn_bwd_backward_saved(shape, recipe, mask, direct_p, dtype, q, qs, k, ks, v, vs, o, os, d_o, dos, lse,
+                                    dq, dqs, dk, dks, dv, dvs, workspace, workspace_bytes, deterministic, nullptr, 0,
+                                    stream);
 }
 
 }  // extern "C"

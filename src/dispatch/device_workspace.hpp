@@ -40,6 +40,48 @@ inline void check_workspace(const void* workspace, std::size_t given, std::size_
     throw Error("workspace", "must be " + std::to_string(kWorkspaceAlign) + "-byte aligned");
 }
 
+// Where a recipe-fp8 forward leaves Q's and K's quantized operands for the
+// backward (DeviceForwardArgs::saved, DeviceBackwardArgs::saved): the codes
+// and block scales the backward's first quantizer call would compute again,
+// the transposed copies its gradient products read, the smooth_k mean and
+// LSE shift, and the forward quantizer's non-finite flags (q, k, v). One
+// layout for both sides.
+inline constexpr int kSavedFlags = 3;
+
+struct SavedLayout {
+  std::size_t q, k, qt, kt, q_scale, k_scale, k_mean, lse_shift, nonfinite, bytes;
+};
+
+inline SavedLayout saved_layout(const AttentionShape& s) {
+  const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
+  const auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  const std::int64_t pq = cuda_quantize::padded_keys(s.Sq), pk = cuda_quantize::padded_keys(s.Sk);
+  WorkspaceRegions regions;
+  SavedLayout l{};
+  l.q = regions.take(bytes(s.q_elems()));
+  l.k = regions.take(bytes(s.kv_elems()));
+  l.qt = regions.take(bytes(s.B * s.Hq * s.D * pq));
+  l.kt = regions.take(bytes(s.B * s.Hkv * s.D * pk));
+  l.q_scale = regions.take(floats(s.B * s.Hq * (pq / cuda_quantize::kTokenBlock)));
+  l.k_scale = regions.take(floats(s.B * s.Hkv * (pk / cuda_quantize::kTokenBlock)));
+  l.k_mean = regions.take(floats(s.B * s.Hkv * s.D));
+  l.lse_shift = regions.take(floats(s.lse_elems()));
+  l.nonfinite = regions.take(kSavedFlags * sizeof(int));
+  l.bytes = regions.bytes();
+  return l;
+}
+
+// Throws fp4attn::Error("saved", ...) unless `saved` is an aligned block of
+// at least saved_layout(shape).bytes for recipe fp8.
+inline void check_saved(const void* saved, std::size_t given, const AttentionShape& s, Recipe recipe) {
+  if (recipe != Recipe::fp8) throw Error("saved", "only recipe fp8 keeps the forward's operands for the backward");
+  const std::size_t needed = saved_layout(s).bytes;
+  if (given < needed)
+    throw Error("saved", "needs " + std::to_string(needed) + " device bytes, got " + std::to_string(given));
+  if (reinterpret_cast<std::uintptr_t>(saved) % kWorkspaceAlign != 0)
+    throw Error("saved", "must be " + std::to_string(kWorkspaceAlign) + "-byte aligned");
+}
+
 inline cuda_quantize::ElementType element_type(DeviceElement e) {
   switch (e) {
     case DeviceElement::f32: return cuda_quantize::ElementType::f32;

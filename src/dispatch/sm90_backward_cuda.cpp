@@ -147,6 +147,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
   const BackwardLayout layout = backward_layout(s, opt.recipe);
   check_workspace(args.workspace, args.workspace_bytes, deterministic ? layout.dq_accum : layout.bytes);
+  if (args.saved != nullptr) check_saved(args.saved, args.saved_bytes, s, opt.recipe);
 
   sm90::bwd::Fp8BackwardArgs a;
   a.dq = output_ref(args.dq, args.dq_stride_b, args.dq_stride_s, args.dq_stride_h, "dq");
@@ -176,12 +177,23 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   const auto in_q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q");
   const auto in_k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k");
   const auto in_v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
+  // The forward's operands when it kept them: the codes, transposes and LSE
+  // shift are read where they are; the scales are copied (below) so that
+  // non-finite input poisons the copies, not the saved block.
+  const auto* kept = static_cast<const unsigned char*>(args.saved);
+  const SavedLayout sl = saved_layout(s);
+  const auto kept_floats = [kept](std::size_t offset) { return reinterpret_cast<const float*>(kept + offset); };
+  const std::uint8_t* q_codes = kept != nullptr ? kept + sl.q : fwd.q;
+  const std::uint8_t* k_codes = kept != nullptr ? kept + sl.k : fwd.k;
+  const std::uint8_t* qt = kept != nullptr ? kept + sl.qt : base + layout.qt;
+  const std::uint8_t* kt = kept != nullptr ? kept + sl.kt : base + layout.kt;
+  const float* lse_shift = kept != nullptr ? kept_floats(sl.lse_shift) : fwd.lse_shift;
   // The workspace arrives with any content: the flags start clear on every call.
   cuda_common::check_cuda(cudaMemsetAsync(fwd.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream),
                           "cudaMemsetAsync");
-  if (opt.recipe == Recipe::mxfp4_train) {
+  if (kept == nullptr && opt.recipe == Recipe::mxfp4_train) {
     quantize_mx_qk(in_q, in_k, opt, scale, base, layout, fwd, stream);
-  } else {
+  } else if (kept == nullptr) {
     // Qᵀ and Kᵀ come from the blocks the quantizer holds anyway (for
     // mxfp4_train from the fold's tiles).
     cuda_quantize::Fp8Buffers with_t = fwd;
@@ -207,17 +219,20 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   // Non-finite input cannot raise an error without a host synchronisation:
   // it makes the gradients NaN. After both quantizers, so that a non-finite
   // q, k, d_o or v counts.
-  sm90::bwd::nan_scales_if_flagged(fwd.nonfinite, kNonfiniteFlags, fwd.q_scale, s.B * s.Hq * token_blocks(s.Sq),
-                                   fwd.k_scale, s.B * s.Hkv * token_blocks(s.Sk), grad.q_scale,
-                                   s.B * s.Hq * token_blocks(s.Sq), stream);
+  const std::int64_t q_blocks = s.B * s.Hq * token_blocks(s.Sq), k_blocks = s.B * s.Hkv * token_blocks(s.Sk);
+  sm90::bwd::nan_scales_if_flagged(
+      fwd.nonfinite, kNonfiniteFlags, kept != nullptr ? reinterpret_cast<const int*>(kept + sl.nonfinite) : nullptr,
+      kSavedFlags, {fwd.q_scale, kept != nullptr ? kept_floats(sl.q_scale) : nullptr, q_blocks},
+      {fwd.k_scale, kept != nullptr ? kept_floats(sl.k_scale) : nullptr, k_blocks}, {grad.q_scale, nullptr, q_blocks},
+      stream);
 
   const int B = static_cast<int>(s.B), Sq = static_cast<int>(s.Sq), Sk = static_cast<int>(s.Sk);
   const int Hq = static_cast<int>(s.Hq), Hkv = static_cast<int>(s.Hkv), D = static_cast<int>(s.D);
-  sm90::bwd::lse_statistics(args.lse, opt.smooth_k ? fwd.lse_shift : nullptr, floats(layout.delta),
+  sm90::bwd::lse_statistics(args.lse, opt.smooth_k ? lse_shift : nullptr, floats(layout.delta),
                             floats(layout.lse_log2), B, Sq, Hq, stream);
 
-  a.q = fwd.q, a.k = fwd.k, a.d_o = grad.q, a.v = grad.k;
-  a.qt = base + layout.qt, a.d_ot = base + layout.d_ot, a.kt = base + layout.kt;
+  a.q = q_codes, a.k = k_codes, a.d_o = grad.q, a.v = grad.k;
+  a.qt = qt, a.d_ot = base + layout.d_ot, a.kt = kt;
   a.q_scale = fwd.q_scale, a.k_scale = fwd.k_scale, a.do_scale = grad.q_scale, a.v_scale = grad.k_scale;
   a.lse_log2 = floats(layout.lse_log2), a.delta = floats(layout.delta);
   a.ds_scales = floats(layout.ds_scales);

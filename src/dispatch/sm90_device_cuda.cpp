@@ -58,6 +58,11 @@ WorkspaceLayout workspace_layout(const AttentionShape& s) {
 
 }  // namespace
 
+std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe) {
+  check_shape(shape);
+  return recipe == Recipe::fp8 ? saved_layout(shape).bytes : 0;
+}
+
 std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe) {
   check_shape(shape);
   switch (recipe) {
@@ -80,6 +85,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   if (args.o == nullptr) throw Error("o", "is a null device pointer");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
   check_workspace(args.workspace, args.workspace_bytes, sm90_device_workspace_bytes(s, opt.recipe));
+  if (args.saved != nullptr) check_saved(args.saved, args.saved_bytes, s, opt.recipe);
 
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
@@ -130,6 +136,18 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   bufs.lse_shift = floats(layout.lse_shift);
   bufs.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);
   bufs.workspace = base + layout.scratch;
+  if (args.saved != nullptr) {
+    // Training: Q's and K's operands, their flags and the transposed copies
+    // go where the backward will read them.
+    auto* kept = static_cast<unsigned char*>(args.saved);
+    const SavedLayout sl = saved_layout(s);
+    bufs.q = kept + sl.q, bufs.k = kept + sl.k, bufs.qt = kept + sl.qt, bufs.kt = kept + sl.kt;
+    bufs.q_scale = reinterpret_cast<float*>(kept + sl.q_scale);
+    bufs.k_scale = reinterpret_cast<float*>(kept + sl.k_scale);
+    bufs.k_mean = reinterpret_cast<float*>(kept + sl.k_mean);
+    bufs.lse_shift = reinterpret_cast<float*>(kept + sl.lse_shift);
+    bufs.nonfinite = reinterpret_cast<int*>(kept + sl.nonfinite);
+  }
   // The workspace arrives with any content: the flags start clear on every call.
   if (cudaMemsetAsync(bufs.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream) != cudaSuccess)
     throw Error("cuda", std::string("cudaMemsetAsync: ") + cudaGetErrorString(cudaGetLastError()));

@@ -49,7 +49,18 @@ struct DeviceForwardArgs {
   // content, 256-byte aligned; used by one call at a time (stream order).
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // Optional, recipe fp8 (training): sm90_device_saved_bytes(shape, recipe)
+  // device bytes, any content, 256-byte aligned. The forward leaves Q's and
+  // K's quantized operands there, with the transposed copies the backward
+  // reads (extra writes: 2 bytes per element of Q and K in all), so that
+  // the backward need not quantize Q and K again. Null: nothing is kept.
+  void* saved = nullptr;
+  std::size_t saved_bytes = 0;
 };
+
+// Device bytes of DeviceForwardArgs::saved for `shape` and `recipe`: 0 for
+// every recipe but fp8, which keeps none.
+std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe);
 
 // Device bytes of DeviceForwardArgs::workspace for `shape` and `recipe`: the
 // quantized operands, their scales and the quantizers' scratch (the MX
@@ -87,6 +98,13 @@ struct DeviceBackwardArgs {
   // device bytes, any content, 256-byte aligned; used by one call at a time.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // Optional: the block a forward on the same q, k, v, shape and options
+  // filled (DeviceForwardArgs::saved). The backward then takes Q's and K's
+  // operands from it instead of quantizing q and k (whose views then serve
+  // only the shape checks); the gradients are bit for bit the same. Read
+  // only: one saved block serves any number of backward calls.
+  const void* saved = nullptr;
+  std::size_t saved_bytes = 0;
 };
 
 // Device bytes of DeviceBackwardArgs::workspace for `shape` and `recipe` (fp8

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -166,7 +167,8 @@ Problem make_problem(const Case& c, std::mt19937& rng) {
 // `output_offset` places dQ, dK and dV that many elements into their buffers
 // (an odd offset leaves pairs of elements unaligned for a two-element store).
 emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool deterministic = true,
-                                 bool zero_outputs = false, std::int64_t output_offset = 0) {
+                                 bool zero_outputs = false, std::int64_t output_offset = 0,
+                                 const DeviceArray<std::uint8_t>* saved = nullptr) {
   const AttentionShape& s = c.shape;
   PaddedTensor q(s.B, s.Sq, s.Hq, s.D, c.element), k(s.B, s.Sk, s.Hkv, s.D, c.element),
       v(s.B, s.Sk, s.Hkv, s.D, c.element), o(s.B, s.Sq, s.Hq, s.D, c.element), d_o(s.B, s.Sq, s.Hq, s.D, c.element);
@@ -193,6 +195,7 @@ emulator::BackwardResult run_gpu(const Case& c, const Problem& p, bool determini
   out(dk, a.dk, a.dk_stride_b, a.dk_stride_s, a.dk_stride_h);
   out(dv, a.dv, a.dv_stride_b, a.dv_stride_s, a.dv_stride_h);
   a.workspace = ws.ptr, a.workspace_bytes = ws.bytes();
+  if (saved != nullptr) a.saved = saved->ptr, a.saved_bytes = saved->bytes();
   dispatch::sm90_backward_device(a, options_of(c), deterministic, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   return {dq.download(), dk.download(), dv.download()};
@@ -215,7 +218,7 @@ TEST_P(GpuBackwardGrid, MatchesEmulatorAndReference) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
   const reference::BackwardResult truth =
       reference::backward(s, to_double(p.q), to_double(p.k), to_double(p.v), to_double(p.d_o), c.mask, scale);
-  const std::string where = case_name({c, 0}) + " seed=" + std::to_string(seed);
+  const std::string where = case_name(::testing::TestParamInfo<Case>(c, 0)) + " seed=" + std::to_string(seed);
   const GradBounds bound = bounds_of(c.recipe);
 
   const std::vector<float>* gpu[] = {&got.dq, &got.dk, &got.dv};
@@ -356,7 +359,7 @@ TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
     const AttentionOptions opt = options_of(c);
     const emulator::BackwardResult got = run_gpu(c, p, false), two_pass = run_gpu(c, p, true);
     const emulator::BackwardResult want = emulator::backward(c.shape, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
-    const std::string where = case_name({c, 0}) + " seed=" + std::to_string(seed);
+    const std::string where = case_name(::testing::TestParamInfo<Case>(c, 0)) + " seed=" + std::to_string(seed);
     std::size_t unwritten = 0;
     for (float x : got.dq) unwritten += std::isnan(x);
     ASSERT_EQ(unwritten, 0u) << "dq left as poison " << where;
@@ -489,6 +492,111 @@ TEST(GpuBackward, NonFiniteInputMakesEveryGradientNan) {
     for (const std::vector<float>* g : {&again.dq, &again.dk, &again.dv})
       EXPECT_EQ(std::count_if(g->begin(), g->end(), [](float e) { return std::isnan(e); }), 0)
           << to_string(recipe) << ": clean input after non-finite input";
+  }
+}
+
+// The device forward on p's inputs, O (bf16 values) and LSE into p.fwd; with
+// `saved`, it keeps Q's and K's operands there.
+void run_device_forward(const Case& c, Problem& p, DeviceArray<std::uint8_t>* saved) {
+  const AttentionShape& s = c.shape;
+  PaddedTensor q(s.B, s.Sq, s.Hq, s.D, c.element), k(s.B, s.Sk, s.Hkv, s.D, c.element),
+      v(s.B, s.Sk, s.Hkv, s.D, c.element), o(s.B, s.Sq, s.Hq, s.D, dispatch::DeviceElement::bf16);
+  q.upload(p.q), k.upload(p.k), v.upload(p.v);
+  DeviceArray<float> lse(s.lse_elems());
+  lse.poison();
+  DeviceArray<std::uint8_t> ws(dispatch::sm90_device_workspace_bytes(s, c.recipe));
+  ws.poison();
+  dispatch::DeviceForwardArgs a;
+  a.shape = s;
+  a.element = c.element;
+  a.q = q.view(), a.k = k.view(), a.v = v.view();
+  const auto ov = o.view();
+  a.o = const_cast<void*>(ov.data), a.o_stride_b = ov.stride_b, a.o_stride_s = ov.stride_s, a.o_stride_h = ov.stride_h;
+  a.lse = lse.ptr;
+  a.workspace = ws.ptr, a.workspace_bytes = ws.bytes();
+  if (saved != nullptr) a.saved = saved->ptr, a.saved_bytes = saved->bytes();
+  dispatch::sm90_forward_device(a, options_of(c), nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  p.fwd.o = o.download();
+  p.fwd.lse = lse.download();
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Training keeps Q's and K's operands from the forward (DeviceForwardArgs::
+// saved; recipe fp8): the forward's O and LSE are those of a forward that
+// keeps nothing, the backward on the kept operands gives the gradients of
+// the backward that quantizes q and k itself, bit for bit, and it leaves the
+// kept block as it found it (a second backward on it, as the LSE gradient
+// term makes, reads the same). Poisoned (0xFF) blocks, smooth_k on and off,
+// causal both ways, GQA, lengths off the tile, three element types.
+TEST(GpuBackwardFp8, SavedOperandsGiveTheSameGradients) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (const Case& c : {Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, dispatch::DeviceElement::bf16},
+                        Case{{1, 2, 2, 300, 257, 128}, MaskKind::none, true, false},
+                        Case{{1, 4, 1, 129, 513, 128}, MaskKind::causal_top_left, false, true,
+                             dispatch::DeviceElement::f16}}) {
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    Problem plain = make_problem(c, rng), kept = plain;
+    const std::string where = case_name(::testing::TestParamInfo<Case>(c, 0)) + " seed=" + std::to_string(seed);
+    DeviceArray<std::uint8_t> saved(dispatch::sm90_device_saved_bytes(c.shape, c.recipe));
+    ASSERT_GT(saved.count, 0u);
+    saved.poison();
+    run_device_forward(c, plain, nullptr);
+    run_device_forward(c, kept, &saved);
+    EXPECT_TRUE(same_bits(plain.fwd.o, kept.fwd.o)) << "O " << where;
+    EXPECT_TRUE(same_bits(plain.fwd.lse, kept.fwd.lse)) << "LSE " << where;
+    const std::vector<std::uint8_t> before = saved.download();
+    const emulator::BackwardResult want = run_gpu(c, plain);
+    const emulator::BackwardResult got = run_gpu(c, plain, true, false, 0, &saved);
+    EXPECT_TRUE(same_bits(got.dq, want.dq)) << "dq " << where;
+    EXPECT_TRUE(same_bits(got.dk, want.dk)) << "dk " << where;
+    EXPECT_TRUE(same_bits(got.dv, want.dv)) << "dv " << where;
+    EXPECT_TRUE(saved.download() == before) << "the backward wrote into the saved block " << where;
+    // The atomic-dQ mode on the saved block: dK and dV are written once, so they still match.
+    const emulator::BackwardResult atomic = run_gpu(c, plain, false, false, 0, &saved);
+    EXPECT_TRUE(same_bits(atomic.dk, want.dk)) << "dk, atomic mode " << where;
+    EXPECT_TRUE(same_bits(atomic.dv, want.dv)) << "dv, atomic mode " << where;
+  }
+  // Recipes other than fp8 keep nothing, and a block for them is refused by name.
+  const Case mx{{1, 2, 2, 128, 128, 64}, MaskKind::none, true, false, kF32, Recipe::mxfp4_train};
+  EXPECT_EQ(dispatch::sm90_device_saved_bytes(mx.shape, mx.recipe), 0u);
+  std::mt19937 rng(gpu_test::fresh_seed());
+  Problem p = make_problem(mx, rng);
+  DeviceArray<std::uint8_t> block(dispatch::sm90_device_saved_bytes(mx.shape, Recipe::fp8));
+  try {
+    run_gpu(mx, p, true, false, 0, &block);
+    ADD_FAILURE() << "an mxfp4_train backward took a saved block";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "saved");
+  }
+}
+
+// A non-finite q or k seen by the forward that kept the operands makes every
+// gradient of the backward on them NaN, as when the backward quantizes q and
+// k itself (the flags travel in the saved block).
+TEST(GpuBackwardFp8, SavedOperandsCarryNonFiniteInput) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const Case c{{1, 2, 1, 150, 200, 64}, MaskKind::none, true, true};
+  std::mt19937 rng(gpu_test::fresh_seed());
+  const Problem clean = make_problem(c, rng);
+  for (int which = 0; which < 2; ++which) {
+    Problem p = clean;
+    std::vector<float>& x = which == 0 ? p.q : p.k;
+    x[x.size() / 2 + 3] = which == 0 ? NAN : INFINITY;
+    DeviceArray<std::uint8_t> saved(dispatch::sm90_device_saved_bytes(c.shape, c.recipe));
+    run_device_forward(c, p, &saved);
+    // The forward's own O and LSE are NaN; the clean ones isolate the flags' path.
+    Problem q_clean_outputs = clean;
+    run_device_forward(c, q_clean_outputs, nullptr);
+    p.fwd = q_clean_outputs.fwd;
+    const emulator::BackwardResult got = run_gpu(c, p, true, true, 0, &saved);
+    for (const std::vector<float>* g : {&got.dq, &got.dk, &got.dv})
+      EXPECT_EQ(std::count_if(g->begin(), g->end(), [](float e) { return !std::isnan(e); }), 0)
+          << "non-finite " << (which == 0 ? "q" : "k");
   }
 }
 

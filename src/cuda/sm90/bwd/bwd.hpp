@@ -71,15 +71,26 @@ struct Fp8BackwardArgs {
 void lse_statistics(const float* lse, const float* shift, float* delta, float* lse_log2, int B, int Sq, int Hq,
                     cudaStream_t stream);
 
-// Sets every element of the scale arrays a, b, c (a_count, b_count, c_count
-// floats) to NaN when one of the `flag_count` device ints at `flags` is set.
-// The MXFP4 quantizer turns a non-finite input into finite codes (NaN and Inf
+// One scale array of nan_scales_if_flagged: dst receives src (src null:
+// dst keeps its values), or NaN.
+struct ScaleArray {
+  float* dst = nullptr;
+  const float* src = nullptr;
+  std::int64_t count = 0;
+};
+
+// The scale arrays a, b, c the gradient products read: each dst receives
+// its src, or NaN everywhere when one of the `flag_count` device ints at
+// `flags` or the `more_count` at `more_flags` (may be null) is set. The
+// MXFP4 quantizer turns a non-finite input into finite codes (NaN and Inf
 // come out as the largest magnitudes), so without this a flagged input would
 // give finite, wrong gradients; with NaN Q, K and dO scales every gradient
 // product is NaN, so dQ, dK and dV are NaN wherever a visible (query, key)
-// pair contributes, and no host synchronisation is needed.
-void nan_scales_if_flagged(const int* flags, int flag_count, float* a, std::int64_t a_count, float* b,
-                           std::int64_t b_count, float* c, std::int64_t c_count, cudaStream_t stream);
+// pair contributes, and no host synchronisation is needed. The copy lets a
+// backward on the forward's saved operands poison its own scales, never the
+// saved block.
+void nan_scales_if_flagged(const int* flags, int flag_count, const int* more_flags, int more_count, ScaleArray a,
+                           ScaleArray b, ScaleArray c, cudaStream_t stream);
 
 // dq = scale · accum (contiguous fp32 (B, Sq, Hq, D)) into `dq` of `type`.
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,

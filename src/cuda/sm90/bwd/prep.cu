@@ -77,27 +77,29 @@ __global__ void __launch_bounds__(kStatThreads) finalize_dq_kernel(const float* 
 
 // Thread i of the grid: element i of each scale array, NaN when a flag is set.
 __global__ void __launch_bounds__(kStatThreads) nan_scales_kernel(const int* __restrict__ flags, int flag_count,
-                                                                   float* a, int a_count, float* b, int b_count,
-                                                                   float* c, int c_count) {
+                                                                   const int* __restrict__ more_flags, int more_count,
+                                                                   ScaleArray a, ScaleArray b, ScaleArray c) {
   bool flagged = false;
   for (int f = 0; f < flag_count; ++f) flagged |= flags[f] != 0;
-  if (!flagged) return;
-  const int i = blockIdx.x * kStatThreads + threadIdx.x;
-  if (i < a_count) a[i] = __int_as_float(0x7FC00000);
-  if (i < b_count) b[i] = __int_as_float(0x7FC00000);
-  if (i < c_count) c[i] = __int_as_float(0x7FC00000);
+  for (int f = 0; f < more_count; ++f) flagged |= more_flags[f] != 0;
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kStatThreads + threadIdx.x;
+  const auto take = [&](const ScaleArray& x) {
+    if (i >= x.count) return;
+    if (flagged) x.dst[i] = __int_as_float(0x7FC00000);
+    else if (x.src != nullptr) x.dst[i] = x.src[i];
+  };
+  take(a), take(b), take(c);
 }
 
 }  // namespace
 
-void nan_scales_if_flagged(const int* flags, int flag_count, float* a, std::int64_t a_count, float* b,
-                           std::int64_t b_count, float* c, std::int64_t c_count, cudaStream_t stream) {
-  const std::int64_t most = std::max({a_count, b_count, c_count});
+void nan_scales_if_flagged(const int* flags, int flag_count, const int* more_flags, int more_count, ScaleArray a,
+                           ScaleArray b, ScaleArray c, cudaStream_t stream) {
+  const std::int64_t most = std::max({a.count, b.count, c.count});
   if (most <= 0) return;
-  if (most > std::int64_t{1} << 30) throw Error("shape", "too many scale blocks");
+  if (more_flags == nullptr) more_count = 0;
   const unsigned grid = static_cast<unsigned>((most + kStatThreads - 1) / kStatThreads);
-  nan_scales_kernel<<<grid, kStatThreads, 0, stream>>>(flags, flag_count, a, static_cast<int>(a_count), b,
-                                                       static_cast<int>(b_count), c, static_cast<int>(c_count));
+  nan_scales_kernel<<<grid, kStatThreads, 0, stream>>>(flags, flag_count, more_flags, more_count, a, b, c);
   check_cuda(cudaGetLastError(), "nan_scales_if_flagged launch");
 }
 
