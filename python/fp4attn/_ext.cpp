@@ -106,7 +106,7 @@ void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, st
                     const Strides& q_strides, std::uintptr_t k, const Strides& k_strides, std::uintptr_t v,
                     const Strides& v_strides, std::uintptr_t o, const Strides& o_strides, std::uintptr_t lse,
                     std::uintptr_t workspace, std::size_t workspace_bytes, const AttentionOptions& opt,
-                    std::uintptr_t stream) {
+                    std::uintptr_t stream, std::uintptr_t saved, std::size_t saved_bytes) {
   dispatch::DeviceForwardArgs a;
   a.shape = shape_of(shape);
   a.element = element;
@@ -118,6 +118,8 @@ void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, st
   a.lse = pointer<float*>(lse);
   a.workspace = pointer<void*>(workspace);
   a.workspace_bytes = workspace_bytes;
+  a.saved = pointer<void*>(saved);
+  a.saved_bytes = saved_bytes;
   nb::gil_scoped_release no_gil;  // only enqueues work; other Python threads may go on
   dispatch::sm90_forward_device(a, opt, pointer<void*>(stream));
 }
@@ -164,7 +166,7 @@ void backward_device(const ShapeTuple& shape, dispatch::DeviceElement element, s
                      const Strides& d_o_strides, std::uintptr_t lse, std::uintptr_t dq, const Strides& dq_strides,
                      std::uintptr_t dk, const Strides& dk_strides, std::uintptr_t dv, const Strides& dv_strides,
                      std::uintptr_t workspace, std::size_t workspace_bytes, const AttentionOptions& opt,
-                     bool deterministic, std::uintptr_t stream) {
+                     bool deterministic, std::uintptr_t stream, std::uintptr_t saved, std::size_t saved_bytes) {
   dispatch::DeviceBackwardArgs a;
   a.shape = shape_of(shape);
   a.element = element;
@@ -182,6 +184,8 @@ void backward_device(const ShapeTuple& shape, dispatch::DeviceElement element, s
   std::tie(a.dv_stride_b, a.dv_stride_s, a.dv_stride_h) = dv_strides;
   a.workspace = pointer<void*>(workspace);
   a.workspace_bytes = workspace_bytes;
+  a.saved = pointer<const void*>(saved);
+  a.saved_bytes = saved_bytes;
   nb::gil_scoped_release no_gil;  // only enqueues work
   dispatch::sm90_backward_device(a, opt, deterministic, pointer<void*>(stream));
 }
@@ -309,10 +313,21 @@ NB_MODULE(_ext, m) {
   m.def("forward_device", &py::forward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
         nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
         nb::arg("o_strides"), nb::arg("lse"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"),
-        nb::arg("stream"),
+        nb::arg("stream"), nb::arg("saved") = 0, nb::arg("saved_bytes") = 0,
         "Forward (recipes fp8, mxfp4_train, mxfp4) on device pointers (q, k, v of one element type; O bf16; "
         "LSE fp32), "
-        "enqueued on the CUDA stream handle `stream` without host synchronisation.");
+        "enqueued on the CUDA stream handle `stream` without host synchronisation. `saved` (recipe fp8, "
+        "device_saved_bytes bytes; 0: none) receives Q's and K's operands for backward_device.");
+  m.def("device_saved_bytes",
+        [](const py::ShapeTuple& shape, fp4attn::Recipe recipe) {
+          return fp4attn::dispatch::sm90_device_saved_bytes(py::shape_of(shape), recipe);
+        },
+        nb::arg("shape"), nb::arg("recipe") = fp4attn::Recipe::fp8,
+        "Device bytes of the block where forward_device keeps Q's and K's operands for backward_device "
+        "(0: the recipe keeps none).");
+  m.def("device_saved_k_mean_offset",
+        [](const py::ShapeTuple& shape) { return fp4attn::dispatch::sm90_device_saved_k_mean_offset(py::shape_of(shape)); },
+        nb::arg("shape"), "Byte offset of the smooth_k mean (fp32, (B, Hkv, D)) inside that block.");
   m.def("backward", &py::backward_host, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"),
         nb::arg("d_o"), nb::arg("options"), nb::arg("executor") = Executor::automatic,
         "FP8 backward on fp32 host arrays: (dq, dk, dv, executor).");
@@ -329,9 +344,10 @@ NB_MODULE(_ext, m) {
         nb::arg("o_strides"), nb::arg("d_o"), nb::arg("d_o_strides"), nb::arg("lse"), nb::arg("dq"),
         nb::arg("dq_strides"), nb::arg("dk"), nb::arg("dk_strides"), nb::arg("dv"), nb::arg("dv_strides"),
         nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"), nb::arg("deterministic"),
-        nb::arg("stream"),
+        nb::arg("stream"), nb::arg("saved") = 0, nb::arg("saved_bytes") = 0,
         "Enqueues the sm90 backward (recipes fp8, mxfp4_train) on device pointers (ints) and a CUDA stream "
-        "handle; dq, dk, dv in the element type of the inputs.");
+        "handle; dq, dk, dv in the element type of the inputs. `saved`: what forward_device kept (0: none; "
+        "q and k are then not read).");
   m.def("recipe_has_backward", [](fp4attn::Recipe r) { return fp4attn::spec_of(r).has_backward; });
   m.def("cuda_built", &fp4attn::cuda_built);
   m.def("sm90_available", &fp4attn::sm90_available);

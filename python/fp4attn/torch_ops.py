@@ -31,7 +31,13 @@ two paths give the same numbers: both quantize with the same GPU quantizer
 and run the same kernel.
 
 Autograd (recipes with a backward: fp8, mxfp4_train; DESIGN §5). The forward
-saves q, k, v, O and the LSE; the gradients come from a second custom op,
+saves q, k, v, O and the LSE; on the device path with recipe fp8 it keeps,
+instead of q and k, the E4M3 codes it quantized them to, their scales and the
+transposed copies the backward's products read (the op's third output, a
+uint8 block of about 2 bytes per element of Q and K: what bf16 q and k
+would take), so the backward does not quantize q and k again (+3–7 % on a
+training step's attention at 1k–4k tokens, the same gradients bit for bit).
+The gradients come from a second custom op,
 `fp4attn::attention_backward`, which has a fake implementation too, so
 torch.compile(fullgraph=True) traces forward and backward. It runs:
 * on the device, zero copy, on the current stream and with no host
@@ -70,9 +76,11 @@ from . import _ext, _host, _validate
 
 _OP = "fp4attn::attention"
 _BACKWARD_OP = "fp4attn::attention_backward"
-# The op's arguments are q, k, v, the fields of _host.Settings in order, then lse_returned.
+# The op's arguments are q, k, v, the fields of _host.Settings in order, then
+# lse_returned and keep_for_backward.
 _SETTINGS_ARGS = slice(3, 3 + len(_host.Settings._fields))
 _LSE_RETURNED_ARG = _SETTINGS_ARGS.stop
+_KEEP_ARG = _LSE_RETURNED_ARG + 1
 
 # The device backward reduces dQ in a fixed order, so that two runs give the
 # same bits; False lets it use the faster order-free accumulation.
@@ -122,14 +130,62 @@ def _uses_device_path(q: torch.Tensor, dims: _validate.Dims, opt) -> bool:
     return _ext.device_forward_supported(_device_shape(dims), opt) and _is_sm90(q.device.index)
 
 
-def _attention_device(q, k, v, dims: _validate.Dims, s: _host.Settings, opt):
-    """(O, LSE) computed on q's device, enqueued on its current stream; no copy of q, k, v."""
+# The block where a recipe-fp8 forward keeps Q's and K's operands for the
+# backward: regions on 256-byte boundaries (src/dispatch/device_workspace.hpp,
+# saved_layout), in Python so that torch.compile's fake tensors, whose sizes
+# may be symbolic, get the same size; test_torch checks it against the C++.
+_REGION_ALIGN = 256
+_TOKEN_BLOCK = 128
+_KEPT_FLAGS = 3
+
+
+def _kept_size(dims: _validate.Dims):
+    def region(n):
+        return (n + _REGION_ALIGN - 1) // _REGION_ALIGN * _REGION_ALIGN
+
+    q_blocks = (dims.Sq + _TOKEN_BLOCK - 1) // _TOKEN_BLOCK
+    k_blocks = (dims.Sk + _TOKEN_BLOCK - 1) // _TOKEN_BLOCK
+    q_elems, k_elems = dims.B * dims.Sq * dims.Hq * dims.D, dims.B * dims.Sk * dims.Hkv * dims.D
+    return (region(q_elems) + region(k_elems)  # codes
+            + region(dims.B * dims.Hq * dims.D * q_blocks * _TOKEN_BLOCK)  # Qᵀ
+            + region(dims.B * dims.Hkv * dims.D * k_blocks * _TOKEN_BLOCK)  # Kᵀ
+            + region(4 * dims.B * dims.Hq * q_blocks) + region(4 * dims.B * dims.Hkv * k_blocks)  # block scales
+            + region(4 * dims.B * dims.Hkv * dims.D)  # smooth_k mean
+            + region(4 * dims.B * dims.Hq * dims.Sq)  # LSE shift
+            + region(4 * _KEPT_FLAGS))
+
+
+def _kept_bytes(q: torch.Tensor, dims: _validate.Dims, opt, keep_for_backward: bool):
+    """Bytes of the block where the forward keeps Q's and K's operands for the backward; 0: none kept.
+
+    Kept when asked for (a call that autograd will differentiate), where both
+    forward and backward run on the device and the recipe keeps operands
+    (fp8), for inputs the kernels read as they are (float64 is converted, so
+    its backward converts q and k again anyway). Whether the device runs a
+    call depends on D and the options alone, so a probe shape answers it even
+    where torch.compile's sizes are symbolic.
+    """
+    if not keep_for_backward or q.dtype not in _DEVICE_ELEMENTS or not _ext.recipe_has_backward(opt.recipe):
+        return 0
+    probe = _validate.Dims(B=1, Sq=_TOKEN_BLOCK, Sk=_TOKEN_BLOCK, Hq=1, Hkv=1, D=int(dims.D))
+    if not (_uses_device_path(q, probe, opt) and _uses_device_backward(q, probe, opt)):
+        return 0
+    if _ext.device_saved_bytes(_device_shape(probe), opt.recipe) == 0:
+        return 0
+    return _kept_size(dims)
+
+
+def _attention_device(q, k, v, dims: _validate.Dims, s: _host.Settings, opt, kept_bytes: int = 0):
+    """(O, LSE, kept operands) computed on q's device, enqueued on its current stream; no copy of q, k, v."""
     if q.dtype == torch.float64:
         q, k, v = (x.float() for x in (q, k, v))
     shape = _device_shape(dims)
     with torch.cuda.device(q.device):
         o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
         lse = torch.empty((dims.B, dims.Hq, dims.Sq), dtype=torch.float32, device=q.device)
+        if kept_bytes and kept_bytes != _ext.device_saved_bytes(shape, opt.recipe):
+            raise RuntimeError("fp4attn: the kept-operand block's size disagrees with the library's layout")
+        kept = torch.empty(kept_bytes, dtype=torch.uint8, device=q.device)
         workspace = torch.empty(_ext.device_workspace_bytes(shape, opt.recipe), dtype=torch.uint8, device=q.device)
         _ext.forward_device(
             shape,
@@ -147,8 +203,10 @@ def _attention_device(q, k, v, dims: _validate.Dims, s: _host.Settings, opt):
             workspace.numel(),
             opt,
             torch.cuda.current_stream(q.device).cuda_stream,
+            kept.data_ptr() if kept_bytes else 0,
+            kept_bytes,
         )
-    return o, lse
+    return o, lse, kept
 
 
 @torch.library.custom_op(_OP, mutates_args=())
@@ -166,26 +224,32 @@ def _attention_op(
     arg_names: str,
     target: str,
     lse_returned: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # lse_returned only tells the backward whether the LSE can carry a gradient.
+    keep_for_backward: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # lse_returned only tells the backward whether the LSE can carry a gradient;
+    # keep_for_backward asks for the third output (empty where nothing is kept).
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     dims = _host.check(q, k, v, s)
     opt = _host.options(s)
     if _uses_device_path(q, dims, opt):
-        o, lse = _attention_device(q, k, v, dims, s, opt)
-        return o.to(q.dtype), lse
+        o, lse, kept = _attention_device(q, k, v, dims, s, opt, _kept_bytes(q, dims, opt, keep_for_backward))
+        return o.to(q.dtype), lse, kept
     o, lse = _host.attention(host_array(q), host_array(k), host_array(v), s)
-    return torch.from_numpy(o).to(device=q.device, dtype=q.dtype), torch.from_numpy(lse).to(device=q.device)
+    return (torch.from_numpy(o).to(device=q.device, dtype=q.dtype), torch.from_numpy(lse).to(device=q.device),
+            torch.empty(0, dtype=torch.uint8, device=q.device))
 
 
 @_attention_op.register_fake
 def _attention_fake(
-    q, k, v, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, lse_returned=True
+    q, k, v, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, lse_returned=True,
+    keep_for_backward=False
 ):
     # Runs at trace time on fake tensors: the same checks, so compiled code raises the same errors.
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     dims = _host.check(q, k, v, s)
-    return q.new_empty(q.shape), q.new_empty((dims.B, dims.Hq, dims.Sq), dtype=torch.float32)
+    kept = _kept_bytes(q, dims, _host.options(s), keep_for_backward)
+    return (q.new_empty(q.shape), q.new_empty((dims.B, dims.Hq, dims.Sq), dtype=torch.float32),
+            q.new_empty((kept,), dtype=torch.uint8))
 
 
 def _has_backward(recipe: str) -> bool:
@@ -211,8 +275,12 @@ def _uses_device_backward(q: torch.Tensor, dims: _validate.Dims, opt) -> bool:
     return _ext.device_backward_supported(_device_shape(dims), opt) and _is_sm90(q.device.index)
 
 
-def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.Settings, opt, deterministic: bool):
-    """dQ, dK, dV in q's dtype, enqueued on the current stream; every tensor already of one element type."""
+def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.Settings, opt, deterministic: bool,
+                          kept: Optional[torch.Tensor] = None):
+    """dQ, dK, dV in q's dtype, enqueued on the current stream; every tensor already of one element type.
+
+    kept: the forward's block of Q's and K's operands (q and k are then not read).
+    """
     shape = _device_shape(dims)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
@@ -244,6 +312,8 @@ def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.S
         opt,
         deterministic,
         torch.cuda.current_stream(q.device).cuda_stream,
+        kept.data_ptr() if kept is not None else 0,
+        kept.numel() if kept is not None else 0,
     )
     return dq, dk, dv
 
@@ -259,38 +329,46 @@ def _lse_term_inputs(d_lse: torch.Tensor, like_o: torch.Tensor, layout: str):
     return o, d_o
 
 
-def _smooth_k_lse_dq(d_lse: torch.Tensor, k: torch.Tensor, dims: _validate.Dims, s: _host.Settings) -> torch.Tensor:
+def _smooth_k_lse_dq(d_lse: torch.Tensor, k_mean: torch.Tensor, dims: _validate.Dims, s: _host.Settings) -> torch.Tensor:
     """The part of the LSE term's dQ that the backward, working on the smoothed K, leaves out.
 
     With smooth_k the scores are recomputed from K − k̄, so the backward returns
     scale·dS·(K − k̄); for the O term that is scale·dS·K, since rows of dS sum
     to zero, but the LSE term's rows sum to dLSE_i: dQ_i lacks scale·dLSE_i·k̄.
     (dK needs nothing: there the mean's own gradient cancels the LSE shift's.)
+    k_mean: (B, Hkv, D) float32 (_k_mean).
     """
-    seq = 1 if s.layout == "bshd" else 2
-    k_mean = k.to(torch.float32).mean(dim=seq)  # (B, Hkv, D)
     k_mean = k_mean.repeat_interleave(dims.Hq // dims.Hkv, dim=1)  # query head h reads key head h // group
     scale = s.scale if s.scale > 0 else dims.D**-0.5
     pattern = "bhi,bhd->bihd" if s.layout == "bshd" else "bhi,bhd->bhid"
     return torch.einsum(pattern, d_lse.to(torch.float32), k_mean) * scale
 
 
-def _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt, deterministic: bool):
+def _k_mean(k: torch.Tensor, kept: Optional[torch.Tensor], dims: _validate.Dims, s: _host.Settings) -> torch.Tensor:
+    """K's mean over the sequence, (B, Hkv, D) float32: the one the forward smoothed K by where it kept it."""
+    if kept is not None:
+        at = _ext.device_saved_k_mean_offset(_device_shape(dims))
+        return kept[at:at + 4 * dims.B * dims.Hkv * dims.D].view(torch.float32).view(dims.B, dims.Hkv, dims.D)
+    return k.to(torch.float32).mean(dim=1 if s.layout == "bshd" else 2)
+
+
+def _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt, deterministic: bool,
+                     kept: Optional[torch.Tensor] = None):
     dtype = q.dtype
     element = torch.float32 if dtype == torch.float64 else dtype  # the kernels read fp32, fp16 and bf16
     q, k, v, o, d_o = (x.to(element) for x in (q, k, v, o, d_o))
     if d_o.stride(-1) != 1 or 0 in d_o.stride():  # e.g. the expanded gradient of a sum
         d_o = d_o.contiguous()
     with torch.cuda.device(q.device):
-        dq, dk, dv = _backward_device_call(d_o, q, k, v, o, lse.contiguous(), dims, s, opt, deterministic)
+        dq, dk, dv = _backward_device_call(d_o, q, k, v, o, lse.contiguous(), dims, s, opt, deterministic, kept)
         if d_lse is not None:
             o_term, d_o_term = _lse_term_inputs(d_lse, o, s.layout)
             dq_term, dk_term, _ = _backward_device_call(
-                d_o_term, q, k, torch.zeros_like(v), o_term, lse.contiguous(), dims, s, opt, deterministic
+                d_o_term, q, k, torch.zeros_like(v), o_term, lse.contiguous(), dims, s, opt, deterministic, kept
             )
             dq_term = dq_term.float()
             if s.smooth_k:
-                dq_term = dq_term + _smooth_k_lse_dq(d_lse, k, dims, s)
+                dq_term = dq_term + _smooth_k_lse_dq(d_lse, _k_mean(k, kept, dims, s), dims, s)
             # Summed in fp32, rounded once to the gradients' type.
             dq, dk = (dq.float() + dq_term).to(element), (dk.float() + dk_term.float()).to(element)
     return tuple(x.to(dtype) for x in (dq, dk, dv))
@@ -318,7 +396,7 @@ def _backward_host(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt):
         o_term, d_o_term = _lse_term_inputs(d_lse.to(torch.float32), o.to(torch.float32), s.layout)
         dq_term, dk_term, _ = _host_grads(q, k, torch.zeros_like(v), o_term, lse, d_o_term, s, opt)
         if s.smooth_k:
-            dq_term = dq_term + host_array(_smooth_k_lse_dq(d_lse, k, dims, s))
+            dq_term = dq_term + host_array(_smooth_k_lse_dq(d_lse, _k_mean(k, None, dims, s), dims, s))
         dq, dk = dq + dq_term, dk + dk_term
     return tuple(torch.from_numpy(x).to(device=q.device, dtype=q.dtype) for x in (dq, dk, dv))
 
@@ -345,40 +423,65 @@ def _attention_backward_op(
     arg_names: str,
     target: str,
     deterministic: bool = True,
+    kept: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV of the attention op, given dO, dLSE (None: zero) and what the forward saved."""
+    """dQ, dK, dV of the attention op, given dO, dLSE (None: zero) and what the forward saved.
+
+    kept: the forward's third output when it kept Q's and K's operands; q and k
+    are then stand-ins that carry only shape, dtype and device.
+    """
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     _require_backward(recipe)
     dims = _host.check(q, k, v, s)
     opt = _host.options(s)
+    if kept is not None and kept.numel() == 0:
+        kept = None
     if _uses_device_backward(q, dims, opt):
-        return _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s, opt, deterministic)
+        return _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s, opt, deterministic, kept)
+    if kept is not None:
+        raise RuntimeError("the forward kept Q's and K's operands for a device backward this call cannot run")
     return _backward_host(d_o, d_lse, q, k, v, o, lse, dims, s, opt)
 
 
 @_attention_backward_op.register_fake
 def _attention_backward_fake(d_o, d_lse, q, k, v, o, lse, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k,
-                             direct_p, gqa, arg_names, target, deterministic=True):
+                             direct_p, gqa, arg_names, target, deterministic=True, kept=None):
     _require_backward(recipe)
     return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype)
 
 
+def _stand_in(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A tensor of `shape` and `dtype` on `device` over D elements (strides 0 but for D): for the
+    backward's checks where the forward kept the operands instead of the tensor itself."""
+    return torch.empty(shape[-1], dtype=dtype, device=device).as_strided(shape, (0,) * (len(shape) - 1) + (1,))
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
-    o, lse = output
+    o, lse, kept = output
     ctx.settings = tuple(inputs[_SETTINGS_ARGS])
     ctx.lse_returned = inputs[_LSE_RETURNED_ARG] if len(inputs) > _LSE_RETURNED_ARG else True
-    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.kept_operands = kept.numel() > 0
+    if ctx.kept_operands:
+        # Q's and K's codes, scales and transposed copies stand for q and k (about as many bytes).
+        ctx.q_meta, ctx.k_meta = (q.shape, q.dtype), (k.shape, k.dtype)
+        ctx.save_for_backward(v, o, lse, kept)
+    else:
+        ctx.save_for_backward(q, k, v, o, lse)
 
 
-def _backward(ctx, grad_o, grad_lse):
+def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
     s = _host.Settings(*ctx.settings)
     _require_backward(s.recipe)  # before anything runs, also when torch.compile traces it
-    q, k, v, o, lse = ctx.saved_tensors
+    if ctx.kept_operands:
+        v, o, lse, kept = ctx.saved_tensors
+        q, k = (_stand_in(shape, dtype, v.device) for shape, dtype in (ctx.q_meta, ctx.k_meta))
+    else:
+        (q, k, v, o, lse), kept = ctx.saved_tensors, None
     # The LSE can only carry a gradient when the caller was handed it.
     d_lse = grad_lse if ctx.lse_returned else None
-    dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, DETERMINISTIC_BACKWARD)
-    return (dq, dk, dv) + (None,) * (len(ctx.settings) + 1)
+    dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, DETERMINISTIC_BACKWARD, kept)
+    return (dq, dk, dv) + (None,) * (len(ctx.settings) + 2)
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -388,6 +491,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settin
     """(O, LSE) through the custom op; O has q's shape, dtype and device.
 
     lse_returned=False promises that the caller drops the LSE, so the backward
-    skips the LSE's gradient term (see the module docstring).
+    skips the LSE's gradient term (see the module docstring). A call that
+    autograd will differentiate asks the forward to keep Q's and K's operands.
     """
-    return _attention_op(q, k, v, *s, lse_returned)
+    keep = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    o, lse, _kept = _attention_op(q, k, v, *s, lse_returned, keep)
+    return o, lse

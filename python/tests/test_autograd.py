@@ -289,3 +289,111 @@ def test_cuda_graph_capture_of_forward_and_backward(rng, recipe):
     fp4attn.flash_attn_func(q, k, v, causal=True, recipe=recipe).backward(d_o)
     for got, x in zip(replayed, (q, k, v)):
         torch.testing.assert_close(got, x.grad, rtol=0, atol=0)
+
+
+def _saved_by_autograd(fn):
+    """Runs fn() and returns every tensor autograd saved for the backward meanwhile."""
+    saved = []
+
+    def pack(x):
+        saved.append(x)
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        out = fn()
+    return out, saved
+
+
+@needs_device_backward
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("smooth_k", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_kept_operands_stand_for_q_and_k(rng, monkeypatch, causal, smooth_k, dtype):
+    # Recipe fp8 on the device: the forward keeps Q's and K's codes, scales and
+    # transposed copies instead of q and k, and the backward on them gives the
+    # gradients of the backward that quantizes q and k again, bit for bit.
+    q, k, v, d_o = problem(rng, (2, 200, 333, 4, 2, 64), "cuda", dtype)
+    out, saved = _saved_by_autograd(
+        lambda: fp4attn.attention(q, k, v, causal=causal, smooth_k=smooth_k, recipe="fp8"))
+    ptrs = {x.data_ptr() for x in saved}
+    assert q.data_ptr() not in ptrs and k.data_ptr() not in ptrs and v.data_ptr() in ptrs
+    kept = [x for x in saved if x.dtype == torch.uint8]
+    assert len(kept) == 1 and kept[0].numel() >= 2 * (q.numel() + k.numel())
+    out.backward(d_o)
+    with_kept = grads(q, k, v)
+    for x in (q, k, v):
+        x.grad = None
+    monkeypatch.setattr(fp4attn.torch_ops, "_kept_bytes", lambda *args: 0)
+    out, saved = _saved_by_autograd(
+        lambda: fp4attn.attention(q, k, v, causal=causal, smooth_k=smooth_k, recipe="fp8"))
+    assert q.data_ptr() in {x.data_ptr() for x in saved}
+    out.backward(d_o)
+    for name, a, b in zip(("dq", "dk", "dv"), with_kept, grads(q, k, v)):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+@needs_device_backward
+def test_kept_operands_serve_the_lse_gradient(rng, monkeypatch):
+    # The LSE's gradient runs a second backward on the same kept block and, with
+    # smooth_k, adds dLSE·k̄ with the mean the forward smoothed K by (the
+    # quantizer's, where the other path takes torch's mean of k).
+    q, k, v, d_o = problem(rng, (1, 130, 260, 4, 2, 128), "cuda", torch.bfloat16)
+    d_lse = torch.randn(1, 4, 130, device="cuda")
+
+    def run():
+        o, lse = fp4attn.attention(q, k, v, causal=True, smooth_k=True, return_lse=True)
+        ((o.float() * d_o.float()).sum() + (lse * d_lse).sum()).backward()
+        got = grads(q, k, v)
+        for x in (q, k, v):
+            x.grad = None
+        return got
+
+    with_kept = run()
+    monkeypatch.setattr(fp4attn.torch_ops, "_kept_bytes", lambda *args: 0)
+    without = run()
+    np.testing.assert_array_equal(with_kept[2], without[2])  # dV has no LSE term
+    for a, b in zip(with_kept[:2], without[:2]):
+        assert rel_l2(a, b) < 1e-5
+    expected = reference(q, k, v, d_o, causal=True, d_lse=d_lse)
+    assert_close_to_reference(with_kept, expected, GRAD_BOUNDS["fp8"])
+
+
+@needs_device_backward
+def test_no_operands_kept_without_autograd(rng):
+    # Inference (no_grad, or inputs that need no gradient) keeps nothing: the
+    # op's third output is empty and the forward writes no transposed copies.
+    q, k, v, _ = problem(rng, (1, 128, 128, 2, 2, 64), "cuda", torch.bfloat16)
+    args = ("bshd", "none", 0.0, "fp8", True, True, True, "q,k,v", "sm90", True)
+    with torch.no_grad():
+        _, _, kept = torch.ops.fp4attn.attention(q, k, v, *args, False)
+    assert kept.numel() == 0
+    _, _, kept = torch.ops.fp4attn.attention(q, k, v, *args, True)
+    assert kept.numel() == fp4attn._ext.device_saved_bytes((1, 128, 128, 2, 2, 64), fp4attn._ext.Recipe.fp8)
+    # The kept block is opaque: the bytes between its 256-byte aligned regions
+    # are never written nor read, so opcheck's comparison of eager and traced
+    # outputs (test_aot_dispatch_dynamic) does not apply to it; the compiled
+    # test below covers symbolic sizes instead.
+    torch.library.opcheck(torch.ops.fp4attn.attention.default, (q.detach(), k.detach(), v.detach()) + args + (True,),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+@needs_device_backward
+def test_kept_operands_under_torch_compile_with_symbolic_sizes(rng):
+    # dynamic=True: the fake implementation sizes the kept block from symbolic
+    # shapes; the compiled step must give eager's gradients bit for bit, for
+    # two sequence lengths through one compiled graph.
+    def step(q, k, v, d_o):
+        out = fp4attn.attention(q, k, v, causal=True)
+        out.backward(d_o)
+        return out
+
+    compiled = torch.compile(step, dynamic=True, fullgraph=False)
+    for sq in (200, 333):
+        q, k, v, d_o = problem(rng, (2, sq, sq + 70, 4, 2, 128), "cuda", torch.bfloat16)
+        compiled(q, k, v, d_o)
+        got = grads(q, k, v)
+        for x in (q, k, v):
+            x.grad = None
+        step(q, k, v, d_o)
+        for name, a, b in zip(("dq", "dk", "dv"), got, grads(q, k, v)):
+            np.testing.assert_array_equal(a, b, err_msg=f"{name}, Sq = {sq}")

@@ -63,6 +63,11 @@ std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe) 
   return recipe == Recipe::fp8 ? saved_layout(shape).bytes : 0;
 }
 
+std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape) {
+  check_shape(shape);
+  return saved_layout(shape).k_mean;
+}
+
 std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe) {
   check_shape(shape);
   switch (recipe) {

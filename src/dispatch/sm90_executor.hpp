@@ -62,6 +62,10 @@ struct DeviceForwardArgs {
 // every recipe but fp8, which keeps none.
 std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe);
 
+// Byte offset inside that block of the smooth_k mean, fp32 (B, Hkv, D) (the
+// gradient through the LSE needs it where K itself was not kept).
+std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape);
+
 // Device bytes of DeviceForwardArgs::workspace for `shape` and `recipe`: the
 // quantized operands, their scales and the quantizers' scratch (the MX
 // recipes add their MXFP4 codes and the folded E4M3 operands, nvfp4 its
