@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--saved", default=None,
                     help="comma-separated 0/1 per build: whether its forward keeps Q's and K's operands for the "
                          "backward (default 1 for every build; libraries without the entry points keep none)")
-    ap.add_argument("--op", default="bwd", choices=["bwd", "fwdbwd"], help="what is timed")
+    ap.add_argument("--op", default="bwd", choices=["bwd", "fwdbwd", "fwd"], help="what is timed")
     ap.add_argument("--cases", default=None,
                     help="D:S:causal triples, comma-separated (e.g. 128:4096:1,64:16384:0); default: CASES")
     args = ap.parse_args()
@@ -81,9 +81,11 @@ def main() -> None:
         for r in range(args.rounds):
             order = [(r + i) % len(names) for i in range(len(names))]
             for i in order:
-                times[names[i]].append(time_ms(ours[i].fwdbwd if args.op == "fwdbwd" else ours[i].backward,
-                                               args.reps, 2))
-            times["cudnn"].append(time_ms(cudnn.fwdbwd if args.op == "fwdbwd" else cudnn.backward, args.reps, 2))
+                timed = {"fwdbwd": ours[i].fwdbwd, "fwd": ours[i].forward, "bwd": ours[i].backward}[args.op]
+                times[names[i]].append(time_ms(timed, args.reps, 2))
+            timed = {"fwdbwd": cudnn.fwdbwd, "fwd": lambda i: cudnn.run_forward(i % len(sets)),
+                     "bwd": cudnn.backward}[args.op]
+            times["cudnn"].append(time_ms(timed, args.reps, 2))
         f = flops(B, H, S, D, causal, args.op)
         row = {k: f / (statistics.median(v) * 1e-3) / 1e12 for k, v in times.items()}
         paired = {n: statistics.median(t0 / t for t0, t in zip(times[names[0]], times[n])) for n in names[1:]}
