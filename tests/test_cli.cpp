@@ -165,12 +165,13 @@ TEST(Cli, BadRunArguments) {
 }
 
 // `bench` times the sm90 kernel only: without a Hopper GPU it must refuse in
-// one line rather than time the emulator; with one, a small problem gives the
-// four rows of the bench/results schema.
+// one line rather than time the emulator (also with --training); with one, a
+// small problem gives the four rows of the bench/results schema.
 TEST(Cli, BenchNeedsHopper) {
   const std::string small = "bench --B 1 --H 2 --S 1024 --reps 3 --warmup 1";
   if (!sm90_available()) {
     expect_named_error(small, "bench", "the CPU emulator is not benchmarked");
+    expect_named_error(small + " --training", "bench", "the CPU emulator is not benchmarked");
     if (cuda_built()) expect_named_error(small, "bench", "no Hopper (sm_90) GPU found");
     return;
   }

@@ -1,6 +1,7 @@
 // `fp4attn bench`: device timing of the sm90 fp8 forward, Direct-P on and off,
 // on pre-quantized inputs (op fwd) and from bf16 inputs (op fwd_e2e), with the
-// DESIGN §8 defaults and result schema. The BF16 baselines need PyTorch and
+// DESIGN §8 defaults and result schema; with --training also forward +
+// backward (op fwdbwd) and the backward alone (op bwd), as training runs them. The BF16 baselines need PyTorch and
 // live in bench/bench_fwd.py.
 #include <algorithm>
 #include <cstdio>
@@ -81,7 +82,7 @@ nlohmann::json to_json(const AttentionShape& shape, const BenchArgs& args, const
                            {"Sk", shape.Sk},
                            {"D", shape.D},
                            {"ms", t.ms},
-                           {"tflops", flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop},
+                           {"tflops", flop_factor(t.op) * flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop},
                            {"gbps", nullptr}});
   return doc;
 }
@@ -110,13 +111,15 @@ void print_sm90_benchmark(const AttentionShape& shape, const BenchOptions& timin
   std::printf("%-8s %-8s %10s %10s\n", "op", "direct_p", "ms", "TFLOP/s");
   for (const Timing& t : result.timings)
     std::printf("%-8s %-8s %10.4f %10.1f\n", to_string(t.op).data(), t.direct_p ? "on" : "off", t.ms,
-                flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop);
+                flop_factor(t.op) * flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop);
   // Same work either way, so the speed-up is the ratio of times.
-  std::printf("Direct-P on vs off: fwd x%.3f, fwd_e2e x%.3f\n",
-              ms_of(result, TimedOp::fwd, false) / ms_of(result, TimedOp::fwd, true),
-              ms_of(result, TimedOp::fwd_e2e, false) / ms_of(result, TimedOp::fwd_e2e, true));
-  std::printf("cuDNN BF16 and FA2 BF16 comparisons come from bench/bench_fwd.py (PyTorch, same process); "
-              "this CLI has no PyTorch\n");
+  std::printf("Direct-P on vs off:");
+  for (TimedOp op : {TimedOp::fwd, TimedOp::fwd_e2e, TimedOp::fwdbwd, TimedOp::bwd})
+    if (ms_of(result, op, true) > 0.0)
+      std::printf(" %s x%.3f", to_string(op).data(), ms_of(result, op, false) / ms_of(result, op, true));
+  std::printf("\n");
+  std::printf("cuDNN BF16 and FA2 BF16 comparisons come from bench/bench_fwd.py and bench/bench_bwd.py (PyTorch, "
+              "same process); this CLI has no PyTorch\n");
 }
 
 namespace {
@@ -150,6 +153,9 @@ void add_bench_command(CLI::App& app, const std::string& command_line) {
   cmd->add_option("--Sk", args->shape.Sk, "Key length")->excludes(s);
   cmd->add_option("--D", args->shape.D, "Head dim (64 or 128)");
   cmd->add_flag("--causal", args->causal, "Causal mask, bottom-right aligned when Sq != Sk");
+  cmd->add_flag("--training", args->timing.training,
+                "Also time forward + backward (op fwdbwd) and the backward alone (op bwd) from bf16, as "
+                "training runs them");
   cmd->add_option("--reps", args->timing.reps, "Timed runs per row; the median is reported");
   cmd->add_option("--warmup", args->timing.warmup, "Untimed runs before them");
   cmd->add_option("--json", args->json, "Also write the rows (bench/results schema) to this file");

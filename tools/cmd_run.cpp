@@ -62,7 +62,9 @@ void run(CLI::App& cmd, const RunArgs& args, const std::string& command_line) {
     const AttentionShape grid = grid_shape(kThroughputS, kThroughputD);
     BenchOptions timing;
     timing.mask = mask;
-    std::printf("\nThroughput of the sm90 fp8 kernel (`fp4attn bench` times other shapes):\n");
+    timing.training = true;
+    std::printf("\nThroughput of the sm90 fp8 kernels, forward and training (`fp4attn bench` times other "
+                "shapes):\n");
     print_sm90_benchmark(grid, timing, benchmark_sm90(grid, timing));
   }
 }

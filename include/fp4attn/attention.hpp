@@ -74,18 +74,35 @@ BackwardOutput backward(const AttentionShape& shape, std::span<const float> q, s
                         std::span<const float> d_o, const AttentionOptions& opt,
                         Executor executor = Executor::automatic);
 
-// Device timing of the sm90 fp8 forward (DESIGN §8), behind `fp4attn bench`.
+// Device timing of the sm90 fp8 forward (DESIGN §8), behind `fp4attn bench`,
+// and of the training path.
 enum class TimedOp : std::uint8_t {
   fwd,      // the kernel on pre-quantized E4M3 inputs
   fwd_e2e,  // GPU quantization from bf16 inputs, then the kernel
+  fwdbwd,   // training: forward from bf16 keeping Q's and K's operands, then the backward from bf16 dO
+  bwd,      // the backward alone (on the forward's kept operands), bf16 gradients
 };
 
-constexpr std::string_view to_string(TimedOp op) { return op == TimedOp::fwd ? "fwd" : "fwd_e2e"; }
+constexpr std::string_view to_string(TimedOp op) {
+  switch (op) {
+    case TimedOp::fwd: return "fwd";
+    case TimedOp::fwd_e2e: return "fwd_e2e";
+    case TimedOp::fwdbwd: return "fwdbwd";
+    case TimedOp::bwd: return "bwd";
+  }
+  return "?";
+}
+
+// FLOPs of an op as a multiple of the forward's (the backward's five products against two).
+constexpr double flop_factor(TimedOp op) {
+  return op == TimedOp::fwdbwd ? 3.5 : op == TimedOp::bwd ? 2.5 : 1.0;
+}
 
 struct BenchOptions {
   MaskKind mask = MaskKind::none;
   int reps = 20;   // timed runs; the median is reported
   int warmup = 5;  // untimed runs first (clocks, caches, module loading)
+  bool training = false;  // also time fwdbwd and bwd (deterministic backward)
 };
 
 struct Timing {
@@ -98,7 +115,7 @@ struct Sm90Benchmark {
   std::string gpu;              // the device's name
   int input_sets = 0;           // inputs rotated through, so that no run finds its inputs in L2
   double rotated_bytes = 0.0;   // E4M3 operand bytes of all input sets together
-  std::vector<Timing> timings;  // fwd then fwd_e2e, each with Direct-P on, then off
+  std::vector<Timing> timings;  // fwd, fwd_e2e (and with training fwdbwd, bwd), each Direct-P on, then off
 };
 
 // Times recipe fp8 (default options otherwise) on random normal bf16 inputs

@@ -1,6 +1,9 @@
 // Device timing of the sm90 fp8 forward in a CUDA build (DESIGN §8): random
 // bf16 inputs made on the GPU, quantized once for op fwd and inside the timed
 // region for op fwd_e2e; CUDA events around each run, warm-up first, median.
+// With BenchOptions::training also the training path through the device entry
+// points, as the torch layer runs it: the forward from bf16 keeping Q's and
+// K's operands, the deterministic backward on them from a bf16 dO.
 #if defined(FP4ATTN_HAS_CUDA)
 
 #include <cuda_runtime_api.h>
@@ -84,6 +87,87 @@ double median_ms(const Run& run, int reps, int warmup, cudaStream_t stream) {
   return reps % 2 == 1 ? ms[reps / 2] : (ms[reps / 2 - 1] + ms[reps / 2]) / 2.0;
 }
 
+DeviceTensorView bshd_view(const DeviceMemory& data, const AttentionShape& shape, std::int64_t S, std::int64_t H) {
+  return {data.get(), S * H * shape.D, H * shape.D, shape.D};
+}
+
+// Rows fwdbwd and bwd, Direct-P on then off, on the forward sets' inputs. Each
+// set gets its own dO, O, LSE and kept operands; the workspaces and the
+// gradients are shared (stream order keeps the calls apart).
+void time_training(const AttentionShape& shape, const BenchOptions& opt, const std::vector<Bf16Inputs>& inputs,
+                   cudaStream_t stream, Sm90Benchmark& result) {
+  const int sets = static_cast<int>(inputs.size());
+  const auto q_bytes = static_cast<std::size_t>(shape.q_elems()) * kBf16Bytes;
+  const auto kv_bytes = static_cast<std::size_t>(shape.kv_elems()) * kBf16Bytes;
+  struct Set {
+    DeviceMemory d_o, o, lse, kept;
+  };
+  std::vector<Set> per_set;
+  for (int i = 0; i < sets; ++i) {
+    Set set{cuda_common::device_alloc(q_bytes), cuda_common::device_alloc(q_bytes),
+            cuda_common::device_alloc(static_cast<std::size_t>(shape.lse_elems()) * sizeof(float)),
+            cuda_common::device_alloc(sm90_device_saved_bytes(shape, Recipe::fp8))};
+    cuda_common::fill_normal_bf16(cuda_common::as<std::uint16_t>(set.d_o), shape.q_elems(),
+                                  kTensorsPerSet * static_cast<std::uint64_t>(sets + i), stream);
+    per_set.push_back(std::move(set));
+  }
+  const DeviceMemory dq = cuda_common::device_alloc(q_bytes), dk = cuda_common::device_alloc(kv_bytes),
+                     dv = cuda_common::device_alloc(kv_bytes);
+  const std::size_t fwd_bytes = sm90_device_workspace_bytes(shape, Recipe::fp8);
+  const std::size_t bwd_bytes = sm90_device_backward_workspace_bytes(shape, true, Recipe::fp8);
+  const DeviceMemory fwd_ws = cuda_common::device_alloc(fwd_bytes), bwd_ws = cuda_common::device_alloc(bwd_bytes);
+  const std::size_t kept_bytes = sm90_device_saved_bytes(shape, Recipe::fp8);
+
+  for (bool direct_p : {true, false}) {
+    AttentionOptions attention;
+    attention.mask = opt.mask;
+    attention.direct_p = direct_p;
+    const auto forward = [&](int i) {
+      const Bf16Inputs& in = inputs[i % sets];
+      Set& set = per_set[i % sets];
+      DeviceForwardArgs a;
+      a.shape = shape;
+      a.element = DeviceElement::bf16;
+      a.q = bshd_view(in.q, shape, shape.Sq, shape.Hq);
+      a.k = bshd_view(in.k, shape, shape.Sk, shape.Hkv);
+      a.v = bshd_view(in.v, shape, shape.Sk, shape.Hkv);
+      a.o = set.o.get();
+      a.o_stride_b = shape.Sq * shape.Hq * shape.D, a.o_stride_s = shape.Hq * shape.D, a.o_stride_h = shape.D;
+      a.lse = cuda_common::as<float>(set.lse);
+      a.workspace = fwd_ws.get(), a.workspace_bytes = fwd_bytes;
+      a.saved = set.kept.get(), a.saved_bytes = kept_bytes;
+      sm90_forward_device(a, attention, stream);
+    };
+    const auto backward = [&](int i) {
+      const Bf16Inputs& in = inputs[i % sets];
+      const Set& set = per_set[i % sets];
+      DeviceBackwardArgs a;
+      a.shape = shape;
+      a.element = DeviceElement::bf16;
+      a.q = bshd_view(in.q, shape, shape.Sq, shape.Hq);
+      a.k = bshd_view(in.k, shape, shape.Sk, shape.Hkv);
+      a.v = bshd_view(in.v, shape, shape.Sk, shape.Hkv);
+      a.o = bshd_view(set.o, shape, shape.Sq, shape.Hq);
+      a.d_o = bshd_view(set.d_o, shape, shape.Sq, shape.Hq);
+      a.lse = cuda_common::as<float>(set.lse);
+      a.dq = dq.get(), a.dq_stride_b = a.o.stride_b, a.dq_stride_s = a.o.stride_s, a.dq_stride_h = a.o.stride_h;
+      const DeviceTensorView kv = bshd_view(dk, shape, shape.Sk, shape.Hkv);
+      a.dk = dk.get(), a.dk_stride_b = kv.stride_b, a.dk_stride_s = kv.stride_s, a.dk_stride_h = kv.stride_h;
+      a.dv = dv.get(), a.dv_stride_b = kv.stride_b, a.dv_stride_s = kv.stride_s, a.dv_stride_h = kv.stride_h;
+      a.workspace = bwd_ws.get(), a.workspace_bytes = bwd_bytes;
+      a.saved = set.kept.get(), a.saved_bytes = kept_bytes;
+      sm90_backward_device(a, attention, true, stream);
+    };
+    result.timings.push_back({TimedOp::fwdbwd, direct_p, median_ms([&](int i) {
+                                forward(i);
+                                backward(i);
+                              },
+                              opt.reps, opt.warmup, stream)});
+    for (int i = 0; i < sets; ++i) forward(i);  // every set's O, LSE and kept operands for this P path
+    result.timings.push_back({TimedOp::bwd, direct_p, median_ms(backward, opt.reps, opt.warmup, stream)});
+  }
+}
+
 }  // namespace
 
 Sm90Benchmark sm90_benchmark(const AttentionShape& shape, const BenchOptions& opt) {
@@ -149,6 +233,7 @@ Sm90Benchmark sm90_benchmark(const AttentionShape& shape, const BenchOptions& op
       result.timings.push_back({op, direct_p, median_ms(run, opt.reps, opt.warmup, stream)});
     }
   }
+  if (opt.training) time_training(shape, opt, inputs, stream, result);
   check_cuda(cudaGetLastError(), "sm90 benchmark");
   return result;
 }
