@@ -112,18 +112,20 @@ struct DeviceBackwardArgs {
 };
 
 // Device bytes of DeviceBackwardArgs::workspace for `shape` and `recipe` (fp8
-// or mxfp4_train): the quantized operands (Q, K as the forward; dO, V per
-// token block), their transposed copies, scales, row statistics, for
+// or mxfp4_train): the quantized operands (Q, K as the forward, used unless
+// `saved` is given; dO, V per token block), their transposed copies, scales,
+// row statistics, for
 // mxfp4_train the MXFP4 codes of Q and K, and, for `deterministic = false`
 // only, the fp32 dQ buffer the atomics add into (4·Sq·Hq·D bytes per batch entry).
 std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic,
                                                  Recipe recipe = Recipe::fp8);
 
 // Backward on device pointers (recipes fp8 and mxfp4_train), enqueued on
-// `stream`: the GPU quantizer (Q, K, smooth_k as the forward; dO and V per
-// 128-token block; mxfp4_train: Q and K by the MXFP4 quantizer, folded into
-// E4M3 with one power of two per 128-token tile), transposes and row
-// statistics, then the dQ and dK/dV kernels. No allocation and no host
+// `stream`: the GPU quantizer (Q, K, smooth_k as the forward, unless `saved`
+// holds the forward's; dO and V per 128-token block, with dOᵀ and delta =
+// rowsum(dO ⊙ O); mxfp4_train: Q and K by the MXFP4 quantizer, folded into
+// E4M3 with one power of two per 128-token tile), the LSE rows, then the dQ
+// and dK/dV kernels. No allocation and no host
 // synchronisation. Non-finite input cannot raise an error here (that would
 // need a host synchronisation): a non-finite q, k, v or d_o makes the
 // gradients NaN (sm90::bwd::nan_scales_if_flagged). Throws
