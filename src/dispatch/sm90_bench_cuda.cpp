@@ -118,19 +118,23 @@ void time_training(const AttentionShape& shape, const BenchOptions& opt, const s
   const DeviceMemory fwd_ws = cuda_common::device_alloc(fwd_bytes), bwd_ws = cuda_common::device_alloc(bwd_bytes);
   const std::size_t kept_bytes = sm90_device_saved_bytes(shape, Recipe::fp8);
 
+  // Shape, element type and set i's q, k, v: the fields both entry points' arguments share.
+  const auto take_inputs = [&](auto& a, int i) {
+    const Bf16Inputs& in = inputs[i % sets];
+    a.shape = shape;
+    a.element = DeviceElement::bf16;
+    a.q = bshd_view(in.q, shape, shape.Sq, shape.Hq);
+    a.k = bshd_view(in.k, shape, shape.Sk, shape.Hkv);
+    a.v = bshd_view(in.v, shape, shape.Sk, shape.Hkv);
+  };
   for (bool direct_p : {true, false}) {
     AttentionOptions attention;
     attention.mask = opt.mask;
     attention.direct_p = direct_p;
     const auto forward = [&](int i) {
-      const Bf16Inputs& in = inputs[i % sets];
       Set& set = per_set[i % sets];
       DeviceForwardArgs a;
-      a.shape = shape;
-      a.element = DeviceElement::bf16;
-      a.q = bshd_view(in.q, shape, shape.Sq, shape.Hq);
-      a.k = bshd_view(in.k, shape, shape.Sk, shape.Hkv);
-      a.v = bshd_view(in.v, shape, shape.Sk, shape.Hkv);
+      take_inputs(a, i);
       a.o = set.o.get();
       a.o_stride_b = shape.Sq * shape.Hq * shape.D, a.o_stride_s = shape.Hq * shape.D, a.o_stride_h = shape.D;
       a.lse = cuda_common::as<float>(set.lse);
@@ -139,14 +143,9 @@ void time_training(const AttentionShape& shape, const BenchOptions& opt, const s
       sm90_forward_device(a, attention, stream);
     };
     const auto backward = [&](int i) {
-      const Bf16Inputs& in = inputs[i % sets];
       const Set& set = per_set[i % sets];
       DeviceBackwardArgs a;
-      a.shape = shape;
-      a.element = DeviceElement::bf16;
-      a.q = bshd_view(in.q, shape, shape.Sq, shape.Hq);
-      a.k = bshd_view(in.k, shape, shape.Sk, shape.Hkv);
-      a.v = bshd_view(in.v, shape, shape.Sk, shape.Hkv);
+      take_inputs(a, i);
       a.o = bshd_view(set.o, shape, shape.Sq, shape.Hq);
       a.d_o = bshd_view(set.d_o, shape, shape.Sq, shape.Hq);
       a.lse = cuda_common::as<float>(set.lse);
