@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--saved", default=None,
                     help="comma-separated 0/1 per build: whether its forward keeps Q's and K's operands for the "
                          "backward (default 1 for every build; libraries without the entry points keep none)")
+    ap.add_argument("--deterministic", default=None,
+                    help="comma-separated 0/1 per build: two-pass dQ (1, the default) or dQ by atomics in one pass (0)")
     ap.add_argument("--op", default="bwd", choices=["bwd", "fwdbwd", "fwd"], help="what is timed")
     ap.add_argument("--cases", default=None,
                     help="D:S:causal triples, comma-separated (e.g. 128:4096:1,64:16384:0); default: CASES")
@@ -57,6 +59,9 @@ def main() -> None:
     saved = [bool(int(x)) for x in args.saved.split(",")] if args.saved else [True] * len(libs)
     if len(saved) != len(libs):
         raise SystemExit("--saved needs one entry per build")
+    determ = [bool(int(x)) for x in args.deterministic.split(",")] if args.deterministic else [True] * len(libs)
+    if len(determ) != len(libs):
+        raise SystemExit("--deterministic needs one entry per build")
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     cases = CASES
     if args.cases:
@@ -70,8 +75,8 @@ def main() -> None:
                 for (lib, ll3, ll6), keep in zip(libs, saved)]
         # Same inputs, same forward: the gradients of every build against the first's.
         grads = []
-        for o in ours:
-            o.fwdbwd(0)
+        for o, det in zip(ours, determ):
+            o.fwdbwd(0, det)
             torch.cuda.synchronize()
             grads.append([g.clone() for g in o.grads])
         equal = {names[i]: all(torch.equal(a, b) for a, b in zip(grads[0], grads[i])) for i in range(1, len(ours))}
@@ -81,7 +86,9 @@ def main() -> None:
         for r in range(args.rounds):
             order = [(r + i) % len(names) for i in range(len(names))]
             for i in order:
-                timed = {"fwdbwd": ours[i].fwdbwd, "fwd": ours[i].forward, "bwd": ours[i].backward}[args.op]
+                o, det = ours[i], determ[i]
+                timed = {"fwdbwd": lambda n: o.fwdbwd(n, det), "fwd": o.forward,
+                         "bwd": lambda n: o.backward(n, det)}[args.op]
                 times[names[i]].append(time_ms(timed, args.reps, 2))
             timed = {"fwdbwd": cudnn.fwdbwd, "fwd": lambda i: cudnn.run_forward(i % len(sets)),
                      "bwd": cudnn.backward}[args.op]
@@ -90,7 +97,8 @@ def main() -> None:
         row = {k: f / (statistics.median(v) * 1e-3) / 1e12 for k, v in times.items()}
         paired = {n: statistics.median(t0 / t for t0, t in zip(times[names[0]], times[n])) for n in names[1:]}
         row.update(D=D, S=S, B=B, H=H, causal=causal, op=args.op, recipe=args.recipe,
-                   saved_operands={n: o.saved is not None for n, o in zip(names, ours)}, paired_vs_first=paired, grads_equal_first=equal,
+                   saved_operands={n: o.saved is not None for n, o in zip(names, ours)},
+                   deterministic=dict(zip(names, determ)), paired_vs_first=paired, grads_equal_first=equal,
                    spread={k: (max(v) - min(v)) / statistics.median(v) for k, v in times.items()})
         rows.append(row)
         print(f"D={D} S={S} causal={int(causal)}  {args.op} TFLOP/s " + "  ".join(f"{k} {row[k]:.1f}" for k in times) +

@@ -132,15 +132,16 @@ TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
   a.workspace = fake;
   a.workspace_bytes = dispatch::sm90_device_backward_workspace_bytes(s, true);
   EXPECT_GT(a.workspace_bytes, 0u);
-  // The non-deterministic mode adds dQ into an fp32 buffer the deterministic one never needs.
-  EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, false),
-            a.workspace_bytes + static_cast<std::size_t>(s.q_elems()) * sizeof(float));
+  // The non-deterministic mode adds dQ into fp32 sums the deterministic one never needs:
+  // (B, Hq, Sq padded to 128, D), a region rounded up to 256 bytes.
+  const auto sums_bytes = static_cast<std::size_t>(s.B * s.Hq * ((s.Sq + 127) / 128 * 128) * s.D) * sizeof(float);
+  const std::size_t sums_region = (sums_bytes + 255) / 256 * 256;
+  EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, false), a.workspace_bytes + sums_region);
   // mxfp4_train adds Q's and K's MXFP4 codes (4.25 bits per element) to the fp8 recipe's workspace.
   EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, true, Recipe::fp8), a.workspace_bytes);
   const std::size_t mx_bytes = dispatch::sm90_device_backward_workspace_bytes(s, true, Recipe::mxfp4_train);
   EXPECT_GT(mx_bytes, a.workspace_bytes + static_cast<std::size_t>(s.q_elems() + s.kv_elems()) / 2);
-  EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, false, Recipe::mxfp4_train),
-            mx_bytes + static_cast<std::size_t>(s.q_elems()) * sizeof(float));
+  EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, false, Recipe::mxfp4_train), mx_bytes + sums_region);
   EXPECT_EQ(thrown_argument([&] { dispatch::sm90_device_backward_workspace_bytes(s, true, Recipe::mxfp4); }),
             "recipe");
   const auto check = [&](dispatch::DeviceBackwardArgs bad) {

@@ -59,6 +59,8 @@ AttentionShape resolve_shape(CLI::App& cmd, const BenchArgs& args) {
   return shape;
 }
 
+bool is_backward(TimedOp op) { return op == TimedOp::fwdbwd || op == TimedOp::bwd; }
+
 nlohmann::json to_json(const AttentionShape& shape, const BenchArgs& args, const Sm90Benchmark& bench,
                        double flops, const std::string& command_line) {
   nlohmann::json doc = {{"date", today_utc()},
@@ -83,7 +85,9 @@ nlohmann::json to_json(const AttentionShape& shape, const BenchArgs& args, const
                            {"D", shape.D},
                            {"ms", t.ms},
                            {"tflops", flop_factor(t.op) * flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop},
-                           {"gbps", nullptr}});
+                           {"gbps", nullptr},
+                           {"deterministic", is_backward(t.op) ? nlohmann::json(bench.deterministic_backward)
+                                                                : nlohmann::json(nullptr)}});
   return doc;
 }
 
@@ -113,6 +117,10 @@ void print_sm90_benchmark(const AttentionShape& shape, const BenchOptions& timin
     std::printf("%-8s %-8s %10.4f %10.1f\n", to_string(t.op).data(), t.direct_p ? "on" : "off", t.ms,
                 flop_factor(t.op) * flops / (t.ms / kMsPerSecond) / kFlopsPerTeraflop);
   // Same work either way, so the speed-up is the ratio of times.
+  if (ms_of(result, TimedOp::bwd, true) > 0.0)
+    std::printf("backward: %s\n", result.deterministic_backward
+                                      ? "two deterministic passes"
+                                      : "one pass, dQ summed in an order that varies run to run (faster at this D)");
   std::printf("Direct-P on vs off:");
   for (TimedOp op : {TimedOp::fwd, TimedOp::fwd_e2e, TimedOp::fwdbwd, TimedOp::bwd})
     if (ms_of(result, op, true) > 0.0)

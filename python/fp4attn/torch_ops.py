@@ -44,7 +44,9 @@ torch.compile(fullgraph=True) traces forward and backward. It runs:
   synchronisation, where this build has the sm90 backward kernel
   (`_ext.backward_device`) and `_ext.device_backward_supported` accepts the
   call (recipes fp8 and mxfp4_train, target sm90, D = 64 or 128);
-  deterministic unless DETERMINISTIC_BACKWARD is set to False;
+  reproducible bit for bit except at D = 64 while
+  torch.are_deterministic_algorithms_enabled() is off (DETERMINISTIC_BACKWARD
+  says how dQ is summed);
 * otherwise on the host through `_ext.backward` (the emulator's FP8 backward,
   or the sm90 kernels where the host entry point has them), copying CUDA
   tensors to the host and back.
@@ -82,9 +84,22 @@ _SETTINGS_ARGS = slice(3, 3 + len(_host.Settings._fields))
 _LSE_RETURNED_ARG = _SETTINGS_ARGS.stop
 _KEEP_ARG = _LSE_RETURNED_ARG + 1
 
-# The device backward reduces dQ in a fixed order, so that two runs give the
-# same bits; False lets it use the faster order-free accumulation.
-DETERMINISTIC_BACKWARD = True
+# How the device backward sums dQ over key tiles. None (the default) follows
+# torch.are_deterministic_algorithms_enabled(): while that is off, the faster
+# mode for the shape (_ext.device_backward_one_pass_faster: at D = 64 one pass
+# whose dQ summation order varies from run to run, 9–22 % faster on the H200
+# at S = 4k–16k; at D = 128 the two passes, faster and reproducible there).
+# True: always the two passes (the same bits every run). False: always the
+# one pass (slower at D = 128).
+DETERMINISTIC_BACKWARD: Optional[bool] = None
+
+
+def _deterministic_backward(head_dim: int) -> bool:
+    if DETERMINISTIC_BACKWARD is not None:
+        return bool(DETERMINISTIC_BACKWARD)
+    if torch.are_deterministic_algorithms_enabled():
+        return True
+    return not _ext.device_backward_one_pass_faster(head_dim)
 
 
 def is_tensor(x) -> bool:
@@ -480,7 +495,8 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
         (q, k, v, o, lse), kept = ctx.saved_tensors, None
     # The LSE can only carry a gradient when the caller was handed it.
     d_lse = grad_lse if ctx.lse_returned else None
-    dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, DETERMINISTIC_BACKWARD, kept)
+    deterministic = _deterministic_backward(int(v.shape[-1]))  # D is the last axis in both layouts
+    dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
     return (dq, dk, dv) + (None,) * (len(ctx.settings) + 2)
 
 

@@ -258,6 +258,41 @@ def test_device_backward_is_deterministic_and_does_not_synchronize(rng, recipe):
 
 @needs_device_backward
 @pytest.mark.parametrize("recipe", TRAINABLE)
+def test_one_pass_dq_at_d64_unless_determinism_is_asked_for(rng, monkeypatch, recipe):
+    # D = 64 sums dQ in one pass (order varies) unless torch's deterministic
+    # algorithms are on or DETERMINISTIC_BACKWARD says otherwise; dK and dV are
+    # computed the same way in both modes, dQ differs by the summation order.
+    q, k, v, d_o = problem(rng, (2, 300, 700, 4, 2, 64), "cuda", torch.bfloat16)
+
+    def run():
+        for x in (q, k, v):
+            x.grad = None
+        fp4attn.flash_attn_func(q, k, v, causal=True, recipe=recipe).backward(d_o)
+        return grads(q, k, v)
+
+    calls = []
+    real = fp4attn.torch_ops._attention_backward_op
+    monkeypatch.setattr(fp4attn.torch_ops, "_attention_backward_op",
+                        lambda *args: calls.append(args[-2]) or real(*args))
+    one_pass = run()
+    monkeypatch.setattr(fp4attn.torch_ops, "DETERMINISTIC_BACKWARD", True)
+    two_pass = run()
+    monkeypatch.setattr(fp4attn.torch_ops, "DETERMINISTIC_BACKWARD", None)
+    torch.use_deterministic_algorithms(True)
+    try:
+        asked = run()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert calls == [False, True, True]
+    np.testing.assert_array_equal(one_pass[1], two_pass[1])
+    np.testing.assert_array_equal(one_pass[2], two_pass[2])
+    assert rel_l2(one_pass[0], two_pass[0]) < 1e-5
+    for a, b in zip(asked, two_pass):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_device_backward
+@pytest.mark.parametrize("recipe", TRAINABLE)
 def test_cuda_graph_capture_of_forward_and_backward(rng, recipe):
     q, k, v, d_o = problem(rng, (1, 256, 256, 4, 2, 64), "cuda", torch.bfloat16)
 
@@ -312,6 +347,8 @@ def test_kept_operands_stand_for_q_and_k(rng, monkeypatch, causal, smooth_k, dty
     # Recipe fp8 on the device: the forward keeps Q's and K's codes, scales and
     # transposed copies instead of q and k, and the backward on them gives the
     # gradients of the backward that quantizes q and k again, bit for bit.
+    # Bit for bit needs dQ summed in a fixed order (three key tiles at D = 64).
+    monkeypatch.setattr(fp4attn.torch_ops, "DETERMINISTIC_BACKWARD", True)
     q, k, v, d_o = problem(rng, (2, 200, 333, 4, 2, 64), "cuda", dtype)
     out, saved = _saved_by_autograd(
         lambda: fp4attn.attention(q, k, v, causal=causal, smooth_k=smooth_k, recipe="fp8"))

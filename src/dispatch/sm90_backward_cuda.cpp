@@ -81,7 +81,8 @@ BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe) {
     l.mx_scratch = take(std::max(cq::fp4_workspace_bytes(s.B, s.Sq, s.Hq, s.D),
                                  cq::fp4_workspace_bytes(s.B, s.Sk, s.Hkv, s.D)));
   }
-  l.dq_accum = take(floats(s.q_elems()));  // non-deterministic mode only: last, so the other mode can omit it
+  // Non-deterministic mode only: last, so the other mode can omit it.
+  l.dq_accum = take(floats(sm90::bwd::dq_accum_elems(s.B, s.Hq, s.Sq, s.D)));
   l.bytes = regions.bytes();
   return l;
 }
@@ -242,11 +243,11 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   a.mask = opt.mask;
   a.p_code = opt.direct_p ? sm90::bwd::PCode::direct_p : sm90::bwd::PCode::exp2_cvt;
   if (!deterministic) {
-    // One pass: the dK/dV kernel adds dQ by fp32 atomics (order varies run to run).
+    // One pass: the dK/dV kernel adds dQ to fp32 sums (order varies run to run).
     a.dq_mode = sm90::bwd::DqMode::atomic;
     a.dq_accum = floats(layout.dq_accum);
-    cuda_common::check_cuda(cudaMemsetAsync(a.dq_accum, 0, static_cast<std::size_t>(s.q_elems()) * sizeof(float), stream),
-                            "cudaMemsetAsync");
+    const auto sums = static_cast<std::size_t>(sm90::bwd::dq_accum_elems(s.B, s.Hq, s.Sq, s.D));
+    cuda_common::check_cuda(cudaMemsetAsync(a.dq_accum, 0, sums * sizeof(float), stream), "cudaMemsetAsync");
   }
   sm90::bwd::backward_fp8(a, stream);
 }

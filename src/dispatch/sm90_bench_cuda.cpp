@@ -3,7 +3,9 @@
 // region for op fwd_e2e; CUDA events around each run, warm-up first, median.
 // With BenchOptions::training also the training path through the device entry
 // points, as the torch layer runs it: the forward from bf16 keeping Q's and
-// K's operands, the deterministic backward on them from a bf16 dO.
+// K's operands, the backward on them from a bf16 dO in the faster of its two
+// modes for the head dim (sm90_backward_one_pass_faster), as torch picks it
+// while deterministic algorithms are off.
 #if defined(FP4ATTN_HAS_CUDA)
 
 #include <cuda_runtime_api.h>
@@ -114,7 +116,9 @@ void time_training(const AttentionShape& shape, const BenchOptions& opt, const s
   const DeviceMemory dq = cuda_common::device_alloc(q_bytes), dk = cuda_common::device_alloc(kv_bytes),
                      dv = cuda_common::device_alloc(kv_bytes);
   const std::size_t fwd_bytes = sm90_device_workspace_bytes(shape, Recipe::fp8);
-  const std::size_t bwd_bytes = sm90_device_backward_workspace_bytes(shape, true, Recipe::fp8);
+  const bool deterministic = !sm90_backward_one_pass_faster(shape.D);
+  result.deterministic_backward = deterministic;
+  const std::size_t bwd_bytes = sm90_device_backward_workspace_bytes(shape, deterministic, Recipe::fp8);
   const DeviceMemory fwd_ws = cuda_common::device_alloc(fwd_bytes), bwd_ws = cuda_common::device_alloc(bwd_bytes);
   const std::size_t kept_bytes = sm90_device_saved_bytes(shape, Recipe::fp8);
 
@@ -155,7 +159,7 @@ void time_training(const AttentionShape& shape, const BenchOptions& opt, const s
       a.dv = dv.get(), a.dv_stride_b = kv.stride_b, a.dv_stride_s = kv.stride_s, a.dv_stride_h = kv.stride_h;
       a.workspace = bwd_ws.get(), a.workspace_bytes = bwd_bytes;
       a.saved = set.kept.get(), a.saved_bytes = kept_bytes;
-      sm90_backward_device(a, attention, true, stream);
+      sm90_backward_device(a, attention, deterministic, stream);
     };
     result.timings.push_back({TimedOp::fwdbwd, direct_p, median_ms([&](int i) {
                                 forward(i);

@@ -116,9 +116,19 @@ struct DeviceBackwardArgs {
 // `saved` is given; dO, V per token block), their transposed copies, scales,
 // row statistics, for
 // mxfp4_train the MXFP4 codes of Q and K, and, for `deterministic = false`
-// only, the fp32 dQ buffer the atomics add into (4·Sq·Hq·D bytes per batch entry).
+// only, the fp32 sums of dQ (4·Hq·D bytes per query, Sq padded to 128, per
+// batch entry).
 std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic,
                                                  Recipe recipe = Recipe::fp8);
+
+// Whether the one-pass backward (`deterministic = false`: the dK/dV kernel
+// also sums dQ, in an order that varies run to run) is faster than the two
+// deterministic passes at head dim D. Measured on the H200: at D = 64 it is
+// (dQ staged in shared memory and added by bulk reductions; backward +9 % at
+// S = 4k causal, +17–22 % at 4k–16k noncausal), at D = 128 it is not (dQ by
+// atomics, −20 %). Callers that need no reproducible bits pass
+// deterministic = !sm90_backward_one_pass_faster(D).
+inline bool sm90_backward_one_pass_faster(std::int64_t head_dim) { return head_dim == 64; }
 
 // Backward on device pointers (recipes fp8 and mxfp4_train), enqueued on
 // `stream`: the GPU quantizer (Q, K, smooth_k as the forward, unless `saved`

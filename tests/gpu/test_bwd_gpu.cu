@@ -342,12 +342,16 @@ TEST(GpuBackwardFp8, DeterministicRunsAreBitIdentical) {
   EXPECT_EQ(first.dv, second.dv);
 }
 
-// Non-deterministic mode (dQ by atomics from the dK/dV kernel): the same
-// bounds against the emulator; dK and dV, computed the same way in both
-// modes, are bit-identical to the deterministic run's.
+// Non-deterministic mode (dQ summed by the dK/dV kernel: bulk reductions at
+// D = 64, atomics at D = 128): the same bounds against the emulator; dK and
+// dV, computed the same way in both modes, are bit-identical to the
+// deterministic run's. Sq = 50 leaves the second consumer of every query tile
+// with padding rows only.
 TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
   FP4ATTN_REQUIRE_HOPPER();
   for (const Case& c : {Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true},
+                        Case{{1, 6, 2, 50, 300, 64}, MaskKind::none, true, false, dispatch::DeviceElement::f16},
+                        Case{{1, 2, 2, 640, 256, 64}, MaskKind::causal, false, true, dispatch::DeviceElement::bf16},
                         Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false, true},
                         Case{{1, 4, 2, 385, 257, 128}, MaskKind::none, true, false},
                         Case{{1, 2, 2, 129, 300, 128}, MaskKind::causal_top_left, true, true,

@@ -31,10 +31,21 @@ struct TensorRef {
 // How dQ is summed over key tiles.
 enum class DqMode : std::uint8_t {
   two_pass,  // a dQ kernel owns each query tile: deterministic (the default)
-  atomic,    // the dK/dV kernel adds each pair's dQ tile to an fp32 buffer by
-             // atomics, then finalize_dq scales it: one pass, run-to-run
-             // bit differences in dQ (slower than two_pass today: NOTES.md)
+  atomic,    // the dK/dV kernel adds each pair's dQ tile to an fp32 buffer
+             // (D = 64: one bulk reduction per consumer from shared memory;
+             // D = 128: atomics), then finalize_dq scales it: one pass,
+             // run-to-run bit differences in dQ (NOTES.md says when it is faster)
 };
+
+// DqMode::atomic's fp32 sums of dQ: (B, Hq, padded_tokens(Sq), D), where
+// element d of row s sits at column d ^ (8·(s % 8)). A consumer's 64
+// accumulator rows then go to shared memory without bank conflicts and leave
+// it as one contiguous block (a single bulk reduction); finalize_dq undoes
+// the permutation. Padding rows take sums of zero dS (masked queries).
+inline std::int64_t dq_accum_elems(std::int64_t B, std::int64_t Hq, std::int64_t Sq, std::int64_t D) {
+  return B * Hq * padded_tokens(Sq) * D;
+}
+inline constexpr int dq_accum_column(int row, int column) { return column ^ (8 * (row & 7)); }
 
 // Device pointers of one backward call. Codes are what the GPU quantizer
 // writes: q, d_o (B, Sq, Hq, D) and k, v (B, Sk, Hkv, D) contiguous E4M3 with
@@ -48,7 +59,7 @@ struct Fp8BackwardArgs {
   const float *q_scale = nullptr, *k_scale = nullptr, *do_scale = nullptr, *v_scale = nullptr;
   const float* lse_log2 = nullptr;  // log2-domain LSE of the smoothed scores; +inf: the row sees no key
   const float* delta = nullptr;     // rowsum(dO ⊙ O)
-  float* dq_accum = nullptr;  // DqMode::atomic: (B, Sq, Hq, D) fp32, zero before the call
+  float* dq_accum = nullptr;  // DqMode::atomic: dq_accum_elems fp32 in that layout, zero before the call
   // DqMode::two_pass: the dS scale of every (query tile, key tile) pair,
   // (B, Hq, query tiles, key tiles) fp32. The dQ kernel computes each one
   // (the pair's amax over both consumers) and writes it; the dK/dV kernel
@@ -92,7 +103,7 @@ struct ScaleArray {
 void nan_scales_if_flagged(const int* flags, int flag_count, const int* more_flags, int more_count, ScaleArray a,
                            ScaleArray b, ScaleArray c, cudaStream_t stream);
 
-// dq = scale · accum (contiguous fp32 (B, Sq, Hq, D)) into `dq` of `type`.
+// dq = scale · accum (DqMode::atomic's layout, dq_accum_elems) into `dq` of `type`.
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
                  cudaStream_t stream);
 

@@ -48,6 +48,13 @@ struct BwdConfig {
   static constexpr int kSRegs = kRowsPerConsumer * kBlock / kWarpgroupThreads;    // 64
   static constexpr int kGradRegs = kRowsPerConsumer * HeadDim / kWarpgroupThreads;  // 64 or 32
 
+  // DqMode::atomic: each consumer stages its fp32 dQ part (64 rows × D) in
+  // shared memory and adds it to the global sums by one bulk reduction,
+  // instead of 16 · D / 32 float2 atomics per thread. The stage (32 KB at
+  // D = 64) fits beside the mode's tiles only at D = 64; at D = 128 it would
+  // take 64 KB of the 16 KB left, so D = 128 keeps the atomics.
+  static constexpr bool kDqStaged = HeadDim == 64;
+
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static_assert(kWarpgroupThreads * (kProducerRegs + kConsumers * kConsumerRegs) <= kRegisterFile,
@@ -60,6 +67,7 @@ enum BarrierId : int {
   kBarrierPairAmax = 1,  // both consumers: the dS scale of a pair
   kBarrierDsTile = 2,    // both consumers: the pair's dS tile is in shared memory (DqMode::atomic)
   kBarrierStaging = 3,   // 3, 4: one consumer's gradient tile staged in its shared memory (store_rows_staged)
+  kBarrierDqStage = 5,   // 5, 6: one consumer's fp32 dQ part staged for its bulk reduction (DqMode::atomic)
 };
 inline constexpr int kPairThreads = 2 * kWarpgroupThreads;
 
@@ -77,6 +85,16 @@ struct alignas(Cfg::kSwizzleAlign) DqShared {
   std::uint64_t empty[Cfg::kStages];
 };
 
+// DqMode::atomic with BwdConfig::kDqStaged: each consumer's fp32 dQ part,
+// rows of D floats with dq_accum_column's permutation (bulk copies need
+// 16-byte alignment, which the byte tiles before it keep).
+template <class Cfg, bool kStaged = Cfg::kDqStaged>
+struct alignas(16) DqStage {
+  float rows[Cfg::kConsumers][Cfg::kRowsPerConsumer * Cfg::kHeadDim];
+};
+template <class Cfg>
+struct DqStage<Cfg, false> {};
+
 // dK/dV kernel: K and V of the CTA's key tile once; Q, dO, Qᵀ, dOᵀ and the
 // row statistics per query tile.
 template <class Cfg>
@@ -91,8 +109,10 @@ struct alignas(Cfg::kSwizzleAlign) DkvShared {
   // dS codes as a (query, key slot) K-major A tile, by pair parity.
   std::uint8_t kt[Cfg::kTileBytes];
   std::uint8_t ds[2][Cfg::kBlock * Cfg::kBlock];
-  float lse_log2[Cfg::kStages][Cfg::kBlock];
-  float delta[Cfg::kStages][Cfg::kBlock];
+  DqStage<Cfg> dq_stage;
+  // Bulk-copy destinations: 16-byte aligned whatever dq_stage takes.
+  alignas(16) float lse_log2[Cfg::kStages][Cfg::kBlock];
+  alignas(16) float delta[Cfg::kStages][Cfg::kBlock];
   float amax[2][Cfg::kConsumerWarps];
   std::uint64_t kv_full;
   std::uint64_t full[Cfg::kStages];
@@ -105,5 +125,6 @@ constexpr int shared_bytes() {
 }
 static_assert(shared_bytes<DqShared<BwdConfig<128>>>() <= kSmemPerBlockLimit, "dQ shared memory over budget");
 static_assert(shared_bytes<DkvShared<BwdConfig<128>>>() <= kSmemPerBlockLimit, "dK/dV shared memory over budget");
+static_assert(shared_bytes<DkvShared<BwdConfig<64>>>() <= kSmemPerBlockLimit, "dK/dV shared memory over budget");
 
 }  // namespace fp4attn::sm90::bwd

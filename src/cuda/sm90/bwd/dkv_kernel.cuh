@@ -18,7 +18,9 @@
 //   DqMode::atomic, per query tile as well: the dSᵀ codes go to shared
 //     memory as a (query, key slot) tile; once both consumers' halves are
 //     there, dQ part = dS·Kᵀ-tile for 64 queries, times scale · k_scale, is
-//     added to an fp32 buffer by atomics (finalize_dq scales it afterwards)
+//     added to an fp32 buffer (finalize_dq scales it afterwards): at D = 64
+//     staged in shared memory and added by one bulk reduction per consumer,
+//     at D = 128 by float2 atomics
 //   epilogue: dK · softmax_scale and dV in the output's element type
 #pragma once
 
@@ -109,6 +111,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const int consumer = wg - 1;
   const int consumer_thread = threadIdx.x - kWarpgroupThreads;
   const Fragment frag(threadIdx.x % kWarpgroupThreads);
+  // Issues this consumer's bulk reductions of dQ (DqMode::atomic, staged).
+  const bool dq_issuer = threadIdx.x % kWarpgroupThreads == 0;
   const int first_key = k0 + consumer * Cfg::kRowsPerConsumer;
   const int key_abs[2] = {first_key + frag.row[0], first_key + frag.row[1]};
   const int k_blocks = (args.Sk + Cfg::kBlock - 1) / Cfg::kBlock;
@@ -218,6 +222,10 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
                     static_cast<std::uint8_t>(a[t][2 * h + r] >> (8 * i));
         // Generic-proxy writes, read by the tensor core: fence, then both halves.
         cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+        // The stage is written again after this barrier: the previous pair's
+        // reduction (a pair ago, long done) must have read it.
+        if constexpr (Cfg::kDqStaged)
+          if (dq_issuer) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
         named_barrier_sync(kBarrierDsTile, kPairThreads);
       }
       {
@@ -243,19 +251,45 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         fence_registers(part);
         // K's scale is one per key tile, the dS scale one per pair.
         const float factor = ds_scale * k_scale;
+        const int first_row = q0 + consumer * Cfg::kRowsPerConsumer;  // a multiple of 8
+        float* sums = args.dq_accum + (q_head * stat_row + first_row) * HeadDim;
+        if constexpr (Cfg::kDqStaged) {
+          float* stage = smem.dq_stage.rows[consumer];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int query = q0 + consumer * Cfg::kRowsPerConsumer + frag.row[r];
-          if (query >= args.Sq) continue;
-          float* row = args.dq_accum + ((static_cast<std::int64_t>(batch) * args.Sq + query) * args.Hq + head) * HeadDim;
+          for (int r = 0; r < 2; ++r)
 #pragma unroll
-          for (int j = 0; j < Cfg::kGradRegs / 4; ++j)
-            atomicAdd(reinterpret_cast<float2*>(row + 8 * j + frag.col),
-                      make_float2(part[4 * j + 2 * r] * factor, part[4 * j + 2 * r + 1] * factor));
+            for (int j = 0; j < Cfg::kGradRegs / 4; ++j) {
+              const int at = frag.row[r] * HeadDim + dq_accum_column(frag.row[r], 8 * j + frag.col);
+              const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage + at));
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(address), "f"(part[4 * j + 2 * r] * factor),
+                           "f"(part[4 * j + 2 * r + 1] * factor)
+                           : "memory");
+            }
+          // Generic-proxy writes, read by the bulk copy: fence, then all of this consumer's rows.
+          cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+          named_barrier_sync(kBarrierDqStage + consumer, kWarpgroupThreads);
+          if (dq_issuer) {
+            cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, sums,
+                                            stage, Cfg::kRowsPerConsumer * HeadDim * sizeof(float));
+            cuda::ptx::cp_async_bulk_commit_group();
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            if (first_row + frag.row[r] >= args.Sq) continue;
+            float* row = sums + frag.row[r] * HeadDim;
+#pragma unroll
+            for (int j = 0; j < Cfg::kGradRegs / 4; ++j)
+              atomicAdd(reinterpret_cast<float2*>(row + dq_accum_column(frag.row[r], 8 * j + frag.col)),
+                        make_float2(part[4 * j + 2 * r] * factor, part[4 * j + 2 * r + 1] * factor));
+          }
         }
       }
     }
   }
+  // The last reduction must have read the stage before the CTA ends.
+  if constexpr (kDqAtomic && Cfg::kDqStaged)
+    if (dq_issuer) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
   // Staged in this consumer's halves of K and V, which no product reads any more.
   std::uint8_t* piece0 = smem.k + consumer * Cfg::kConsumerBytes;
   std::uint8_t* piece1 = smem.v + consumer * Cfg::kConsumerBytes;

@@ -59,10 +59,12 @@ __global__ void __launch_bounds__(kStatThreads) lse_rows_kernel(const LseJob job
   job.lse_log2[index] = lse_log2;
 }
 
+// Thread i: element i of dQ in (B, Sq, Hq, D) order, read from its place in
+// the sums' layout (dq_accum_elems, dq_accum_column).
 template <class T>
 __global__ void __launch_bounds__(kStatThreads) finalize_dq_kernel(const float* __restrict__ accum, TensorRef dq,
-                                                                    float scale, int Sq, int Hq, int D,
-                                                                    std::int64_t count) {
+                                                                    float scale, int Sq, std::int64_t padded,
+                                                                    int Hq, int D, std::int64_t count) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kStatThreads + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * kStatThreads) {
     const int d = static_cast<int>(i % D);
@@ -71,7 +73,8 @@ __global__ void __launch_bounds__(kStatThreads) finalize_dq_kernel(const float* 
     const std::int64_t bs = row / Hq;
     const int s = static_cast<int>(bs % Sq), b = static_cast<int>(bs / Sq);
     T* out = static_cast<T*>(dq.data) + b * dq.stride_b + s * dq.stride_s + h * dq.stride_h + d;
-    *out = from_float<T>(__fmul_rn(scale, accum[i]));
+    const float sum = accum[((static_cast<std::int64_t>(b) * Hq + h) * padded + s) * D + dq_accum_column(s, d)];
+    *out = from_float<T>(__fmul_rn(scale, sum));
   }
 }
 
@@ -105,18 +108,18 @@ void nan_scales_if_flagged(const int* flags, int flag_count, const int* more_fla
 
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
                  cudaStream_t stream) {
-  const std::int64_t count = static_cast<std::int64_t>(B) * Sq * Hq * D;
+  const std::int64_t count = static_cast<std::int64_t>(B) * Sq * Hq * D, padded = padded_tokens(Sq);
   constexpr std::int64_t kMaxBlocks = 1 << 16;
   const unsigned grid = static_cast<unsigned>(std::min(kMaxBlocks, (count + kStatThreads - 1) / kStatThreads));
   switch (type) {
     case ElementType::f32:
-      finalize_dq_kernel<float><<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, Hq, D, count);
+      finalize_dq_kernel<float><<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count);
       break;
     case ElementType::f16:
-      finalize_dq_kernel<__half><<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, Hq, D, count);
+      finalize_dq_kernel<__half><<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count);
       break;
     case ElementType::bf16:
-      finalize_dq_kernel<__nv_bfloat16><<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, Hq, D, count);
+      finalize_dq_kernel<__nv_bfloat16><<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count);
       break;
   }
   check_cuda(cudaGetLastError(), "finalize_dq launch");
