@@ -261,7 +261,9 @@ def test_device_backward_is_deterministic_and_does_not_synchronize(rng, recipe):
 def test_one_pass_dq_at_d64_unless_determinism_is_asked_for(rng, monkeypatch, recipe):
     # D = 64 sums dQ in one pass (order varies) unless torch's deterministic
     # algorithms are on or DETERMINISTIC_BACKWARD says otherwise; dK and dV are
-    # computed the same way in both modes, dQ differs by the summation order.
+    # computed the same way in both modes. dQ's fp32 sums differ by their order
+    # only (about 1e-7), which moves a bf16 gradient by at most one ulp, where a
+    # sum near a rounding boundary (measured: rel L2 1.3e-5 and 3.6e-5).
     q, k, v, d_o = problem(rng, (2, 300, 700, 4, 2, 64), "cuda", torch.bfloat16)
 
     def run():
@@ -286,7 +288,9 @@ def test_one_pass_dq_at_d64_unless_determinism_is_asked_for(rng, monkeypatch, re
     assert calls == [False, True, True]
     np.testing.assert_array_equal(one_pass[1], two_pass[1])
     np.testing.assert_array_equal(one_pass[2], two_pass[2])
-    assert rel_l2(one_pass[0], two_pass[0]) < 1e-5
+    one_ulp = 2.0 ** -7 * np.abs(two_pass[0])  # a bf16 ulp is 2^-8 to 2^-7 of the value
+    assert np.all(np.abs(one_pass[0] - two_pass[0]) <= one_ulp)
+    assert rel_l2(one_pass[0], two_pass[0]) < 1e-4
     for a, b in zip(asked, two_pass):
         np.testing.assert_array_equal(a, b)
 
