@@ -262,8 +262,9 @@ def test_one_pass_dq_at_d64_unless_determinism_is_asked_for(rng, monkeypatch, re
     # D = 64 sums dQ in one pass (order varies) unless torch's deterministic
     # algorithms are on or DETERMINISTIC_BACKWARD says otherwise; dK and dV are
     # computed the same way in both modes. dQ's fp32 sums differ by their order
-    # only (about 1e-7), which moves a bf16 gradient by at most one ulp, where a
-    # sum near a rounding boundary (measured: rel L2 1.3e-5 and 3.6e-5).
+    # only: by a few fp32 ulps of the largest addend (which cancellation can make
+    # large against a small sum), then by up to one bf16 ulp where the rounding
+    # to bf16 falls the other way (measured rel L2 1.3e-5 and 3.6e-5).
     q, k, v, d_o = problem(rng, (2, 300, 700, 4, 2, 64), "cuda", torch.bfloat16)
 
     def run():
@@ -288,8 +289,9 @@ def test_one_pass_dq_at_d64_unless_determinism_is_asked_for(rng, monkeypatch, re
     assert calls == [False, True, True]
     np.testing.assert_array_equal(one_pass[1], two_pass[1])
     np.testing.assert_array_equal(one_pass[2], two_pass[2])
-    one_ulp = 2.0 ** -7 * np.abs(two_pass[0])  # a bf16 ulp is 2^-8 to 2^-7 of the value
-    assert np.all(np.abs(one_pass[0] - two_pass[0]) <= one_ulp)
+    # A bf16 ulp is 2^-8 to 2^-7 of the value; 1e-5 of the largest |dQ| covers the fp32 order.
+    bound = 2.0 ** -7 * np.abs(two_pass[0]) + 1e-5 * np.abs(two_pass[0]).max()
+    assert np.all(np.abs(one_pass[0] - two_pass[0]) <= bound)
     assert rel_l2(one_pass[0], two_pass[0]) < 1e-4
     for a, b in zip(asked, two_pass):
         np.testing.assert_array_equal(a, b)
