@@ -247,6 +247,46 @@ FP4ATTN_DEVICE_INLINE int swizzled_offset(int row, int byte) {
   return row * 128 + ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
 }
 
+// One consumer's dSᵀ codes of a pair (A-operand registers a[t][2h + r]: key
+// row r of this thread, queries 8j + col + {0, 1, 8, 9} in bytes 0 .. 3,
+// j = 4t + 2h) stored as the A tile of dQ = dS·K: row = query, byte = key
+// slot (slot_of_key), in the 128-byte swizzle. `first_key` is the first key
+// of the consumer's rows within the tile. The four slots 4p .. 4p + 3 of a
+// 16-key group hold keys 2p, 2p + 1, 2p + 8, 2p + 9: rows r = 0, 1 of the
+// lanes with g = lane / 4 = 2p and 2p + 1 (lane and lane ^ 4), for the same
+// queries. So the two lanes swap one word and each stores two whole words:
+// the even lane queries q and q + 1, the odd lane q + 8 and q + 9 (q = 8j +
+// col). Per 16 bytes 4 PRMT, 1 SHFL and 2 word stores, where byte stores
+// took 16 stores.
+template <int T>
+FP4ATTN_DEVICE_INLINE void store_ds_tile(const std::uint32_t (&a)[T][4], std::uint8_t* tile, int first_key,
+                                         const Fragment& f) {
+  const int g = f.row[0] % 16;
+  const bool even = g % 2 == 0;
+  // keep: this lane's bytes of its own queries (rows 0, 1); send: the other lane's.
+  const std::uint32_t keep_sel = even ? 0x5410u : 0x7632u, send_sel = even ? 0x7632u : 0x5410u;
+  // Slot order: even row 0, odd row 0, even row 1, odd row 1.
+  const std::uint32_t first_sel = even ? 0x6240u : 0x2604u, second_sel = even ? 0x7351u : 0x3715u;
+  const int slot = slot_of_key(first_key + f.row[0]) & ~3;  // the word's first slot
+  const int first_query = f.col + (even ? 0 : 8);
+  const auto base = static_cast<std::uint32_t>(__cvta_generic_to_shared(tile));
+#pragma unroll
+  for (int t = 0; t < T; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const std::uint32_t row0 = a[t][2 * h], row1 = a[t][2 * h + 1];
+      const std::uint32_t keep = __byte_perm(row0, row1, keep_sel), send = __byte_perm(row0, row1, send_sel);
+      const std::uint32_t other = __shfl_xor_sync(kFullWarp, send, kThreadsPerRow);
+      const int query = 8 * (4 * t + 2 * h) + first_query;
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + swizzled_offset(query, slot)),
+                   "r"(__byte_perm(keep, other, first_sel))
+                   : "memory");
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(base + swizzled_offset(query + 1, slot)),
+                   "r"(__byte_perm(keep, other, second_sel))
+                   : "memory");
+    }
+}
+
 template <class T>
 FP4ATTN_DEVICE_INLINE T to_element(float x);
 template <>

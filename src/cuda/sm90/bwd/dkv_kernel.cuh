@@ -205,21 +205,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         ds_operand(dp, ds_scale, a);
       }
       if constexpr (kDqAtomic) {
-        // dS as the A tile of dQ = dS·K: row = query, byte = key slot (the
-        // Kᵀ tile's order). Byte i of a[t][2h + r] is query column(e) of key row r.
-        std::uint8_t* tile = smem.ds[n & 1];
-        const int slot[2] = {slot_of_key(consumer * Cfg::kRowsPerConsumer + frag.row[0]),
-                             slot_of_key(consumer * Cfg::kRowsPerConsumer + frag.row[1])};
-#pragma unroll
-        for (int t = 0; t < Cfg::kTokenSteps; ++t)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-#pragma unroll
-              for (int i = 0; i < 4; ++i)
-                tile[swizzled_offset(column(a_element(t, h, r, i)), slot[r])] =
-                    static_cast<std::uint8_t>(a[t][2 * h + r] >> (8 * i));
+        // dS as the A tile of dQ = dS·K: row = query, byte = key slot (the Kᵀ tile's order).
+        store_ds_tile(a, smem.ds[n & 1], consumer * Cfg::kRowsPerConsumer, frag);
         // Generic-proxy writes, read by the tensor core: fence, then both halves.
         cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
         // The stage is written again after this barrier: the previous pair's
