@@ -346,7 +346,27 @@ TEST(GpuBackwardFp8, DeterministicRunsAreBitIdentical) {
 // D = 64, atomics at D = 128): the same bounds against the emulator; dK and
 // dV, computed the same way in both modes, are bit-identical to the
 // deterministic run's. Sq = 50 leaves the second consumer of every query tile
-// with padding rows only.
+// with padding rows only. dQ of the two modes differs in fp32 by the order of
+// the sums and by part·factor + sum being one rounding (FFMA) in the two
+// passes and two here: 1e-5 rel L2 in fp32; a 16-bit dQ can then round one
+// ulp (2^-8 .. 2^-7 of the value for bf16, 2^-11 .. 2^-10 for fp16) the other
+// way, which 16-bit outputs allow per element, on top of 1e-5 of the largest
+// |dQ| for the fp32 difference (cancellation makes it large against a small sum).
+bool within_output_rounding(const std::vector<float>& got, const std::vector<float>& want,
+                            dispatch::DeviceElement element, std::string& first_miss) {
+  const double ulp = element == dispatch::DeviceElement::bf16 ? 0x1p-7 : element == dispatch::DeviceElement::f16 ? 0x1p-10 : 0.0;
+  double largest = 0.0;
+  for (float x : want) largest = std::max(largest, std::fabs(static_cast<double>(x)));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double diff = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (diff > ulp * std::fabs(static_cast<double>(want[i])) + 1e-5 * largest) {
+      first_miss = "element " + std::to_string(i) + ": " + std::to_string(got[i]) + " vs " + std::to_string(want[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
 TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
   FP4ATTN_REQUIRE_HOPPER();
   for (const Case& c : {Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true},
@@ -371,7 +391,13 @@ TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
     std::printf("BWD-METRIC atomic %s dq vs_emu_rel_l2=%.3e vs_emu_cos=%.8f\n", where.c_str(), m.rel_l2, m.cosine);
     EXPECT_LE(m.rel_l2, bounds_of(c.recipe).max_rel_l2) << where;
     EXPECT_GE(m.cosine, bounds_of(c.recipe).min_cosine) << where;
-    EXPECT_LE(compare(got.dq, two_pass.dq).rel_l2, 1e-5) << "atomic vs two-pass dQ " << where;
+    if (c.element == kF32) {
+      EXPECT_LE(compare(got.dq, two_pass.dq).rel_l2, 1e-5) << "atomic vs two-pass dQ " << where;
+    } else {
+      std::string miss;
+      EXPECT_TRUE(within_output_rounding(got.dq, two_pass.dq, c.element, miss)) << "atomic vs two-pass dQ, " << miss
+                                                                                 << " " << where;
+    }
     EXPECT_EQ(got.dk, two_pass.dk) << where;
     EXPECT_EQ(got.dv, two_pass.dv) << where;
   }
