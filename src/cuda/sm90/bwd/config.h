@@ -54,6 +54,10 @@ struct BwdConfig {
   // D = 64) fits beside the mode's tiles only at D = 64; at D = 128 it would
   // take 64 KB of the 16 KB left, so D = 128 keeps the atomics.
   static constexpr bool kDqStaged = HeadDim == 64;
+  // The dK/dV kernel keeps two products in flight (dPᵀ issued with Sᵀ; in
+  // the one pass dQ's with dK's): at D = 64 the extra 64 × 128 tile fits
+  // beside dK and dV (64 registers); at D = 128 (128 for dK, dV) it does not.
+  static constexpr bool kProductPairs = HeadDim == 64;
 
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;

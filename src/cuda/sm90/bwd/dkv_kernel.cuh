@@ -36,6 +36,9 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_kt) {
   constexpr bool kDqAtomic = kDqMode == DqMode::atomic;
   using Cfg = BwdConfig<HeadDim>;
+  // Two products in flight per consumer: dPᵀ beside Sᵀ, and in the one pass
+  // dQ's beside dK's. At D = 64 the registers allow it (dK, dV take 64, not 128).
+  constexpr bool kOverlap = Cfg::kProductPairs;
   extern __shared__ std::uint8_t smem_raw[];
   auto& smem = aligned_dynamic_shared<DkvShared<Cfg>, Cfg::kSwizzleAlign>(smem_raw);
 
@@ -149,12 +152,20 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       const auto delta = [&](int, int e) { return delta_tile[column(e)]; };
 
       std::uint32_t p[Cfg::kTokenSteps][4];
+      float dp[Cfg::kSRegs];
       {
         float s[Cfg::kSRegs];
         wgmma_fence();
         issue_scores<Cfg>(s, k_rows, smem.q[stage]);
         wgmma_commit();
-        wgmma_wait<0>();
+        if constexpr (kOverlap) {
+          // dPᵀ = V·dOᵀ runs while this consumer turns S into P.
+          issue_scores<Cfg>(dp, v_rows, smem.d_o[stage]);
+          wgmma_commit();
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
         fence_registers(s);
         const bool partial = k0 + Cfg::kBlock > args.Sk || q0 + Cfg::kBlock > args.Sq;
         const bool on_diagonal = causal && first_key + Cfg::kRowsPerConsumer - 1 > q0 + diagonal;
@@ -172,28 +183,10 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         }
         p_operand<kPCode>(s, log2_multiplier(q_scale, k_scale, scale_log2), lse, p);
       }
-      {
-        float part[Cfg::kGradRegs];
-        fence_operand(p);
-        wgmma_fence();
-        issue_grad<Cfg>(part, p, smem.d_ot[stage]);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_registers(part);
-        fence_operand(p);
-        // dO's scale is one per query tile: it factors out of the tile's sum.
-        const float factor = kPUnscale * do_scale;
-#pragma unroll
-        for (int i = 0; i < Cfg::kGradRegs; ++i) dv[i] = fmaf(part[i], factor, dv[i]);
-      }
       std::uint32_t a[Cfg::kTokenSteps][4];
       float ds_scale;
-      {
-        float dp[Cfg::kSRegs];
-        wgmma_fence();
-        issue_scores<Cfg>(dp, v_rows, smem.d_o[stage]);
-        wgmma_commit();
-        wgmma_wait<0>();
+      // dS codes from dP (and P): the pair's scale, then the A operand.
+      const auto ds_codes = [&] {
         fence_registers(dp);
         if constexpr (kDqAtomic) {
           const float amax = ds_in_place(dp, do_scale * v_scale, delta, p);
@@ -203,6 +196,31 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
           ds_scale = pair_scale;
         }
         ds_operand(dp, ds_scale, a);
+      };
+      {
+        float part[Cfg::kGradRegs];
+        fence_operand(p);
+        wgmma_fence();
+        issue_grad<Cfg>(part, p, smem.d_ot[stage]);
+        wgmma_commit();
+        if constexpr (kOverlap) {
+          wgmma_wait<1>();  // dP is done; dV's product runs while dS is formed
+          ds_codes();
+        }
+        wgmma_wait<0>();
+        fence_registers(part);
+        fence_operand(p);
+        // dO's scale is one per query tile: it factors out of the tile's sum.
+        const float factor = kPUnscale * do_scale;
+#pragma unroll
+        for (int i = 0; i < Cfg::kGradRegs; ++i) dv[i] = fmaf(part[i], factor, dv[i]);
+      }
+      if constexpr (!kOverlap) {
+        wgmma_fence();
+        issue_scores<Cfg>(dp, v_rows, smem.d_o[stage]);
+        wgmma_commit();
+        wgmma_wait<0>();
+        ds_codes();
       }
       if constexpr (kDqAtomic) {
         // dS as the A tile of dQ = dS·K: row = query, byte = key slot (the Kᵀ tile's order).
@@ -215,13 +233,22 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
           if (dq_issuer) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
         named_barrier_sync(kBarrierDsTile, kPairThreads);
       }
+      // One pass with two products in flight: dQ's product runs while dK's part is added.
+      constexpr bool kDkWithDq = kDqAtomic && kOverlap;
+      float dq_part[Cfg::kGradRegs];
       {
         float part[Cfg::kGradRegs];
         fence_operand(a);
         wgmma_fence();
         issue_grad<Cfg>(part, a, smem.qt[stage]);
         wgmma_commit();
-        wgmma_wait<0>();
+        if constexpr (kDkWithDq) {
+          issue_dq<Cfg>(dq_part, smem.ds[n & 1] + consumer * Cfg::kRowsPerConsumer * Cfg::kBlock, smem.kt);
+          wgmma_commit();
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
         fence_registers(part);
         fence_operand(a);
         cuda::ptx::mbarrier_arrive(&smem.empty[stage]);
@@ -230,10 +257,12 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         for (int i = 0; i < Cfg::kGradRegs; ++i) dk[i] = fmaf(part[i], factor, dk[i]);
       }
       if constexpr (kDqAtomic) {
-        float part[Cfg::kGradRegs];
-        wgmma_fence();
-        issue_dq<Cfg>(part, smem.ds[n & 1] + consumer * Cfg::kRowsPerConsumer * Cfg::kBlock, smem.kt);
-        wgmma_commit();
+        float (&part)[Cfg::kGradRegs] = dq_part;
+        if constexpr (!kDkWithDq) {
+          wgmma_fence();
+          issue_dq<Cfg>(part, smem.ds[n & 1] + consumer * Cfg::kRowsPerConsumer * Cfg::kBlock, smem.kt);
+          wgmma_commit();
+        }
         wgmma_wait<0>();
         fence_registers(part);
         // K's scale is one per key tile, the dS scale one per pair.
