@@ -6,7 +6,10 @@ inputs in the same process.
 
 Ours runs twice: as shipped (the forward keeps Q's and K's quantized operands
 for the backward) and with that turned off (the backward quantizes q and k
-again), so the figure says what keeping them is worth to a torch user. The
+again), so the figure says what keeping them is worth to a torch user; and
+a third time with the backward's two deterministic passes forced
+(`two_pass`: DETERMINISTIC_BACKWARD = True), which differs from the shipped
+run only where the shipped default takes the one pass (D = 64). The
 variants and the baselines alternate over --rounds rounds; a figure is the
 median round. Steps are queued back to back (--queued 1, the default), as in
 a training loop whose host runs ahead of the GPU; --queued 0 waits for each
@@ -77,9 +80,17 @@ def main():
             finally:
                 torch_ops._kept_bytes = keep_bytes
 
+        def two_pass(i):
+            torch_ops.DETERMINISTIC_BACKWARD = True
+            try:
+                step_ours(q, k, v, d_o, causal)
+            finally:
+                torch_ops.DETERMINISTIC_BACKWARD = None
+
         impls = {
             "kept": lambda i: step_ours(q, k, v, d_o, causal),
             "not_kept": without_kept,
+            "two_pass": two_pass,
             "cudnn": lambda i: step_sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, d_o, causal),
             "fa2": lambda i: step_sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, d_o, causal),
         }
@@ -97,12 +108,16 @@ def main():
                    ms={n: round(statistics.median(t), 4) for n, t in times.items()},
                    tflops={n: round(flop / (statistics.median(t) * 1e-3) / 1e12, 1) for n, t in times.items()},
                    host_gap_us=gaps,
-                   paired_kept_vs_not=round(statistics.median(b / a for a, b in zip(times["kept"], times["not_kept"])), 4))
+                   backward=("two passes" if torch_ops._deterministic_backward(D) else "one pass"),
+                   paired_kept_vs_not=round(statistics.median(b / a for a, b in zip(times["kept"], times["not_kept"])), 4),
+                   paired_kept_vs_two_pass=round(
+                       statistics.median(b / a for a, b in zip(times["kept"], times["two_pass"])), 4))
         rows.append(row)
         t = row["tflops"]
         print(f"D={D} S={S} causal={int(causal)}  fwd+bwd TFLOP/s kept {t['kept']:.1f}  not kept {t['not_kept']:.1f}  "
               f"cudnn {t['cudnn']:.1f}  fa2 {t['fa2']:.1f}  | kept/cudnn {t['kept'] / t['cudnn']:.3f}  "
-              f"not/cudnn {t['not_kept'] / t['cudnn']:.3f}  | paired kept/not {row['paired_kept_vs_not']:.3f}  | "
+              f"not/cudnn {t['not_kept'] / t['cudnn']:.3f}  | paired kept/not {row['paired_kept_vs_not']:.3f}  "
+              f"kept ({row['backward']})/two_pass {row['paired_kept_vs_two_pass']:.3f}  | "
               f"host gap us ours {gaps['kept']} cudnn {gaps['cudnn']}",
               flush=True)
         del q, k, v, d_o
