@@ -1,13 +1,11 @@
-// Facts fixed when the CLI was configured (CMake passes them as defines).
+// Facts about the CLI's build: the version and build type fixed when it was
+// configured (CMake passes them as defines), the commit read at build time.
 #pragma once
 
 namespace fp4attn::cli {
 
-#if defined(FP4ATTN_GIT_COMMIT)
-inline constexpr const char* kGitCommit = FP4ATTN_GIT_COMMIT;
-#else
-inline constexpr const char* kGitCommit = "unknown";
-#endif
+// The short hash of the commit built, "+dirty" when tracked files differed from it.
+const char* git_commit();
 #if defined(FP4ATTN_VERSION)
 inline constexpr const char* kVersion = FP4ATTN_VERSION;
 #else

@@ -65,7 +65,7 @@ nlohmann::json to_json(const AttentionShape& shape, const BenchArgs& args, const
                        double flops, const std::string& command_line) {
   nlohmann::json doc = {{"date", today_utc()},
                         {"gpu", bench.gpu},
-                        {"commit", kGitCommit},
+                        {"commit", git_commit()},
                         {"command", command_line},
                         {"timing", "CUDA events, median of " + std::to_string(args.timing.reps) + " runs after " +
                                        std::to_string(args.timing.warmup) + " warm-up runs, " +

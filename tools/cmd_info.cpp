@@ -8,7 +8,7 @@ namespace fp4attn::cli {
 namespace {
 
 void info() {
-  std::printf("fp4attn %s (commit %s, %s build)\n", kVersion, kGitCommit, kBuildType);
+  std::printf("fp4attn %s (commit %s, %s build)\n", kVersion, git_commit(), kBuildType);
   std::printf("CUDA executors: %s\n", cuda_built() ? "built (sm_90a)" : "not built (CPU-only)");
   std::printf("device: %s\n", device_description().c_str());
   std::printf("recipes:\n");

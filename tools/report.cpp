@@ -100,7 +100,7 @@ void print_table(const std::vector<Row>& rows, std::FILE* out) {
 nlohmann::json to_json(const Problem& p, const std::vector<Row>& rows, const std::string& command) {
   nlohmann::json doc;
   doc["date"] = today_utc();
-  doc["commit"] = kGitCommit;
+  doc["commit"] = git_commit();
   doc["version"] = kVersion;
   doc["device"] = device_description();
   doc["command"] = command;
