@@ -124,9 +124,10 @@ std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bo
 // Whether the one-pass backward (`deterministic = false`: the dK/dV kernel
 // also sums dQ, in an order that varies run to run) is faster than the two
 // deterministic passes at head dim D. Measured on the H200: at D = 64 it is
-// (dQ staged in shared memory and added by bulk reductions; backward +9 % at
-// S = 4k causal, +17–22 % at 4k–16k noncausal), at D = 128 it is not (dQ by
-// atomics, −20 %). Callers that need no reproducible bits pass
+// (P and dS formed once per pair instead of twice; backward +17 % at S = 4k
+// causal, +26–33 % at 4k–16k noncausal), at D = 128 it is not (−1 to −14 %
+// at S = 2k–16k: staging the 64 KB of fp32 dQ per pair costs more than the
+// second pass). Callers that need no reproducible bits pass
 // deterministic = !sm90_backward_one_pass_faster(D).
 inline bool sm90_backward_one_pass_faster(std::int64_t head_dim) { return head_dim == 64; }
 
@@ -141,11 +142,11 @@ inline bool sm90_backward_one_pass_faster(std::int64_t head_dim) { return head_d
 // gradients NaN (sm90::bwd::nan_scales_if_flagged). Throws
 // fp4attn::Error naming the argument for invalid shapes or options, calls the
 // sm90 backward does not implement, null pointers and an unfit workspace.
-// `deterministic` (the default in every
-// caller) runs two passes, each gradient written once: bit-identical results
-// run to run. `deterministic = false` runs one pass that adds dQ by fp32
-// atomics (dQ's last bits vary run to run; measured slower than the two
-// passes today, see src/cuda/sm90/bwd/NOTES.md).
+// `deterministic` runs two passes, each gradient written once: bit-identical
+// results run to run. `deterministic = false` runs one pass that adds dQ to
+// fp32 sums by bulk reductions (dQ's last bits vary run to run; faster at
+// D = 64, slower at D = 128: sm90_backward_one_pass_faster,
+// src/cuda/sm90/bwd/NOTES.md).
 void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions& opt, bool deterministic,
                           void* stream);
 

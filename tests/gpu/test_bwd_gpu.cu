@@ -342,10 +342,10 @@ TEST(GpuBackwardFp8, DeterministicRunsAreBitIdentical) {
   EXPECT_EQ(first.dv, second.dv);
 }
 
-// Non-deterministic mode (dQ summed by the dK/dV kernel: bulk reductions at
-// D = 64, atomics at D = 128): the same bounds against the emulator; dK and
-// dV, computed the same way in both modes, are bit-identical to the
-// deterministic run's. Sq = 50 leaves the second consumer of every query tile
+// Non-deterministic mode (dQ summed by the dK/dV kernel's bulk reductions:
+// at D = 64 from a stage of their own, at D = 128 from ring tiles): the same
+// bounds against the emulator; dK and dV, computed the same way in both
+// modes, are bit-identical to the deterministic run's. Sq = 50 leaves the second consumer of every query tile
 // with padding rows only. dQ of the two modes differs in fp32 by the order of
 // the sums and by part·factor + sum being one rounding (FFMA) in the two
 // passes and two here: 1e-5 rel L2 in fp32; a 16-bit dQ can then round one

@@ -31,10 +31,10 @@ struct TensorRef {
 // How dQ is summed over key tiles.
 enum class DqMode : std::uint8_t {
   two_pass,  // a dQ kernel owns each query tile: deterministic (the default)
-  atomic,    // the dK/dV kernel adds each pair's dQ tile to an fp32 buffer
-             // (D = 64: one bulk reduction per consumer from shared memory;
-             // D = 128: atomics), then finalize_dq scales it: one pass,
-             // run-to-run bit differences in dQ (NOTES.md says when it is faster)
+  atomic,    // the dK/dV kernel adds each pair's dQ tile to fp32 sums by bulk
+             // reductions from shared memory, then finalize_dq scales them:
+             // one pass, run-to-run bit differences in dQ (NOTES.md says
+             // when it is faster)
 };
 
 // DqMode::atomic's fp32 sums of dQ: (B, Hq, padded_tokens(Sq), D), where
@@ -110,7 +110,7 @@ void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, floa
 // The two deterministic passes: dQ (one CTA per query tile) and dK, dV (one
 // CTA per key tile of a KV head, over its whole GQA group). Throws
 // fp4attn::Error for arguments the kernels cannot take and on CUDA errors.
-// DqMode::atomic runs the dK/dV kernel alone, with dQ by atomics, then finalize_dq.
+// DqMode::atomic runs the dK/dV kernel alone, adding dQ to fp32 sums, then finalize_dq.
 void backward_fp8(const Fp8BackwardArgs& args, cudaStream_t stream);
 
 }  // namespace fp4attn::sm90::bwd

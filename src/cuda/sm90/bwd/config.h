@@ -49,10 +49,11 @@ struct BwdConfig {
   static constexpr int kGradRegs = kRowsPerConsumer * HeadDim / kWarpgroupThreads;  // 64 or 32
 
   // DqMode::atomic: each consumer stages its fp32 dQ part (64 rows × D) in
-  // shared memory and adds it to the global sums by one bulk reduction,
-  // instead of 16 · D / 32 float2 atomics per thread. The stage (32 KB at
-  // D = 64) fits beside the mode's tiles only at D = 64; at D = 128 it would
-  // take 64 KB of the 16 KB left, so D = 128 keeps the atomics.
+  // shared memory and adds it to the global sums by bulk reductions, instead
+  // of 16 · D / 32 float2 atomics per thread. A stage of its own (32 KB at
+  // D = 64) fits beside the mode's tiles only at D = 64; at D = 128 (64 KB,
+  // 16 KB left) the part goes to ring tiles the pair no longer reads
+  // (dkv_kernel.cuh, kDqInRing).
   static constexpr bool kDqStaged = HeadDim == 64;
   // The dK/dV kernel keeps two products in flight (dPᵀ issued with Sᵀ; in
   // the one pass dQ's with dK's): at D = 64 the extra 64 × 128 tile fits

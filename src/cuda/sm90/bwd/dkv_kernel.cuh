@@ -18,9 +18,9 @@
 //   DqMode::atomic, per query tile as well: the dSᵀ codes go to shared
 //     memory as a (query, key slot) tile; once both consumers' halves are
 //     there, dQ part = dS·Kᵀ-tile for 64 queries, times scale · k_scale, is
-//     added to an fp32 buffer (finalize_dq scales it afterwards): at D = 64
-//     staged in shared memory and added by one bulk reduction per consumer,
-//     at D = 128 by float2 atomics
+//     added to fp32 sums (finalize_dq scales them afterwards) by bulk
+//     reductions from shared memory: at D = 64 from a stage of its own, at
+//     D = 128 from ring tiles the pair has finished with
 //   epilogue: dK · softmax_scale and dV in the output's element type
 #pragma once
 
@@ -39,6 +39,13 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   // Two products in flight per consumer: dPᵀ beside Sᵀ, and in the one pass
   // dQ's beside dK's. At D = 64 the registers allow it (dK, dV take 64, not 128).
   constexpr bool kOverlap = Cfg::kProductPairs;
+  // One pass at D = 128: no room for a stage of its own, so dQ's part goes to
+  // this pair's Q, dO and dOᵀ tiles (no product reads them after the pair's dS
+  // barrier) and the other dS buffer. The ring slot is then free once every
+  // consumer thread is done with it (its arrival, as in the other modes) and
+  // the reduction has read it (one more arrival per consumer, by its issuer).
+  constexpr bool kDqInRing = kDqAtomic && !Cfg::kDqStaged;
+  constexpr int kEmptyArrivals = Cfg::kConsumers * kWarpgroupThreads + (kDqInRing ? Cfg::kConsumers : 0);
   extern __shared__ std::uint8_t smem_raw[];
   auto& smem = aligned_dynamic_shared<DkvShared<Cfg>, Cfg::kSwizzleAlign>(smem_raw);
 
@@ -60,7 +67,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     cuda::ptx::mbarrier_init(&smem.kv_full, 1);
     for (int s = 0; s < Cfg::kStages; ++s) {
       cuda::ptx::mbarrier_init(&smem.full[s], 1);
-      cuda::ptx::mbarrier_init(&smem.empty[s], Cfg::kConsumers * kWarpgroupThreads);
+      cuda::ptx::mbarrier_init(&smem.empty[s], kEmptyArrivals);
     }
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
   }
@@ -158,6 +165,13 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         wgmma_fence();
         issue_scores<Cfg>(s, k_rows, smem.q[stage]);
         wgmma_commit();
+        if constexpr (kDqInRing) {
+          // While S runs: the previous pair's reduction has read its slot, which may be refilled.
+          if (n > 0 && dq_issuer) {
+            cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+            cuda::ptx::mbarrier_arrive(&smem.empty[(n - 1) % Cfg::kStages]);
+          }
+        }
         if constexpr (kOverlap) {
           // dPᵀ = V·dOᵀ runs while this consumer turns S into P.
           issue_scores<Cfg>(dp, v_rows, smem.d_o[stage]);
@@ -290,21 +304,39 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
             cuda::ptx::cp_async_bulk_commit_group();
           }
         } else {
+          // Rows 0–31 (warps 0, 1) and 32–63 (warps 2, 3) of this consumer's part, 16 KB each.
+          constexpr int kHalfRows = Cfg::kRowsPerConsumer / 2;
+          static_assert(kHalfRows * HeadDim * sizeof(float) == Cfg::kTileBytes, "a half fills one tile");
+          std::uint8_t* halves[2] = {consumer == 0 ? smem.q[stage] : smem.d_ot[stage],
+                                     consumer == 0 ? smem.d_o[stage] : smem.ds[(n + 1) & 1]};
+          const int half = frag.row[0] / kHalfRows;
+          auto* rows = reinterpret_cast<float*>(half == 0 ? halves[0] : halves[1]);
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            if (first_row + frag.row[r] >= args.Sq) continue;
-            float* row = sums + frag.row[r] * HeadDim;
+          for (int r = 0; r < 2; ++r)
 #pragma unroll
-            for (int j = 0; j < Cfg::kGradRegs / 4; ++j)
-              atomicAdd(reinterpret_cast<float2*>(row + dq_accum_column(frag.row[r], 8 * j + frag.col)),
-                        make_float2(part[4 * j + 2 * r] * factor, part[4 * j + 2 * r + 1] * factor));
+            for (int j = 0; j < Cfg::kGradRegs / 4; ++j) {
+              const int at = (frag.row[r] % kHalfRows) * HeadDim + dq_accum_column(frag.row[r], 8 * j + frag.col);
+              const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(rows + at));
+              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(address), "f"(part[4 * j + 2 * r] * factor),
+                           "f"(part[4 * j + 2 * r + 1] * factor)
+                           : "memory");
+            }
+          cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+          named_barrier_sync(kBarrierDqStage + consumer, kWarpgroupThreads);
+          if (dq_issuer) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              cuda::ptx::cp_reduce_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add,
+                                              sums + h * kHalfRows * HeadDim,
+                                              reinterpret_cast<const float*>(halves[h]), Cfg::kTileBytes);
+            cuda::ptx::cp_async_bulk_commit_group();
           }
         }
       }
     }
   }
   // The last reduction must have read the stage before the CTA ends.
-  if constexpr (kDqAtomic && Cfg::kDqStaged)
+  if constexpr (kDqAtomic)
     if (dq_issuer) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
   // Staged in this consumer's halves of K and V, which no product reads any more.
   std::uint8_t* piece0 = smem.k + consumer * Cfg::kConsumerBytes;
