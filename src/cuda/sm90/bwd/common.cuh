@@ -287,6 +287,26 @@ FP4ATTN_DEVICE_INLINE void store_ds_tile(const std::uint32_t (&a)[T][4], std::ui
     }
 }
 
+// This thread's elements of a consumer's fp32 dQ part, times `factor`, into
+// shared memory for a bulk reduction (DqMode::atomic): `rows` holds a block
+// of `block_rows` rows of HeadDim floats (the thread's two rows, 8 apart, fall
+// in one block), each row's columns permuted by dq_accum_column as in the
+// global sums, which keeps the pair stores of a warp free of bank conflicts.
+template <int HeadDim, int N>
+FP4ATTN_DEVICE_INLINE void stage_dq_part(const float (&part)[N], float factor, const Fragment& f, float* rows,
+                                         int block_rows) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const int at = (f.row[r] % block_rows) * HeadDim + dq_accum_column(f.row[r], 8 * j + f.col);
+      const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(rows + at));
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(address), "f"(part[4 * j + 2 * r] * factor),
+                   "f"(part[4 * j + 2 * r + 1] * factor)
+                   : "memory");
+    }
+}
+
 template <class T>
 FP4ATTN_DEVICE_INLINE T to_element(float x);
 template <>

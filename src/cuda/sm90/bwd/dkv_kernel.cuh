@@ -285,16 +285,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         float* sums = args.dq_accum + (q_head * stat_row + first_row) * HeadDim;
         if constexpr (Cfg::kDqStaged) {
           float* stage = smem.dq_stage.rows[consumer];
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int j = 0; j < Cfg::kGradRegs / 4; ++j) {
-              const int at = frag.row[r] * HeadDim + dq_accum_column(frag.row[r], 8 * j + frag.col);
-              const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage + at));
-              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(address), "f"(part[4 * j + 2 * r] * factor),
-                           "f"(part[4 * j + 2 * r + 1] * factor)
-                           : "memory");
-            }
+          stage_dq_part<HeadDim>(part, factor, frag, stage, Cfg::kRowsPerConsumer);
           // Generic-proxy writes, read by the bulk copy: fence, then all of this consumer's rows.
           cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
           named_barrier_sync(kBarrierDqStage + consumer, kWarpgroupThreads);
@@ -310,17 +301,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
           std::uint8_t* halves[2] = {consumer == 0 ? smem.q[stage] : smem.d_ot[stage],
                                      consumer == 0 ? smem.d_o[stage] : smem.ds[(n + 1) & 1]};
           const int half = frag.row[0] / kHalfRows;
-          auto* rows = reinterpret_cast<float*>(half == 0 ? halves[0] : halves[1]);
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-#pragma unroll
-            for (int j = 0; j < Cfg::kGradRegs / 4; ++j) {
-              const int at = (frag.row[r] % kHalfRows) * HeadDim + dq_accum_column(frag.row[r], 8 * j + frag.col);
-              const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(rows + at));
-              asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(address), "f"(part[4 * j + 2 * r] * factor),
-                           "f"(part[4 * j + 2 * r + 1] * factor)
-                           : "memory");
-            }
+          stage_dq_part<HeadDim>(part, factor, frag, reinterpret_cast<float*>(half == 0 ? halves[0] : halves[1]),
+                                 kHalfRows);
           cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
           named_barrier_sync(kBarrierDqStage + consumer, kWarpgroupThreads);
           if (dq_issuer) {
