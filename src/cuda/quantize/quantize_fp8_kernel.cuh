@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/quantize/byte_transpose.cuh"
 #include "cuda/quantize/e4m3_quotient.cuh"
 #include "cuda/quantize/fast_div.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
@@ -395,13 +396,11 @@ __device__ __forceinline__ void store_transposed_codes(const ThreadItems& items,
 #pragma unroll
       for (int i = 0; i < kQuadTokens; ++i) t[i] = whole || item_token(items, r, i, s0, S) >= 0 ? words[r][i][w] : 0u;
       // byte i of channel c's word is token i's byte c
-      const std::uint32_t lo01 = __byte_perm(t[0], t[1], 0x5140), hi01 = __byte_perm(t[0], t[1], 0x7362);
-      const std::uint32_t lo23 = __byte_perm(t[2], t[3], 0x5140), hi23 = __byte_perm(t[2], t[3], 0x7362);
+      std::uint32_t c[4];
+      transpose_bytes_4x4(t, c);
       std::uint32_t* column = tile + (items.first_d + 4 * w) * kVtPitchWords + items.quad[r];
-      column[0 * kVtPitchWords] = __byte_perm(lo01, lo23, 0x5410);
-      column[1 * kVtPitchWords] = __byte_perm(lo01, lo23, 0x7632);
-      column[2 * kVtPitchWords] = __byte_perm(hi01, hi23, 0x5410);
-      column[3 * kVtPitchWords] = __byte_perm(hi01, hi23, 0x7632);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) column[k * kVtPitchWords] = c[k];
     }
   __syncthreads();
   store_transposed_block(tile, rows, pitch);

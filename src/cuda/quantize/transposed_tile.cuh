@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "cuda/quantize/byte_transpose.cuh"
 #include "cuda/quantize/quantize_fp8.hpp"  // kVtKeyGroup, vt_key_of_slot
 
 namespace fp4attn::cuda_quantize {
@@ -39,12 +40,10 @@ __device__ __forceinline__ void store_tile_transposed(const std::uint8_t* tile, 
     std::uint32_t w[4];  // token of slot 4m + i: its four channels
 #pragma unroll
     for (int i = 0; i < 4; ++i) w[i] = *reinterpret_cast<const std::uint32_t*>(column + vt_key_of_slot(4 * m + i) * D);
-    const std::uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
-    const std::uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
-    rows[0][m] = __byte_perm(lo01, lo23, 0x5410);
-    rows[1][m] = __byte_perm(lo01, lo23, 0x7632);
-    rows[2][m] = __byte_perm(hi01, hi23, 0x5410);
-    rows[3][m] = __byte_perm(hi01, hi23, 0x7632);
+    std::uint32_t c[4];
+    transpose_bytes_4x4(w, c);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) rows[k][m] = c[k];
   }
   std::uint8_t* out = dst + 4 * quad * pitch + group * kVtKeyGroup;
 #pragma unroll
