@@ -53,8 +53,8 @@ if has_stage sanitize; then
   # quantizer, transposed folded codes from the MX fold
   small+=':GpuQuantizeFp8.TransposedCodesAreTheCodesTransposed:GpuQuantizeFp8.RowDotIsTheSumOfProductsInItsOrder'
   small+=':GpuFoldMx.QkAndVMatchEmulatorOperands'
-  # the one-pass backward: dQ by bulk reductions (D = 64) and by atomics (D = 128)
-  small+=':GpuBackwardFp8.AtomicDqModeMatchesEmulator'
+  # the one-pass backward (dQ by bulk reductions) and the forward's kept operands (both recipes)
+  small+=':GpuBackwardFp8.AtomicDqModeMatchesEmulator:GpuBackwardFp8.SavedOperandsGiveTheSameGradients'
   for tool in memcheck racecheck; do
     FP4ATTN_REQUIRE_GPU=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 7 \
       "$BUILD/tests/fp4attn_gpu_tests" --gtest_filter="$small" >"$OUT/sanitize-$tool.log" 2>&1

@@ -167,19 +167,24 @@ TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
   AttentionOptions mx = opt;
   mx.recipe = Recipe::mxfp4_train;
   EXPECT_EQ(thrown_argument([&] { dispatch::sm90_backward_device(a, mx, true, nullptr); }), "workspace");
-  // The forward's kept operands (recipe fp8 only): Q's and K's codes and
-  // their transposed copies at least, and a block too small, misaligned or
-  // for another recipe is refused by name.
+  // The forward's kept operands: for fp8 Q's and K's codes and their
+  // transposed copies at least, for mxfp4_train K's and Kᵀ and Q's MXFP4
+  // codes and scales (17/32 byte per element); none for the inference
+  // recipes. A block too small or misaligned is refused by name.
   const std::size_t kept = dispatch::sm90_device_saved_bytes(s, Recipe::fp8);
   EXPECT_GE(kept, static_cast<std::size_t>(2 * (s.q_elems() + s.kv_elems())));
-  EXPECT_EQ(dispatch::sm90_device_saved_bytes(s, Recipe::mxfp4_train), 0u);
+  const std::size_t mx_kept = dispatch::sm90_device_saved_bytes(s, Recipe::mxfp4_train);
+  EXPECT_GE(mx_kept, static_cast<std::size_t>(2 * s.kv_elems() + s.q_elems() * 17 / 32));
+  EXPECT_LT(mx_kept, kept);
+  EXPECT_EQ(dispatch::sm90_device_saved_bytes(s, Recipe::mxfp4), 0u);
+  EXPECT_EQ(dispatch::sm90_device_saved_bytes(s, Recipe::nvfp4), 0u);
   bad = a;
   bad.saved = fake, bad.saved_bytes = kept - 1;
   EXPECT_EQ(check(bad), "saved");
   bad.saved = static_cast<const char*>(fake) + 16, bad.saved_bytes = kept;
   EXPECT_EQ(check(bad), "saved");
   bad = a;
-  bad.saved = fake, bad.saved_bytes = kept;
+  bad.saved = fake, bad.saved_bytes = mx_kept - 1;
   bad.workspace_bytes = dispatch::sm90_device_backward_workspace_bytes(s, true, Recipe::mxfp4_train);
   EXPECT_EQ(thrown_argument([&] { dispatch::sm90_backward_device(bad, mx, true, nullptr); }), "saved");
 }

@@ -316,8 +316,8 @@ NB_MODULE(_ext, m) {
         nb::arg("stream"), nb::arg("saved") = 0, nb::arg("saved_bytes") = 0,
         "Forward (recipes fp8, mxfp4_train, mxfp4) on device pointers (q, k, v of one element type; O bf16; "
         "LSE fp32), "
-        "enqueued on the CUDA stream handle `stream` without host synchronisation. `saved` (recipe fp8, "
-        "device_saved_bytes bytes; 0: none) receives Q's and K's operands for backward_device.");
+        "enqueued on the CUDA stream handle `stream` without host synchronisation. `saved` (recipes fp8 and "
+        "mxfp4_train, device_saved_bytes bytes; 0: none) receives Q's and K's operands for backward_device.");
   m.def("device_saved_bytes",
         [](const py::ShapeTuple& shape, fp4attn::Recipe recipe) {
           return fp4attn::dispatch::sm90_device_saved_bytes(py::shape_of(shape), recipe);
@@ -326,8 +326,11 @@ NB_MODULE(_ext, m) {
         "Device bytes of the block where forward_device keeps Q's and K's operands for backward_device "
         "(0: the recipe keeps none).");
   m.def("device_saved_k_mean_offset",
-        [](const py::ShapeTuple& shape) { return fp4attn::dispatch::sm90_device_saved_k_mean_offset(py::shape_of(shape)); },
-        nb::arg("shape"), "Byte offset of the smooth_k mean (fp32, (B, Hkv, D)) inside that block.");
+        [](const py::ShapeTuple& shape, fp4attn::Recipe recipe) {
+          return fp4attn::dispatch::sm90_device_saved_k_mean_offset(py::shape_of(shape), recipe);
+        },
+        nb::arg("shape"), nb::arg("recipe") = fp4attn::Recipe::fp8,
+        "Byte offset of the smooth_k mean (fp32, (B, Hkv, D)) inside that block.");
   m.def("backward", &py::backward_host, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"),
         nb::arg("d_o"), nb::arg("options"), nb::arg("executor") = Executor::automatic,
         "FP8 backward on fp32 host arrays: (dq, dk, dv, executor).");

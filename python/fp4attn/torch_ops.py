@@ -31,12 +31,14 @@ two paths give the same numbers: both quantize with the same GPU quantizer
 and run the same kernel.
 
 Autograd (recipes with a backward: fp8, mxfp4_train; DESIGN §5). The forward
-saves q, k, v, O and the LSE; on the device path with recipe fp8 it keeps,
-instead of q and k, the E4M3 codes it quantized them to, their scales and the
-transposed copies the backward's products read (the op's third output, a
-uint8 block of about 2 bytes per element of Q and K: what bf16 q and k
-would take), so the backward does not quantize q and k again (+3–7 % on a
-training step's attention at 1k–4k tokens, the same gradients bit for bit).
+saves q, k, v, O and the LSE; on the device path it keeps, instead of q and
+k, what it quantized them to (the op's third output, a uint8 block): for
+recipe fp8 the E4M3 codes, their scales and the transposed copies the
+backward's products read (about 2 bytes per element of Q and K: what bf16 q
+and k would take); for mxfp4_train K's E4M3 fold with its transposed copy
+and Q's MXFP4 codes (2 and 0.53 bytes). So the backward does not quantize
+q and k again (fp8: +3–7 % on a training step's attention at 1k–4k tokens),
+and the gradients are the same bits.
 The gradients come from a second custom op,
 `fp4attn::attention_backward`, which has a fake implementation too, so
 torch.compile(fullgraph=True) traces forward and backward. It runs:
@@ -154,17 +156,23 @@ _TOKEN_BLOCK = 128
 _KEPT_FLAGS = 3
 
 
-def _kept_size(dims: _validate.Dims):
+def _kept_size(dims: _validate.Dims, recipe):
     def region(n):
         return (n + _REGION_ALIGN - 1) // _REGION_ALIGN * _REGION_ALIGN
 
     q_blocks = (dims.Sq + _TOKEN_BLOCK - 1) // _TOKEN_BLOCK
     k_blocks = (dims.Sk + _TOKEN_BLOCK - 1) // _TOKEN_BLOCK
     q_elems, k_elems = dims.B * dims.Sq * dims.Hq * dims.D, dims.B * dims.Sk * dims.Hkv * dims.D
-    return (region(q_elems) + region(k_elems)  # codes
-            + region(dims.B * dims.Hq * dims.D * q_blocks * _TOKEN_BLOCK)  # Qᵀ
+    if recipe == _ext.Recipe.mxfp4_train:
+        # Q's MXFP4 codes (two per byte) and E8M0 scales (one per 32 along D); no Qᵀ nor Q block scales.
+        q_part = region(q_elems // 2) + region(q_elems // 32)
+    else:
+        q_part = (region(q_elems)  # codes
+                  + region(dims.B * dims.Hq * dims.D * q_blocks * _TOKEN_BLOCK)  # Qᵀ
+                  + region(4 * dims.B * dims.Hq * q_blocks))  # block scales
+    return (q_part + region(k_elems)  # K's codes
             + region(dims.B * dims.Hkv * dims.D * k_blocks * _TOKEN_BLOCK)  # Kᵀ
-            + region(4 * dims.B * dims.Hq * q_blocks) + region(4 * dims.B * dims.Hkv * k_blocks)  # block scales
+            + region(4 * dims.B * dims.Hkv * k_blocks)  # K's block scales or fold factors
             + region(4 * dims.B * dims.Hkv * dims.D)  # smooth_k mean
             + region(4 * dims.B * dims.Hq * dims.Sq)  # LSE shift
             + region(4 * _KEPT_FLAGS))
@@ -175,7 +183,7 @@ def _kept_bytes(q: torch.Tensor, dims: _validate.Dims, opt, keep_for_backward: b
 
     Kept when asked for (a call that autograd will differentiate), where both
     forward and backward run on the device and the recipe keeps operands
-    (fp8), for inputs the kernels read as they are (float64 is converted, so
+    (fp8, mxfp4_train), for inputs the kernels read as they are (float64 is converted, so
     its backward converts q and k again anyway). Whether the device runs a
     call depends on D and the options alone, so a probe shape answers it even
     where torch.compile's sizes are symbolic.
@@ -187,7 +195,7 @@ def _kept_bytes(q: torch.Tensor, dims: _validate.Dims, opt, keep_for_backward: b
         return 0
     if _ext.device_saved_bytes(_device_shape(probe), opt.recipe) == 0:
         return 0
-    return _kept_size(dims)
+    return _kept_size(dims, opt.recipe)
 
 
 def _attention_device(q, k, v, dims: _validate.Dims, s: _host.Settings, opt, kept_bytes: int = 0):
@@ -362,7 +370,7 @@ def _smooth_k_lse_dq(d_lse: torch.Tensor, k_mean: torch.Tensor, dims: _validate.
 def _k_mean(k: torch.Tensor, kept: Optional[torch.Tensor], dims: _validate.Dims, s: _host.Settings) -> torch.Tensor:
     """K's mean over the sequence, (B, Hkv, D) float32: the one the forward smoothed K by where it kept it."""
     if kept is not None:
-        at = _ext.device_saved_k_mean_offset(_device_shape(dims))
+        at = _ext.device_saved_k_mean_offset(_device_shape(dims), _host.options(s).recipe)
         return kept[at:at + 4 * dims.B * dims.Hkv * dims.D].view(torch.float32).view(dims.B, dims.Hkv, dims.D)
     return k.to(torch.float32).mean(dim=1 if s.layout == "bshd" else 2)
 

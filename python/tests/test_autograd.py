@@ -349,26 +349,29 @@ def _saved_by_autograd(fn):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("smooth_k", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_kept_operands_stand_for_q_and_k(rng, monkeypatch, causal, smooth_k, dtype):
-    # Recipe fp8 on the device: the forward keeps Q's and K's codes, scales and
-    # transposed copies instead of q and k, and the backward on them gives the
-    # gradients of the backward that quantizes q and k again, bit for bit.
+@pytest.mark.parametrize("recipe", TRAINABLE)
+def test_kept_operands_stand_for_q_and_k(rng, monkeypatch, causal, smooth_k, dtype, recipe):
+    # On the device the forward keeps what it quantized q and k to (fp8: the
+    # codes, scales and transposed copies; mxfp4_train: K's tile fold with its
+    # copy, Q's MXFP4 codes) instead of q and k, and the backward on them gives
+    # the gradients of the backward that quantizes q and k again, bit for bit.
     # Bit for bit needs dQ summed in a fixed order (three key tiles at D = 64).
     monkeypatch.setattr(fp4attn.torch_ops, "DETERMINISTIC_BACKWARD", True)
     q, k, v, d_o = problem(rng, (2, 200, 333, 4, 2, 64), "cuda", dtype)
     out, saved = _saved_by_autograd(
-        lambda: fp4attn.attention(q, k, v, causal=causal, smooth_k=smooth_k, recipe="fp8"))
+        lambda: fp4attn.attention(q, k, v, causal=causal, smooth_k=smooth_k, recipe=recipe))
     ptrs = {x.data_ptr() for x in saved}
     assert q.data_ptr() not in ptrs and k.data_ptr() not in ptrs and v.data_ptr() in ptrs
     kept = [x for x in saved if x.dtype == torch.uint8]
-    assert len(kept) == 1 and kept[0].numel() >= 2 * (q.numel() + k.numel())
+    q_bytes = 2 * q.numel() if recipe == "fp8" else q.numel() * 17 // 32
+    assert len(kept) == 1 and kept[0].numel() >= q_bytes + 2 * k.numel()
     out.backward(d_o)
     with_kept = grads(q, k, v)
     for x in (q, k, v):
         x.grad = None
     monkeypatch.setattr(fp4attn.torch_ops, "_kept_bytes", lambda *args: 0)
     out, saved = _saved_by_autograd(
-        lambda: fp4attn.attention(q, k, v, causal=causal, smooth_k=smooth_k, recipe="fp8"))
+        lambda: fp4attn.attention(q, k, v, causal=causal, smooth_k=smooth_k, recipe=recipe))
     assert q.data_ptr() in {x.data_ptr() for x in saved}
     out.backward(d_o)
     for name, a, b in zip(("dq", "dk", "dv"), with_kept, grads(q, k, v)):
@@ -376,7 +379,8 @@ def test_kept_operands_stand_for_q_and_k(rng, monkeypatch, causal, smooth_k, dty
 
 
 @needs_device_backward
-def test_kept_operands_serve_the_lse_gradient(rng, monkeypatch):
+@pytest.mark.parametrize("recipe", TRAINABLE)
+def test_kept_operands_serve_the_lse_gradient(rng, monkeypatch, recipe):
     # The LSE's gradient runs a second backward on the same kept block and, with
     # smooth_k, adds dLSE·k̄ with the mean the forward smoothed K by (the
     # quantizer's, where the other path takes torch's mean of k).
@@ -384,7 +388,7 @@ def test_kept_operands_serve_the_lse_gradient(rng, monkeypatch):
     d_lse = torch.randn(1, 4, 130, device="cuda")
 
     def run():
-        o, lse = fp4attn.attention(q, k, v, causal=True, smooth_k=True, return_lse=True)
+        o, lse = fp4attn.attention(q, k, v, causal=True, smooth_k=True, return_lse=True, recipe=recipe)
         ((o.float() * d_o.float()).sum() + (lse * d_lse).sum()).backward()
         got = grads(q, k, v)
         for x in (q, k, v):
@@ -398,7 +402,7 @@ def test_kept_operands_serve_the_lse_gradient(rng, monkeypatch):
     for a, b in zip(with_kept[:2], without[:2]):
         assert rel_l2(a, b) < 1e-5
     expected = reference(q, k, v, d_o, causal=True, d_lse=d_lse)
-    assert_close_to_reference(with_kept, expected, GRAD_BOUNDS["fp8"])
+    assert_close_to_reference(with_kept, expected, GRAD_BOUNDS[recipe])
 
 
 @needs_device_backward

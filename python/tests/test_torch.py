@@ -262,10 +262,12 @@ def test_cuda_fallback_to_host_path():
 @pytest.mark.skipif(not fp4attn._ext.cuda_built(), reason="a CPU-only build keeps no operands")
 @pytest.mark.parametrize("shape", [(1, 128, 128, 1, 1, 64), (2, 200, 333, 4, 2, 64), (3, 1000, 77, 8, 1, 128),
                                    (1, 1, 1, 1, 1, 128)])
-def test_kept_operand_size_is_the_librarys(shape):
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4_train"])
+def test_kept_operand_size_is_the_librarys(shape, recipe):
     # The torch layer sizes the forward's kept-operand block itself (fake
     # tensors may have symbolic sizes); it must be the C++ layout's size.
     from fp4attn import _validate, torch_ops
 
     dims = _validate.Dims(*shape)
-    assert torch_ops._kept_size(dims) == fp4attn._ext.device_saved_bytes(shape, fp4attn._ext.Recipe.fp8)
+    r = getattr(fp4attn._ext.Recipe, recipe)
+    assert torch_ops._kept_size(dims, r) == fp4attn._ext.device_saved_bytes(shape, r)

@@ -40,29 +40,42 @@ inline void check_workspace(const void* workspace, std::size_t given, std::size_
     throw Error("workspace", "must be " + std::to_string(kWorkspaceAlign) + "-byte aligned");
 }
 
-// Where a recipe-fp8 forward leaves Q's and K's quantized operands for the
-// backward (DeviceForwardArgs::saved, DeviceBackwardArgs::saved): the codes
-// and block scales the backward's first quantizer call would compute again,
-// the transposed copies its gradient products read, the smooth_k mean and
-// LSE shift, and the forward quantizer's non-finite flags (q, k, v). One
-// layout for both sides.
+// Where a training forward leaves Q's and K's quantized operands for the
+// backward (DeviceForwardArgs::saved, DeviceBackwardArgs::saved): what the
+// backward's first quantizer call would compute again, the transposed copies
+// its gradient products read, the smooth_k mean and LSE shift, and the
+// forward quantizer's non-finite flags (q, k, v). One layout for both sides.
+//   fp8:         Q's and K's E4M3 codes, block scales and transposed copies.
+//   mxfp4_train: K folded to E4M3 per 128-key tile (the same fold in both
+//                directions), its factors and transposed copy; Q's MXFP4 codes
+//                and E8M0 scales (mx_q_*), since the forward folds Q per row
+//                and the backward per tile (q, qt and q_scale unused).
 inline constexpr int kSavedFlags = 3;
 
 struct SavedLayout {
-  std::size_t q, k, qt, kt, q_scale, k_scale, k_mean, lse_shift, nonfinite, bytes;
+  std::size_t q = 0, k = 0, qt = 0, kt = 0, q_scale = 0, k_scale = 0, mx_q_codes = 0, mx_q_scales = 0;
+  std::size_t k_mean = 0, lse_shift = 0, nonfinite = 0, bytes = 0;
 };
 
-inline SavedLayout saved_layout(const AttentionShape& s) {
+// Whether `recipe` keeps operands for its backward.
+inline bool keeps_operands(Recipe recipe) { return recipe == Recipe::fp8 || recipe == Recipe::mxfp4_train; }
+
+inline SavedLayout saved_layout(const AttentionShape& s, Recipe recipe) {
   const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
   const auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(n); };
   const std::int64_t pq = cuda_quantize::padded_keys(s.Sq), pk = cuda_quantize::padded_keys(s.Sk);
   WorkspaceRegions regions;
   SavedLayout l{};
-  l.q = regions.take(bytes(s.q_elems()));
+  if (recipe == Recipe::mxfp4_train) {
+    l.mx_q_codes = regions.take(bytes(s.q_elems() / 2));  // two E2M1 codes per byte
+    l.mx_q_scales = regions.take(bytes(s.q_elems() / 32));  // one E8M0 per 32 along D
+  } else {
+    l.q = regions.take(bytes(s.q_elems()));
+  }
   l.k = regions.take(bytes(s.kv_elems()));
-  l.qt = regions.take(bytes(s.B * s.Hq * s.D * pq));
+  if (recipe != Recipe::mxfp4_train) l.qt = regions.take(bytes(s.B * s.Hq * s.D * pq));
   l.kt = regions.take(bytes(s.B * s.Hkv * s.D * pk));
-  l.q_scale = regions.take(floats(s.B * s.Hq * (pq / cuda_quantize::kTokenBlock)));
+  if (recipe != Recipe::mxfp4_train) l.q_scale = regions.take(floats(s.B * s.Hq * (pq / cuda_quantize::kTokenBlock)));
   l.k_scale = regions.take(floats(s.B * s.Hkv * (pk / cuda_quantize::kTokenBlock)));
   l.k_mean = regions.take(floats(s.B * s.Hkv * s.D));
   l.lse_shift = regions.take(floats(s.lse_elems()));
@@ -72,10 +85,11 @@ inline SavedLayout saved_layout(const AttentionShape& s) {
 }
 
 // Throws fp4attn::Error("saved", ...) unless `saved` is an aligned block of
-// at least saved_layout(shape).bytes for recipe fp8.
+// at least saved_layout(shape, recipe).bytes for a recipe that keeps operands.
 inline void check_saved(const void* saved, std::size_t given, const AttentionShape& s, Recipe recipe) {
-  if (recipe != Recipe::fp8) throw Error("saved", "only recipe fp8 keeps the forward's operands for the backward");
-  const std::size_t needed = saved_layout(s).bytes;
+  if (!keeps_operands(recipe))
+    throw Error("saved", "only recipes fp8 and mxfp4_train keep the forward's operands for the backward");
+  const std::size_t needed = saved_layout(s, recipe).bytes;
   if (given < needed)
     throw Error("saved", "needs " + std::to_string(needed) + " device bytes, got " + std::to_string(given));
   if (reinterpret_cast<std::uintptr_t>(saved) % kWorkspaceAlign != 0)

@@ -180,20 +180,30 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   const auto in_v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
   // The forward's operands when it kept them: the codes, transposes and LSE
   // shift are read where they are; the scales are copied (below) so that
-  // non-finite input poisons the copies, not the saved block.
+  // non-finite input poisons the copies, not the saved block. mxfp4_train
+  // keeps Q as MXFP4, folded per query tile below (the forward folds per row).
   const auto* kept = static_cast<const unsigned char*>(args.saved);
-  const SavedLayout sl = saved_layout(s);
+  const bool mx = opt.recipe == Recipe::mxfp4_train;
+  const bool kept_q = kept != nullptr && !mx;
+  const SavedLayout sl = saved_layout(s, opt.recipe);
   const auto kept_floats = [kept](std::size_t offset) { return reinterpret_cast<const float*>(kept + offset); };
-  const std::uint8_t* q_codes = kept != nullptr ? kept + sl.q : fwd.q;
+  const std::uint8_t* q_codes = kept_q ? kept + sl.q : fwd.q;
   const std::uint8_t* k_codes = kept != nullptr ? kept + sl.k : fwd.k;
-  const std::uint8_t* qt = kept != nullptr ? kept + sl.qt : base + layout.qt;
+  const std::uint8_t* qt = kept_q ? kept + sl.qt : base + layout.qt;
   const std::uint8_t* kt = kept != nullptr ? kept + sl.kt : base + layout.kt;
   const float* lse_shift = kept != nullptr ? kept_floats(sl.lse_shift) : fwd.lse_shift;
   // The workspace arrives with any content: the flags start clear on every call.
   cuda_common::check_cuda(cudaMemsetAsync(fwd.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream),
                           "cudaMemsetAsync");
-  if (kept == nullptr && opt.recipe == Recipe::mxfp4_train) {
+  if (kept == nullptr && mx) {
     quantize_mx_qk(in_q, in_k, opt, scale, base, layout, fwd, stream);
+  } else if (mx) {
+    // The forward's MXFP4 Q folded per query tile, with Qᵀ (the fold reads only).
+    static_assert(cuda_quantize::kMxFoldKeyTile == cuda_quantize::kTokenBlock, "K is folded per tile both ways");
+    const cuda_quantize::Fp4Output q_mx{const_cast<std::uint8_t*>(kept + sl.mx_q_codes),
+                                        const_cast<std::uint8_t*>(kept + sl.mx_q_scales), nullptr};
+    cuda_quantize::fold_mx_qk(q_mx, s.B, s.Sq, s.Hq, s.D, cuda_quantize::kTokenBlock, fwd.q, fwd.q_scale, stream,
+                              base + layout.qt);
   } else if (kept == nullptr) {
     // Qᵀ and Kᵀ come from the blocks the quantizer holds anyway (for
     // mxfp4_train from the fold's tiles).
@@ -223,7 +233,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   const std::int64_t q_blocks = s.B * s.Hq * token_blocks(s.Sq), k_blocks = s.B * s.Hkv * token_blocks(s.Sk);
   sm90::bwd::nan_scales_if_flagged(
       fwd.nonfinite, kNonfiniteFlags, kept != nullptr ? reinterpret_cast<const int*>(kept + sl.nonfinite) : nullptr,
-      kSavedFlags, {fwd.q_scale, kept != nullptr ? kept_floats(sl.q_scale) : nullptr, q_blocks},
+      kSavedFlags, {fwd.q_scale, kept_q ? kept_floats(sl.q_scale) : nullptr, q_blocks},
       {fwd.k_scale, kept != nullptr ? kept_floats(sl.k_scale) : nullptr, k_blocks}, {grad.q_scale, nullptr, q_blocks},
       stream);
 

@@ -60,12 +60,13 @@ WorkspaceLayout workspace_layout(const AttentionShape& s) {
 
 std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe) {
   check_shape(shape);
-  return recipe == Recipe::fp8 ? saved_layout(shape).bytes : 0;
+  return keeps_operands(recipe) ? saved_layout(shape, recipe).bytes : 0;
 }
 
-std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape) {
+std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape, Recipe recipe) {
   check_shape(shape);
-  return saved_layout(shape).k_mean;
+  if (!keeps_operands(recipe)) throw Error("recipe", std::string(to_string(recipe)) + " keeps no operands");
+  return saved_layout(shape, recipe).k_mean;
 }
 
 std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe) {
@@ -120,6 +121,21 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
     // MX recipes: the MXFP4 quantizer and the fold write into the workspace;
     // the kernel reads their flags (non-finite input: O and LSE NaN).
     sm90::fwd::MxOperands mx(s, opt.recipe, opt.mx_scale_rule, args.workspace);
+    if (args.saved != nullptr) {
+      // Training (mxfp4_train): Q's MXFP4 codes, K's tile fold and its
+      // transposed copy, the factors, mean, shift and flags go where the
+      // backward reads them.
+      auto* kept = static_cast<unsigned char*>(args.saved);
+      const SavedLayout sl = saved_layout(s, opt.recipe);
+      sm90::fwd::MxKept m;
+      m.q_codes = kept + sl.mx_q_codes, m.q_scales = kept + sl.mx_q_scales;
+      m.k = kept + sl.k, m.kt = kept + sl.kt;
+      m.k_scale = reinterpret_cast<float*>(kept + sl.k_scale);
+      m.k_mean = reinterpret_cast<float*>(kept + sl.k_mean);
+      m.lse_shift = reinterpret_cast<float*>(kept + sl.lse_shift);
+      m.nonfinite = reinterpret_cast<int*>(kept + sl.nonfinite);
+      mx.keep_for_backward(m);
+    }
     mx.prepare(q, k, v, opt.smooth_k, scale, stream);
     sm90::fwd::forward_fp8(with_output(mx.forward_args(opt.mask, opt.direct_p, scale, opt.smooth_k)), stream);
     return;
@@ -145,7 +161,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
     // Training: Q's and K's operands, their flags and the transposed copies
     // go where the backward will read them.
     auto* kept = static_cast<unsigned char*>(args.saved);
-    const SavedLayout sl = saved_layout(s);
+    const SavedLayout sl = saved_layout(s, opt.recipe);
     bufs.q = kept + sl.q, bufs.k = kept + sl.k, bufs.qt = kept + sl.qt, bufs.kt = kept + sl.kt;
     bufs.q_scale = reinterpret_cast<float*>(kept + sl.q_scale);
     bufs.k_scale = reinterpret_cast<float*>(kept + sl.k_scale);

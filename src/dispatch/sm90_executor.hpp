@@ -49,22 +49,25 @@ struct DeviceForwardArgs {
   // content, 256-byte aligned; used by one call at a time (stream order).
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
-  // Optional, recipe fp8 (training): sm90_device_saved_bytes(shape, recipe)
-  // device bytes, any content, 256-byte aligned. The forward leaves Q's and
-  // K's quantized operands there, with the transposed copies the backward
-  // reads (extra writes: 2 bytes per element of Q and K in all), so that
-  // the backward need not quantize Q and K again. Null: nothing is kept.
+  // Optional, recipes fp8 and mxfp4_train (training):
+  // sm90_device_saved_bytes(shape, recipe) device bytes, any content,
+  // 256-byte aligned. The forward leaves Q's and K's quantized operands
+  // there, with the transposed copies the backward reads (fp8: 2 bytes per
+  // element of Q and K in all; mxfp4_train: K's fold and its copy, Q's
+  // MXFP4 codes, 2 and 0.53 bytes), so that the backward need not quantize
+  // Q and K again. Null: nothing is kept.
   void* saved = nullptr;
   std::size_t saved_bytes = 0;
 };
 
 // Device bytes of DeviceForwardArgs::saved for `shape` and `recipe`: 0 for
-// every recipe but fp8, which keeps none.
+// the inference recipes (mxfp4, nvfp4), which keep none.
 std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe);
 
 // Byte offset inside that block of the smooth_k mean, fp32 (B, Hkv, D) (the
-// gradient through the LSE needs it where K itself was not kept).
-std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape);
+// gradient through the LSE needs it where K itself was not kept). Throws
+// fp4attn::Error("recipe") for a recipe that keeps nothing.
+std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape, Recipe recipe);
 
 // Device bytes of DeviceForwardArgs::workspace for `shape` and `recipe`: the
 // quantized operands, their scales and the quantizers' scratch (the MX

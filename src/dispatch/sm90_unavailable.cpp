@@ -22,7 +22,7 @@ std::size_t sm90_device_workspace_bytes(const AttentionShape&, Recipe) { return 
 
 std::size_t sm90_device_saved_bytes(const AttentionShape&, Recipe) { return 0; }
 
-std::size_t sm90_device_saved_k_mean_offset(const AttentionShape&) { return 0; }
+std::size_t sm90_device_saved_k_mean_offset(const AttentionShape&, Recipe) { return 0; }
 
 void sm90_forward_device(const DeviceForwardArgs&, const AttentionOptions&, void*) {
   throw Error("executor", "this build has no CUDA executors");

@@ -556,7 +556,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Training keeps Q's and K's operands from the forward (DeviceForwardArgs::
-// saved; recipe fp8): the forward's O and LSE are those of a forward that
+// saved; recipes fp8 and mxfp4_train): the forward's O and LSE are those of a forward that
 // keeps nothing, the backward on the kept operands gives the gradients of
 // the backward that quantizes q and k itself, bit for bit, and it leaves the
 // kept block as it found it (a second backward on it, as the LSE gradient
@@ -567,7 +567,9 @@ TEST(GpuBackwardFp8, SavedOperandsGiveTheSameGradients) {
   for (const Case& c : {Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, dispatch::DeviceElement::bf16},
                         Case{{1, 2, 2, 300, 257, 128}, MaskKind::none, true, false},
                         Case{{1, 4, 1, 129, 513, 128}, MaskKind::causal_top_left, false, true,
-                             dispatch::DeviceElement::f16}}) {
+                             dispatch::DeviceElement::f16},
+                        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, dispatch::DeviceElement::bf16, kMx},
+                        Case{{1, 2, 2, 300, 257, 128}, MaskKind::none, false, false, kF32, kMx}}) {
     const std::uint32_t seed = gpu_test::fresh_seed();
     std::mt19937 rng(seed);
     Problem plain = make_problem(c, rng), kept = plain;
@@ -591,18 +593,6 @@ TEST(GpuBackwardFp8, SavedOperandsGiveTheSameGradients) {
     EXPECT_TRUE(same_bits(atomic.dk, want.dk)) << "dk, atomic mode " << where;
     EXPECT_TRUE(same_bits(atomic.dv, want.dv)) << "dv, atomic mode " << where;
   }
-  // Recipes other than fp8 keep nothing, and a block for them is refused by name.
-  const Case mx{{1, 2, 2, 128, 128, 64}, MaskKind::none, true, false, kF32, Recipe::mxfp4_train};
-  EXPECT_EQ(dispatch::sm90_device_saved_bytes(mx.shape, mx.recipe), 0u);
-  std::mt19937 rng(gpu_test::fresh_seed());
-  Problem p = make_problem(mx, rng);
-  DeviceArray<std::uint8_t> block(dispatch::sm90_device_saved_bytes(mx.shape, Recipe::fp8));
-  try {
-    run_gpu(mx, p, true, false, 0, &block);
-    ADD_FAILURE() << "an mxfp4_train backward took a saved block";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "saved");
-  }
 }
 
 // A non-finite q or k seen by the forward that kept the operands makes every
@@ -610,7 +600,8 @@ TEST(GpuBackwardFp8, SavedOperandsGiveTheSameGradients) {
 // k itself (the flags travel in the saved block).
 TEST(GpuBackwardFp8, SavedOperandsCarryNonFiniteInput) {
   FP4ATTN_REQUIRE_HOPPER();
-  const Case c{{1, 2, 1, 150, 200, 64}, MaskKind::none, true, true};
+  for (Recipe recipe : {Recipe::fp8, Recipe::mxfp4_train}) {
+  const Case c{{1, 2, 1, 150, 200, 64}, MaskKind::none, true, true, kF32, recipe};
   std::mt19937 rng(gpu_test::fresh_seed());
   const Problem clean = make_problem(c, rng);
   for (int which = 0; which < 2; ++which) {
@@ -626,7 +617,8 @@ TEST(GpuBackwardFp8, SavedOperandsCarryNonFiniteInput) {
     const emulator::BackwardResult got = run_gpu(c, p, true, true, 0, &saved);
     for (const std::vector<float>* g : {&got.dq, &got.dk, &got.dv})
       EXPECT_EQ(std::count_if(g->begin(), g->end(), [](float e) { return !std::isnan(e); }), 0)
-          << "non-finite " << (which == 0 ? "q" : "k");
+          << "non-finite " << (which == 0 ? "q" : "k") << ", " << to_string(recipe);
+  }
   }
 }
 

@@ -105,6 +105,17 @@ void MxOperands::carve(unsigned char* base) {
   folded_ = l.folded;
 }
 
+void MxOperands::keep_for_backward(const MxKept& kept) {
+  if (recipe_ != Recipe::mxfp4_train || expansion_ != Fp4Expansion::fold_pass)
+    throw Error("saved", "only recipe mxfp4_train's fold pass keeps its operands for the backward");
+  fp4_.q.codes = kept.q_codes, fp4_.q.scales = kept.q_scales;
+  folded_.k = kept.k, folded_.k_scale = kept.k_scale;
+  kt_ = kept.kt;
+  fp4_.k_mean = folded_.k_mean = kept.k_mean;
+  folded_.lse_shift = kept.lse_shift;
+  fp4_.nonfinite = folded_.nonfinite = fp8_v_.nonfinite = kept.nonfinite;
+}
+
 void MxOperands::prepare(const cq::StridedInput& q, const cq::StridedInput& k, const cq::StridedInput& v,
                          bool smooth_k, float softmax_scale, cudaStream_t stream) {
   // The buffers may arrive with any content: the flags start clear on every call.
@@ -131,7 +142,7 @@ void MxOperands::fold(bool smooth_k, float softmax_scale, cudaStream_t stream) {
     cq::fold_mx_v(fp4_.v, s.B, s.Sk, s.Hkv, s.D, folded_.vt_keys, folded_.vt, folded_.v_scale, stream);
   // in_kernel: folded_.q, k and vt are null, so the folds write only the factors.
   cq::fold_mx_qk(fp4_.q, s.B, s.Sq, s.Hq, s.D, 1, folded_.q, folded_.q_scale, stream);
-  cq::fold_mx_qk(fp4_.k, s.B, s.Sk, s.Hkv, s.D, cq::kMxFoldKeyTile, folded_.k, folded_.k_scale, stream);
+  cq::fold_mx_qk(fp4_.k, s.B, s.Sk, s.Hkv, s.D, cq::kMxFoldKeyTile, folded_.k, folded_.k_scale, stream, kt_);
   if (smooth_k)
     cq::mx_lse_shift(fp4_.q, s.B, s.Sq, s.Hq, s.Hkv, s.D, fp4_.k_mean, softmax_scale, folded_.lse_shift, stream);
 }

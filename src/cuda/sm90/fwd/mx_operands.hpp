@@ -31,6 +31,16 @@ enum class Fp4Expansion : std::uint8_t {
   in_kernel,  // the kernel's producer warpgroup expands MXFP4 tiles (fp8_direct_p/fp4_expand.cuh)
 };
 
+// Where a training forward (recipe mxfp4_train) keeps what its backward
+// reads (dispatch's saved block): Q's MXFP4 codes and scales, K folded per
+// 128-key tile with its transposed copy (keys permuted as Vᵀ's) and factors,
+// K's smooth_k mean, the LSE shift and the three non-finite flags.
+struct MxKept {
+  std::uint8_t *q_codes = nullptr, *q_scales = nullptr, *k = nullptr, *kt = nullptr;
+  float *k_scale = nullptr, *k_mean = nullptr, *lse_shift = nullptr;
+  int* nonfinite = nullptr;
+};
+
 class MxOperands {
  public:
   // Device bytes of every buffer of one call (MXFP4 codes and scales, folded
@@ -49,6 +59,10 @@ class MxOperands {
   // zero-copy device path.
   MxOperands(const AttentionShape& shape, Recipe recipe, MxScaleRule mx_scale_rule, void* workspace,
              Fp4Expansion expansion = Fp4Expansion::fold_pass);
+
+  // Recipe mxfp4_train, fold pass: the buffers `kept` names replace the
+  // workspace's, and the fold of K also writes Kᵀ there. Call before prepare.
+  void keep_for_backward(const MxKept& kept);
 
   // Clears the non-finite flags, quantizes q, k, v on `stream` and folds them
   // into the kernel's operands (asynchronous). With smooth_k, K's sequence
@@ -82,6 +96,7 @@ class MxOperands {
   cuda_quantize::Fp4Buffers fp4_;     // MXFP4 codes and scales (v unused for mxfp4_train)
   cuda_quantize::Fp8Buffers fp8_v_;   // mxfp4_train: the fp8 quantizer's Vᵀ and v_scale
   cuda_quantize::Fp8Buffers folded_;  // what the kernel reads (q_scale per row); factors only when in_kernel
+  std::uint8_t* kt_ = nullptr;        // keep_for_backward: K's folded codes transposed
 };
 
 }  // namespace fp4attn::sm90::fwd
