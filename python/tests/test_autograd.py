@@ -66,6 +66,16 @@ def grads(q, k, v):
     return tuple(x.grad.double().cpu().numpy() for x in (q, k, v))
 
 
+def assert_within_bf16_rounding(got, want):
+    """bf16 gradients whose fp32 sums differ only in their last bits (order, or
+    a mean computed another way): each element within one bf16 ulp (2^-8 to
+    2^-7 of the value), where its rounding went the other way, plus 1e-5 of the
+    largest |value| for the fp32 difference itself (cancellation can make that
+    large against a small element)."""
+    bound = 2.0 ** -7 * np.abs(want) + 1e-5 * np.abs(want).max()
+    assert np.all(np.abs(got - want) <= bound), np.abs(got - want).max()
+
+
 def within(got, expected, bounds: GradBounds) -> bool:
     return 1 - cosine(got, expected) < bounds.one_minus_cos and rel_l2(got, expected) < bounds.rel_l2
 
@@ -289,9 +299,7 @@ def test_one_pass_dq_at_d64_unless_determinism_is_asked_for(rng, monkeypatch, re
     assert calls == [False, True, True]
     np.testing.assert_array_equal(one_pass[1], two_pass[1])
     np.testing.assert_array_equal(one_pass[2], two_pass[2])
-    # A bf16 ulp is 2^-8 to 2^-7 of the value; 1e-5 of the largest |dQ| covers the fp32 order.
-    bound = 2.0 ** -7 * np.abs(two_pass[0]) + 1e-5 * np.abs(two_pass[0]).max()
-    assert np.all(np.abs(one_pass[0] - two_pass[0]) <= bound)
+    assert_within_bf16_rounding(one_pass[0], two_pass[0])
     assert rel_l2(one_pass[0], two_pass[0]) < 1e-4
     for a, b in zip(asked, two_pass):
         np.testing.assert_array_equal(a, b)
@@ -399,8 +407,12 @@ def test_kept_operands_serve_the_lse_gradient(rng, monkeypatch, recipe):
     monkeypatch.setattr(fp4attn.torch_ops, "_kept_bytes", lambda *args: 0)
     without = run()
     np.testing.assert_array_equal(with_kept[2], without[2])  # dV has no LSE term
+    # The smooth_k term's mean of K is the quantizer's with the kept block and
+    # torch's without: the same to the last bits of fp32, so bf16 dQ and dK
+    # may round the other way (measured rel L2 up to 1.5e-5).
     for a, b in zip(with_kept[:2], without[:2]):
-        assert rel_l2(a, b) < 1e-5
+        assert_within_bf16_rounding(a, b)
+        assert rel_l2(a, b) < 1e-4
     expected = reference(q, k, v, d_o, causal=True, d_lse=d_lse)
     assert_close_to_reference(with_kept, expected, GRAD_BOUNDS[recipe])
 
