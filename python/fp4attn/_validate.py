@@ -137,6 +137,24 @@ def check_scale(scale, name: str) -> float:
     return value
 
 
+def check_absent(value, name: str, default, why: str) -> None:
+    """Arguments kept for drop-in compatibility with PyTorch SDPA and
+    FlashAttention whose features fp4attn lacks: only the value that turns the
+    feature off is accepted (never ignored)."""
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+        if float(value) == default:
+            return
+    elif default is None:
+        if value is None:
+            return
+    elif isinstance(default, tuple):
+        if isinstance(value, (tuple, list)) and tuple(value) == default:
+            return
+    raise ValueError(f"{name}: {why}; only {default!r} is accepted, got {value!r}")
+
+
 def check_flag(value, name: str) -> bool:
     if isinstance(value, bool):
         return value

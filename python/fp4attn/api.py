@@ -78,12 +78,39 @@ def attention(
     return (o, lse) if return_lse else o
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs=False, *, recipe="fp8"):
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    recipe="fp8",
+):
     """FlashAttention's flash_attn_func: (B, S, H, D) tensors, causal bottom-right aligned, GQA/MQA.
 
-    With return_attn_probs=True it returns (out, softmax_lse, None): the
-    attention probabilities are never formed, so the third element is None.
+    The same parameters in the same order, so that positional calls keep
+    their meaning. Features fp4attn lacks accept only their "off" value and
+    raise ValueError naming the argument otherwise: dropout_p (0.0),
+    window_size ((-1, -1)), softcap (0.0), alibi_slopes (None). deterministic
+    accepts False: the backward's mode follows torch's deterministic
+    algorithms setting (fp4attn.torch_ops.DETERMINISTIC_BACKWARD). With
+    return_attn_probs=True it returns (out, softmax_lse, None): the attention
+    probabilities are never formed, so the third element is None.
     """
+    _validate.check_absent(dropout_p, "dropout_p", 0.0, "attention dropout is not supported")
+    _validate.check_absent(window_size, "window_size", (-1, -1), "sliding-window attention is not supported")
+    _validate.check_absent(softcap, "softcap", 0.0, "score soft-capping is not supported")
+    _validate.check_absent(alibi_slopes, "alibi_slopes", None, "ALiBi is not supported")
+    if _validate.check_flag(deterministic, "deterministic"):
+        raise ValueError("deterministic: not selectable per call; torch.use_deterministic_algorithms(True) (or "
+                         "fp4attn.torch_ops.DETERMINISTIC_BACKWARD = True) makes the backward deterministic")
     s = _host.make_settings(
         layout="bshd",
         mask=_host.MASK_BOTTOM_RIGHT if _validate.check_flag(causal, "causal") else _host.MASK_NONE,
@@ -100,12 +127,18 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, return_attn_probs
     return (o, lse, None) if return_attn_probs else o
 
 
-def sdpa(query, key, value, is_causal=False, scale=None, enable_gqa=False, *, recipe="fp8"):
+def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+         recipe="fp8"):
     """PyTorch's scaled_dot_product_attention: (B, H, S, D) tensors, causal top-left aligned.
 
-    As in PyTorch, key and value may have fewer heads than query only with
-    enable_gqa=True. attn_mask and dropout are not supported.
+    The same parameters in the same order, so that positional calls keep
+    their meaning. As in PyTorch, key and value may have fewer heads than
+    query only with enable_gqa=True. attn_mask accepts only None (is_causal
+    gives the causal mask) and dropout_p only 0.0; anything else raises
+    ValueError naming the argument.
     """
+    _validate.check_absent(attn_mask, "attn_mask", None, "attention masks are not supported (use is_causal)")
+    _validate.check_absent(dropout_p, "dropout_p", 0.0, "attention dropout is not supported")
     s = _host.make_settings(
         layout="bhsd",
         mask=_host.MASK_TOP_LEFT if _validate.check_flag(is_causal, "is_causal") else _host.MASK_NONE,

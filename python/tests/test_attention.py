@@ -233,3 +233,14 @@ def test_backend_info():
     info = fp4attn.backend_info()
     assert info["version"] == fp4attn.__version__
     assert isinstance(info["cuda_built"], bool) and isinstance(info["device"], str) and info["device"]
+
+
+def test_positional_arguments_mean_what_they_mean_in_torch_and_flash_attention(rng):
+    # sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) and
+    # flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, ...), as PyTorch and FlashAttention order them.
+    q, k, v = make_qkv(rng, 1, 40, 70, 4, 2, 64)
+    by_name = fp4attn.flash_attn_func(q, k, v, softmax_scale=0.2, causal=True)
+    np.testing.assert_array_equal(fp4attn.flash_attn_func(q, k, v, 0.0, 0.2, True), by_name)
+    qb, kb, vb = to_bhsd(q), to_bhsd(k), to_bhsd(v)
+    by_name = fp4attn.sdpa(qb, kb, vb, is_causal=True, scale=0.2, enable_gqa=True)
+    np.testing.assert_array_equal(fp4attn.sdpa(qb, kb, vb, None, 0.0, True, 0.2, True), by_name)

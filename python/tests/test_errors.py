@@ -138,3 +138,27 @@ def test_non_finite_input(qkv, name):
     {"q": q, "k": k, "v": v}[name][0, 3, 1, 5] = np.nan
     with raises(ValueError, name):
         fp4attn.attention(q, k, v)
+
+
+def test_features_fp4attn_lacks_take_only_their_off_value(qkv):
+    # Kept in the signatures so that positional calls mean what they mean in
+    # PyTorch and FlashAttention; any other value is refused, never ignored.
+    q, k, v = bhsd(*qkv)
+    with raises(ValueError, "attn_mask"):
+        fp4attn.sdpa(q, k, v, np.zeros((32, 48), dtype=bool), enable_gqa=True)
+    with raises(ValueError, "dropout_p"):
+        fp4attn.sdpa(q, k, v, None, 0.1, enable_gqa=True)
+    with raises(TypeError, "dropout_p"):
+        fp4attn.sdpa(q, k, v, dropout_p=True, enable_gqa=True)
+    with raises(ValueError, "dropout_p"):
+        fp4attn.flash_attn_func(*qkv, 0.1)  # FlashAttention's fourth argument
+    with raises(ValueError, "window_size"):
+        fp4attn.flash_attn_func(*qkv, window_size=(128, 0))
+    with raises(ValueError, "softcap"):
+        fp4attn.flash_attn_func(*qkv, softcap=30.0)
+    with raises(ValueError, "alibi_slopes"):
+        fp4attn.flash_attn_func(*qkv, alibi_slopes=np.ones(4, dtype=np.float32))
+    with raises(ValueError, "deterministic"):
+        fp4attn.flash_attn_func(*qkv, deterministic=True)
+    with raises(TypeError, "deterministic"):
+        fp4attn.flash_attn_func(*qkv, deterministic=1)
