@@ -89,8 +89,9 @@ _KEEP_ARG = _LSE_RETURNED_ARG + 1
 # How the device backward sums dQ over key tiles. None (the default) follows
 # torch.are_deterministic_algorithms_enabled(): while that is off, the faster
 # mode for the shape (_ext.device_backward_one_pass_faster: at D = 64 one pass
-# whose dQ summation order varies from run to run, 9–22 % faster on the H200
-# at S = 4k–16k; at D = 128 the two passes, faster and reproducible there).
+# whose dQ summation order varies from run to run, the backward 17–33 % faster
+# on the H200 at S = 4k–16k; at D = 128 the two passes, faster and
+# reproducible there).
 # True: always the two passes (the same bits every run). False: always the
 # one pass (slower at D = 128).
 DETERMINISTIC_BACKWARD: Optional[bool] = None
