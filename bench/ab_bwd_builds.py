@@ -47,7 +47,7 @@ def main() -> None:
                     help="comma-separated 0/1 per build: whether its forward keeps Q's and K's operands for the "
                          "backward (default 1 for every build; libraries without the entry points keep none)")
     ap.add_argument("--deterministic", default=None,
-                    help="comma-separated 0/1 per build: two-pass dQ (1, the default) or dQ by atomics in one pass (0)")
+                    help="comma-separated 0/1 per build: the two deterministic passes (1, the default) or the one pass (0)")
     ap.add_argument("--op", default="bwd", choices=["bwd", "fwdbwd", "fwd"], help="what is timed")
     ap.add_argument("--cases", default=None,
                     help="D:S:causal triples, comma-separated (e.g. 128:4096:1,64:16384:0); default: CASES")

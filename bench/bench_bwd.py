@@ -6,7 +6,8 @@ sdpa_kernel backends), in one process (DESIGN §8).
 Ours runs through libfp4attn_capi.so (ctypes, bench/capi_bwd.cpp), from bf16
 inputs with every quantization included (mxfp4_train: the MXFP4 quantizer and
 the fold into E4M3 too), Direct-P on, in both modes (row key "deterministic":
-two passes, or dQ by atomics in one pass; --atomic 0 skips the latter):
+two passes, or one pass whose dK/dV kernel also sums dQ; --one-pass 0 (or its old
+name --atomic 0) skips the latter):
   op fwdbwd  device forward (quantizer + kernel) then device backward
              (quantizers, transposes, row statistics, dQ and dK/dV kernels)
   op bwd     the device backward alone
@@ -186,7 +187,8 @@ def main():
     ap.add_argument("--dims", default=",".join(str(d) for _, d in GRID_HD), help="head dims to run (subset of the grid)")
     ap.add_argument("--causal", default="0,1", help="mask settings to run: 0 noncausal, 1 causal (bottom-right)")
     ap.add_argument("--recipes", default="fp8", help="our recipes to run: fp8, mxfp4_train or both, comma-separated")
-    ap.add_argument("--atomic", type=int, default=1, help="also time the atomic-dQ mode (1) or not (0)")
+    ap.add_argument("--one-pass", "--atomic", dest="one_pass", type=int, default=1,
+                    help="also time the one-pass mode (deterministic=False) (1) or not (0)")
     ap.add_argument("--saved", type=int, default=1,
                     help="1: the forward keeps Q's and K's operands for the backward, as training through the torch "
                          "op does (recipe fp8); 0: the backward quantizes q and k again")
@@ -229,7 +231,7 @@ def main():
                                     time_ms(ours.fwdbwd, args.reps, args.warmup), saved=kept)
                     r[recipe + "_bwd"] = add("bwd", "fp4attn", recipe, True, causal, B, H, S, D,
                                              time_ms(ours.backward, args.reps, args.warmup), saved=kept)
-                    if args.atomic:
+                    if args.one_pass:
                         r[recipe + "_nd"] = add("fwdbwd", "fp4attn", recipe, True, causal, B, H, S, D,
                                                 time_ms(lambda i: ours.fwdbwd(i, False), args.reps, args.warmup),
                                                 False)
@@ -238,13 +240,13 @@ def main():
                                                             args.warmup), False)
                     if args.profile:
                         profile_kernels(ours.backward, args.reps)
-                        if args.atomic:
+                        if args.one_pass:
                             profile_kernels(lambda i: ours.backward(i, False), args.reps)
                         args.profile = False
                     ours.fwdbwd(0)
                     grads = [g.clone() for g in ours.grads]
                     grads_nd = None
-                    if args.atomic:
+                    if args.one_pass:
                         ours.fwdbwd(0, False)
                         grads_nd = ours.grads[0].clone()
                     err[recipe] = (grads, grads_nd)
@@ -265,9 +267,9 @@ def main():
                     del ref
                 for recipe in recipes:
                     e, e_nd = err[recipe]
-                    nd = (f" (atomic dQ {r[recipe + '_nd']:6.1f}, x{r[recipe + '_nd'] / r['cudnn']:.2f})"
-                          if args.atomic else "")
-                    nd_bwd = f" ({r[recipe + '_nd_bwd']:6.1f})" if args.atomic else ""
+                    nd = (f" (one pass {r[recipe + '_nd']:6.1f}, x{r[recipe + '_nd'] / r['cudnn']:.2f})"
+                          if args.one_pass else "")
+                    nd_bwd = f" ({r[recipe + '_nd_bwd']:6.1f})" if args.one_pass else ""
                     nd_err = f" ({e_nd:.3f})" if e_nd is not None else ""
                     line = (f"{recipe:11s} D={D:3d} H={H:2d} S={S:5d} B={B:2d} causal={int(causal)}  fwd+bwd: ours "
                             f"{r[recipe]:6.1f}{nd}  cudnn {r['cudnn']:6.1f}  fa2 {r['fa2']:6.1f} TF/s  "
@@ -280,7 +282,8 @@ def main():
             del sets
             torch.cuda.empty_cache()
 
-    cmd = "python3 bench/bench_bwd.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k not in ("out", "lib"))
+    cmd = "python3 bench/bench_bwd.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                                                    if k not in ("out", "lib"))
     result = dict(date=args.date, gpu=gpu, commit=args.commit, command=cmd, rows=rows)
     with open(os.path.join(args.out, args.name + ".json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -254,7 +254,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   a.p_code = opt.direct_p ? sm90::bwd::PCode::direct_p : sm90::bwd::PCode::exp2_cvt;
   if (!deterministic) {
     // One pass: the dK/dV kernel adds dQ to fp32 sums (order varies run to run).
-    a.dq_mode = sm90::bwd::DqMode::atomic;
+    a.dq_mode = sm90::bwd::DqMode::one_pass;
     a.dq_accum = floats(layout.dq_accum);
     const auto sums = static_cast<std::size_t>(sm90::bwd::dq_accum_elems(s.B, s.Hq, s.Sq, s.D));
     cuda_common::check_cuda(cudaMemsetAsync(a.dq_accum, 0, sums * sizeof(float), stream), "cudaMemsetAsync");

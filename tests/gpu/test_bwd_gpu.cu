@@ -367,7 +367,7 @@ bool within_output_rounding(const std::vector<float>& got, const std::vector<flo
   return true;
 }
 
-TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
+TEST(GpuBackwardFp8, OnePassMatchesEmulator) {
   FP4ATTN_REQUIRE_HOPPER();
   for (const Case& c : {Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true},
                         Case{{1, 6, 2, 50, 300, 64}, MaskKind::none, true, false, dispatch::DeviceElement::f16},
@@ -388,14 +388,14 @@ TEST(GpuBackwardFp8, AtomicDqModeMatchesEmulator) {
     for (float x : got.dq) unwritten += std::isnan(x);
     ASSERT_EQ(unwritten, 0u) << "dq left as poison " << where;
     const ErrorMetrics m = compare(got.dq, want.dq);
-    std::printf("BWD-METRIC atomic %s dq vs_emu_rel_l2=%.3e vs_emu_cos=%.8f\n", where.c_str(), m.rel_l2, m.cosine);
+    std::printf("BWD-METRIC one-pass %s dq vs_emu_rel_l2=%.3e vs_emu_cos=%.8f\n", where.c_str(), m.rel_l2, m.cosine);
     EXPECT_LE(m.rel_l2, bounds_of(c.recipe).max_rel_l2) << where;
     EXPECT_GE(m.cosine, bounds_of(c.recipe).min_cosine) << where;
     if (c.element == kF32) {
-      EXPECT_LE(compare(got.dq, two_pass.dq).rel_l2, 1e-5) << "atomic vs two-pass dQ " << where;
+      EXPECT_LE(compare(got.dq, two_pass.dq).rel_l2, 1e-5) << "one pass vs two passes, dQ " << where;
     } else {
       std::string miss;
-      EXPECT_TRUE(within_output_rounding(got.dq, two_pass.dq, c.element, miss)) << "atomic vs two-pass dQ, " << miss
+      EXPECT_TRUE(within_output_rounding(got.dq, two_pass.dq, c.element, miss)) << "one pass vs two passes, dQ, " << miss
                                                                                  << " " << where;
     }
     EXPECT_EQ(got.dk, two_pass.dk) << where;
@@ -588,10 +588,10 @@ TEST(GpuBackwardFp8, SavedOperandsGiveTheSameGradients) {
     EXPECT_TRUE(same_bits(got.dk, want.dk)) << "dk " << where;
     EXPECT_TRUE(same_bits(got.dv, want.dv)) << "dv " << where;
     EXPECT_TRUE(saved.download() == before) << "the backward wrote into the saved block " << where;
-    // The atomic-dQ mode on the saved block: dK and dV are written once, so they still match.
-    const emulator::BackwardResult atomic = run_gpu(c, plain, false, false, 0, &saved);
-    EXPECT_TRUE(same_bits(atomic.dk, want.dk)) << "dk, atomic mode " << where;
-    EXPECT_TRUE(same_bits(atomic.dv, want.dv)) << "dv, atomic mode " << where;
+    // The one pass on the saved block: dK and dV are written once, so they still match.
+    const emulator::BackwardResult one_pass = run_gpu(c, plain, false, false, 0, &saved);
+    EXPECT_TRUE(same_bits(one_pass.dk, want.dk)) << "dk, one pass " << where;
+    EXPECT_TRUE(same_bits(one_pass.dv, want.dv)) << "dv, one pass " << where;
   }
 }
 

@@ -31,13 +31,12 @@ struct TensorRef {
 // How dQ is summed over key tiles.
 enum class DqMode : std::uint8_t {
   two_pass,  // a dQ kernel owns each query tile: deterministic (the default)
-  atomic,    // the dK/dV kernel adds each pair's dQ tile to fp32 sums by bulk
+  one_pass,  // the dK/dV kernel adds each pair's dQ tile to fp32 sums by bulk
              // reductions from shared memory, then finalize_dq scales them:
-             // one pass, run-to-run bit differences in dQ (NOTES.md says
-             // when it is faster)
+             // run-to-run bit differences in dQ (NOTES.md says when it is faster)
 };
 
-// DqMode::atomic's fp32 sums of dQ: (B, Hq, padded_tokens(Sq), D), where
+// DqMode::one_pass's fp32 sums of dQ: (B, Hq, padded_tokens(Sq), D), where
 // element d of row s sits at column d ^ (8·(s % 8)). A consumer's 64
 // accumulator rows then go to shared memory without bank conflicts and leave
 // it as one contiguous block (a single bulk reduction); finalize_dq undoes
@@ -59,7 +58,7 @@ struct Fp8BackwardArgs {
   const float *q_scale = nullptr, *k_scale = nullptr, *do_scale = nullptr, *v_scale = nullptr;
   const float* lse_log2 = nullptr;  // log2-domain LSE of the smoothed scores; +inf: the row sees no key
   const float* delta = nullptr;     // rowsum(dO ⊙ O)
-  float* dq_accum = nullptr;  // DqMode::atomic: dq_accum_elems fp32 in that layout, zero before the call
+  float* dq_accum = nullptr;  // DqMode::one_pass: dq_accum_elems fp32 in that layout, zero before the call
   // DqMode::two_pass: the dS scale of every (query tile, key tile) pair,
   // (B, Hq, query tiles, key tiles) fp32. The dQ kernel computes each one
   // (the pair's amax over both consumers) and writes it; the dK/dV kernel
@@ -103,14 +102,14 @@ struct ScaleArray {
 void nan_scales_if_flagged(const int* flags, int flag_count, const int* more_flags, int more_count, ScaleArray a,
                            ScaleArray b, ScaleArray c, cudaStream_t stream);
 
-// dq = scale · accum (DqMode::atomic's layout, dq_accum_elems) into `dq` of `type`.
+// dq = scale · accum (DqMode::one_pass's layout, dq_accum_elems) into `dq` of `type`.
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
                  cudaStream_t stream);
 
 // The two deterministic passes: dQ (one CTA per query tile) and dK, dV (one
 // CTA per key tile of a KV head, over its whole GQA group). Throws
 // fp4attn::Error for arguments the kernels cannot take and on CUDA errors.
-// DqMode::atomic runs the dK/dV kernel alone, adding dQ to fp32 sums, then finalize_dq.
+// DqMode::one_pass runs the dK/dV kernel alone, adding dQ to fp32 sums, then finalize_dq.
 void backward_fp8(const Fp8BackwardArgs& args, cudaStream_t stream);
 
 }  // namespace fp4attn::sm90::bwd

@@ -216,7 +216,7 @@ FP4ATTN_DEVICE_INLINE void issue_scores(float (&d)[Cfg::kSRegs], const std::uint
   for (int t = 1; t < Cfg::kDSteps; ++t) wgmma_m64n128k32_ss(d, da + t * kDescK32Step, db + t * kDescK32Step);
 }
 
-// dQ part = dS·K for 64 queries (DqMode::atomic): A the dS tile rows (128
+// dQ part = dS·K for 64 queries (DqMode::one_pass): A the dS tile rows (128
 // key slots, K-major), B the Kᵀ tile (rows d, the same key slots).
 template <class Cfg>
 FP4ATTN_DEVICE_INLINE void issue_dq(float (&d)[Cfg::kGradRegs], const std::uint8_t* ds_rows, const std::uint8_t* kt) {
@@ -288,7 +288,7 @@ FP4ATTN_DEVICE_INLINE void store_ds_tile(const std::uint32_t (&a)[T][4], std::ui
 }
 
 // This thread's elements of a consumer's fp32 dQ part, times `factor`, into
-// shared memory for a bulk reduction (DqMode::atomic): `rows` holds a block
+// shared memory for a bulk reduction (DqMode::one_pass): `rows` holds a block
 // of `block_rows` rows of HeadDim floats (the thread's two rows, 8 apart, fall
 // in one block), each row's columns permuted by dq_accum_column as in the
 // global sums, which keeps the pair stores of a warp free of bank conflicts.

@@ -48,7 +48,7 @@ struct BwdConfig {
   static constexpr int kSRegs = kRowsPerConsumer * kBlock / kWarpgroupThreads;    // 64
   static constexpr int kGradRegs = kRowsPerConsumer * HeadDim / kWarpgroupThreads;  // 64 or 32
 
-  // DqMode::atomic: each consumer stages its fp32 dQ part (64 rows × D) in
+  // DqMode::one_pass: each consumer stages its fp32 dQ part (64 rows × D) in
   // shared memory and adds it to the global sums by bulk reductions, instead
   // of 16 · D / 32 float2 atomics per thread. A stage of its own (32 KB at
   // D = 64) fits beside the mode's tiles only at D = 64; at D = 128 (64 KB,
@@ -70,9 +70,9 @@ struct BwdConfig {
 enum BarrierId : int {
   kBarrierSyncThreads = 0,
   kBarrierPairAmax = 1,  // both consumers: the dS scale of a pair
-  kBarrierDsTile = 2,    // both consumers: the pair's dS tile is in shared memory (DqMode::atomic)
+  kBarrierDsTile = 2,    // both consumers: the pair's dS tile is in shared memory (DqMode::one_pass)
   kBarrierStaging = 3,   // 3, 4: one consumer's gradient tile staged in its shared memory (store_rows_staged)
-  kBarrierDqStage = 5,   // 5, 6: one consumer's fp32 dQ part staged for its bulk reduction (DqMode::atomic)
+  kBarrierDqStage = 5,   // 5, 6: one consumer's fp32 dQ part staged for its bulk reduction (DqMode::one_pass)
 };
 inline constexpr int kPairThreads = 2 * kWarpgroupThreads;
 
@@ -90,7 +90,7 @@ struct alignas(Cfg::kSwizzleAlign) DqShared {
   std::uint64_t empty[Cfg::kStages];
 };
 
-// DqMode::atomic with BwdConfig::kDqStaged: each consumer's fp32 dQ part,
+// DqMode::one_pass with BwdConfig::kDqStaged: each consumer's fp32 dQ part,
 // rows of D floats with dq_accum_column's permutation (bulk copies need
 // 16-byte alignment, which the byte tiles before it keep).
 template <class Cfg, bool kStaged = Cfg::kDqStaged>
@@ -110,7 +110,7 @@ struct alignas(Cfg::kSwizzleAlign) DkvShared {
   std::uint8_t d_o[Cfg::kStages][Cfg::kTileBytes];
   std::uint8_t qt[Cfg::kStages][Cfg::kTileBytes];
   std::uint8_t d_ot[Cfg::kStages][Cfg::kTileBytes];
-  // DqMode::atomic: Kᵀ of the CTA's key tile (B of dQ = dS·K) and the pair's
+  // DqMode::one_pass: Kᵀ of the CTA's key tile (B of dQ = dS·K) and the pair's
   // dS codes as a (query, key slot) K-major A tile, by pair parity.
   std::uint8_t kt[Cfg::kTileBytes];
   std::uint8_t ds[2][Cfg::kBlock * Cfg::kBlock];

@@ -10,12 +10,12 @@
 //     Sᵀ = K·Qᵀ                 → Pᵀ codes (−inf masked), as the dQ pass
 //     dV += (Pᵀ·dOᵀ) · 2^-8 · do_scale
 //     dPᵀ = V·dOᵀ               → dSᵀ, E4M3 codes with the pair's scale (two
-//                                 passes: the dQ kernel's; atomic: the amax
+//                                 passes: the dQ kernel's; one pass: the amax
 //                                 over both consumers)
 //     dK += (dSᵀ·Qᵀ) · scale · q_scale
 //   The products run one after another: dK, dV (fp32) and one 64 × 128 tile
 //   in flight fill the consumer's registers.
-//   DqMode::atomic, per query tile as well: the dSᵀ codes go to shared
+//   DqMode::one_pass, per query tile as well: the dSᵀ codes go to shared
 //     memory as a (query, key slot) tile; once both consumers' halves are
 //     there, dQ part = dS·Kᵀ-tile for 64 queries, times scale · k_scale, is
 //     added to fp32 sums (finalize_dq scales them afterwards) by bulk
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
                    const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_qt,
                    const __grid_constant__ CUtensorMap tm_dot, const __grid_constant__ CUtensorMap tm_k,
                    const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_kt) {
-  constexpr bool kDqAtomic = kDqMode == DqMode::atomic;
+  constexpr bool kOnePass = kDqMode == DqMode::one_pass;
   using Cfg = BwdConfig<HeadDim>;
   // Two products in flight per consumer: dPᵀ beside Sᵀ, and in the one pass
   // dQ's beside dK's. At D = 64 the registers allow it (dK, dV take 64, not 128).
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   // barrier) and the other dS buffer. The ring slot is then free once every
   // consumer thread is done with it (its arrival, as in the other modes) and
   // the reduction has read it (one more arrival per consumer, by its issuer).
-  constexpr bool kDqInRing = kDqAtomic && !Cfg::kDqStaged;
+  constexpr bool kDqInRing = kOnePass && !Cfg::kDqStaged;
   constexpr int kEmptyArrivals = Cfg::kConsumers * kWarpgroupThreads + (kDqInRing ? Cfg::kConsumers : 0);
   extern __shared__ std::uint8_t smem_raw[];
   auto& smem = aligned_dynamic_shared<DkvShared<Cfg>, Cfg::kSwizzleAlign>(smem_raw);
@@ -80,12 +80,12 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     if (threadIdx.x != 0 || iterations == 0) return;
     const std::int32_t k_coord[4] = {0, k0, kv_head, batch};
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
-                                         &smem.kv_full, (kDqAtomic ? 3 : 2) * Cfg::kTileBytes);
+                                         &smem.kv_full, (kOnePass ? 3 : 2) * Cfg::kTileBytes);
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.k, &tm_k, k_coord,
                                     &smem.kv_full);
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v, &tm_v, k_coord,
                                     &smem.kv_full);
-    if constexpr (kDqAtomic) {
+    if constexpr (kOnePass) {
       const std::int32_t kt_coord[4] = {k0, 0, kv_head, batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.kt, &tm_kt, kt_coord,
                                       &smem.kv_full);
@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const int consumer = wg - 1;
   const int consumer_thread = threadIdx.x - kWarpgroupThreads;
   const Fragment frag(threadIdx.x % kWarpgroupThreads);
-  // Issues this consumer's bulk reductions of dQ (DqMode::atomic, staged).
+  // Issues this consumer's bulk reductions of dQ (DqMode::one_pass).
   const bool dq_issuer = threadIdx.x % kWarpgroupThreads == 0;
   const int first_key = k0 + consumer * Cfg::kRowsPerConsumer;
   const int key_abs[2] = {first_key + frag.row[0], first_key + frag.row[1]};
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       const float do_scale = args.do_scale[q_head * q_blocks + qt];
       // Two passes: the pair's dS scale as the dQ kernel found it (the same
       // dS values, so the same amax), loaded early so that S hides the load.
-      const float pair_scale = kDqAtomic ? 0.0f : args.ds_scales[(q_head * q_blocks + qt) * k_blocks + k_tile];
+      const float pair_scale = kOnePass ? 0.0f : args.ds_scales[(q_head * q_blocks + qt) * k_blocks + k_tile];
       wait_barrier(&smem.full[stage], (n / Cfg::kStages) & 1);
       const float* lse_tile = smem.lse_log2[stage];
       const float* delta_tile = smem.delta[stage];
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       // dS codes from dP (and P): the pair's scale, then the A operand.
       const auto ds_codes = [&] {
         fence_registers(dp);
-        if constexpr (kDqAtomic) {
+        if constexpr (kOnePass) {
           const float amax = ds_in_place(dp, do_scale * v_scale, delta, p);
           ds_scale = pair_ds_scale(amax, smem.amax[n & 1], consumer_thread);
         } else {
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         wgmma_wait<0>();
         ds_codes();
       }
-      if constexpr (kDqAtomic) {
+      if constexpr (kOnePass) {
         // dS as the A tile of dQ = dS·K: row = query, byte = key slot (the Kᵀ tile's order).
         store_ds_tile(a, smem.ds[n & 1], consumer * Cfg::kRowsPerConsumer, frag);
         // Generic-proxy writes, read by the tensor core: fence, then both halves.
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         named_barrier_sync(kBarrierDsTile, kPairThreads);
       }
       // One pass with two products in flight: dQ's product runs while dK's part is added.
-      constexpr bool kDkWithDq = kDqAtomic && kOverlap;
+      constexpr bool kDkWithDq = kOnePass && kOverlap;
       float dq_part[Cfg::kGradRegs];
       {
         float part[Cfg::kGradRegs];
@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < Cfg::kGradRegs; ++i) dk[i] = fmaf(part[i], factor, dk[i]);
       }
-      if constexpr (kDqAtomic) {
+      if constexpr (kOnePass) {
         float (&part)[Cfg::kGradRegs] = dq_part;
         if constexpr (!kDkWithDq) {
           wgmma_fence();
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     }
   }
   // The last reduction must have read the stage before the CTA ends.
-  if constexpr (kDqAtomic)
+  if constexpr (kOnePass)
     if (dq_issuer) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
   // Staged in this consumer's halves of K and V, which no product reads any more.
   std::uint8_t* piece0 = smem.k + consumer * Cfg::kConsumerBytes;

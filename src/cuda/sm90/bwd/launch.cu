@@ -52,14 +52,14 @@ void launch(const Fp8BackwardArgs& a, cudaStream_t stream) {
   }
 
   auto* dkv_kernel = a.dq_mode == DqMode::two_pass ? &fp8_dkv_kernel<D, kPCode, DqMode::two_pass>
-                                                   : &fp8_dkv_kernel<D, kPCode, DqMode::atomic>;
+                                                   : &fp8_dkv_kernel<D, kPCode, DqMode::one_pass>;
   constexpr int kDkvSmem = shared_bytes<DkvShared<Cfg>>();
   check_cuda(cudaFuncSetAttribute(dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDkvSmem),
              "cudaFuncSetAttribute");
   const dim3 dkv_grid((a.Sk + kTile - 1) / kTile, a.Hkv, a.B);
   dkv_kernel<<<dkv_grid, Cfg::kThreads, kDkvSmem, stream>>>(a, tm_q, tm_do, tm_qt, tm_dot, tm_k, tm_v, tm_kt);
   check_cuda(cudaGetLastError(), "fp8_dkv_kernel launch");
-  if (a.dq_mode == DqMode::atomic)
+  if (a.dq_mode == DqMode::one_pass)
     finalize_dq(a.dq_accum, a.out_type, a.dq, a.softmax_scale, a.B, a.Sq, a.Hq, D, stream);
 }
 
@@ -68,7 +68,8 @@ void launch(const Fp8BackwardArgs& a, cudaStream_t stream) {
 void backward_fp8(const Fp8BackwardArgs& a, cudaStream_t stream) {
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) throw Error("Hkv", "Hq must be a multiple of Hkv");
   if (!(a.softmax_scale > 0.0f)) throw Error("softmax_scale", "must be positive");
-  if (a.dq_mode == DqMode::atomic && a.dq_accum == nullptr) throw Error("dq_accum", "DqMode::atomic needs the buffer");
+  if (a.dq_mode == DqMode::one_pass && a.dq_accum == nullptr)
+    throw Error("dq_accum", "DqMode::one_pass needs the buffer");
   if (a.dq_mode == DqMode::two_pass && a.ds_scales == nullptr)
     throw Error("ds_scales", "DqMode::two_pass needs the pair scale buffer");
   const bool direct = a.p_code == PCode::direct_p;

@@ -1,5 +1,5 @@
 // Preparation of the FP8 backward: the log2-domain LSE per row, the NaN
-// scales of non-finite input, and the atomic mode's dQ finalization. (The
+// scales of non-finite input, and the one pass's dQ finalization. (The
 // transposed code copies come from the quantizer and the MX fold.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,5 +1,5 @@
 // The FP8 wgmma shape the backward needs beyond cuda/sm90/ptx.cuh: m64n64k32
-// with both operands in shared memory (dQ = dS·K at D = 64, DqMode::atomic).
+// with both operands in shared memory (dQ = dS·K at D = 64, DqMode::one_pass).
 #pragma once
 
 #include <cstdint>
