@@ -345,16 +345,19 @@ TEST(GpuBackwardFp8, DeterministicRunsAreBitIdentical) {
 // Non-deterministic mode (dQ summed by the dK/dV kernel's bulk reductions:
 // at D = 64 from a stage of their own, at D = 128 from ring tiles): the same
 // bounds against the emulator; dK and dV, computed the same way in both
-// modes, are bit-identical to the deterministic run's. Sq = 50 leaves the second consumer of every query tile
-// with padding rows only. dQ of the two modes differs in fp32 by the order of
-// the sums and by part·factor + sum being one rounding (FFMA) in the two
-// passes and two here: 1e-5 rel L2 in fp32; a 16-bit dQ can then round one
-// ulp (2^-8 .. 2^-7 of the value for bf16, 2^-11 .. 2^-10 for fp16) the other
-// way, which 16-bit outputs allow per element, on top of 1e-5 of the largest
-// |dQ| for the fp32 difference (cancellation makes it large against a small sum).
+// modes, are bit-identical to the deterministic run's. Sq = 50 leaves the
+// second consumer of every query tile with padding rows only.
+// dQ of the two modes differs in fp32 by the order of the sums, and by
+// part·factor + sum being one rounding (FFMA) in the two passes and two here:
+// 1e-5 rel L2 in fp32. A 16-bit dQ can then round one ulp the other way
+// (2^-8 .. 2^-7 of the value for bf16, 2^-11 .. 2^-10 for fp16), which
+// 16-bit outputs allow per element, on top of 1e-5 of the largest |dQ| for
+// the fp32 difference (cancellation makes it large against a small sum).
 bool within_output_rounding(const std::vector<float>& got, const std::vector<float>& want,
                             dispatch::DeviceElement element, std::string& first_miss) {
-  const double ulp = element == dispatch::DeviceElement::bf16 ? 0x1p-7 : element == dispatch::DeviceElement::f16 ? 0x1p-10 : 0.0;
+  const double ulp = element == dispatch::DeviceElement::bf16  ? 0x1p-7
+                     : element == dispatch::DeviceElement::f16 ? 0x1p-10
+                                                               : 0.0;
   double largest = 0.0;
   for (float x : want) largest = std::max(largest, std::fabs(static_cast<double>(x)));
   for (std::size_t i = 0; i < got.size(); ++i) {
