@@ -5,7 +5,9 @@
 #   usage: scripts/device_check.sh [build-dir]   (default build)
 #   env:   STAGES picks stages (default "tests sanitize python bench");
 #          bench-bwd, bench-quant, bench-quant-fp4, bench-mx, bench-nvfp4,
-#          bench-shapes (model-shaped problems), bench-bar (off-grid
+#          bench-shapes (model-shaped problems), bench-torch (inference
+#          forward through the torch layer; needs the python stage's
+#          package), bench-bar (off-grid
 #          shapes for the 1.5x bar, three interleaved rounds), bench-clock
 #          (sustained load: SM clock, power, TFLOP/s), bench-sustained (the
 #          bar and model shapes, 3 s of back-to-back calls each) and accuracy-gpu
@@ -151,6 +153,14 @@ if has_stage bench-nvfp4; then
   PYTHONUNBUFFERED=1 timeout 300 python3 bench/bench_fwd_nvfp4.py --lib "$BUILD/libfp4attn_capi.so" --out "$OUT" \
     --seqs 4096,16384 --dims 128,64 ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-nvfp4-stdout.log" | grep -v "^$" | tail -6
   summary+=("bench nvfp4: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-torch; then
+  # Inference forward through the torch layer (fp4attn.sdpa from bf16, everything a call does timed);
+  # the python stage installed the package into /tmp/fp4attn-site.
+  PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_torch_fwd.py --out "$OUT" \
+    ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-torch-stdout.log" | grep -v "^$" | tail -12
+  summary+=("bench torch fwd: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage accuracy-gpu; then

@@ -67,6 +67,13 @@ enum NonfiniteSlot : int { kQ = 0, kK = 1, kV = 2 };
 // channel's sum is one dependent chain in ascending s, as the CPU adds.
 inline constexpr int kStatsThreads = 128;
 inline constexpr int kStatsBatch = 16;  // tokens loaded ahead of the double-add chains (8: 10 % slower, perf log q5)
+// CTAs per SM for 16-bit inputs: 6 (80 registers; a batch held as loaded,
+// QuadBits, takes 32) against the 4 that ptxas's free choice of 128 registers
+// left: −7 % for the quantizer with smooth_k at S = 4k (perf log q10; 8 CTAs at
+// 64 registers gained half as much, ptxas then issues 8 of a batch's 16 loads
+// ahead). fp32 batches take 64 registers alone.
+template <class T>
+inline constexpr int kStatsCtasPerSm = sizeof(T) == sizeof(float) ? 4 : 6;
 
 // ---- quantize -----------------------------------------------------------------------
 // A block (128 tokens × D) is one CTA of 2·D threads (quantize_threads), so
@@ -139,7 +146,7 @@ __device__ __forceinline__ float fp8_scale_of(float amax) {
 // measured 2 % slower, four with 8 tokens 10 % slower (perf log q5).
 
 template <class T>
-__global__ void __launch_bounds__(kStatsThreads) fp8_stats_kernel(const __grid_constant__ Job<T> job,
+__global__ void __launch_bounds__(kStatsThreads, kStatsCtasPerSm<T>) fp8_stats_kernel(const __grid_constant__ Job<T> job,
                                                                   int channel_blocks) {
   // The finalize kernel may launch now; it waits for this grid before reading.
   cudaTriggerProgrammaticLaunchCompletion();
@@ -163,20 +170,34 @@ __global__ void __launch_bounds__(kStatsThreads) fp8_stats_kernel(const __grid_c
       if (k_tensor) sum[e] += static_cast<double>(x[e]);
     }
   };
-  // K and V are read again by the quantize kernel: keep them in L2.
-  int t = 0;
-  for (; t + kStatsBatch <= tokens; t += kStatsBatch) {
-    float x[kStatsBatch][kQuad];
+  // K and V are read again by the quantize kernel: keep them in L2. One
+  // whole walk per value of the uniform layout flag: with the flag inside
+  // the loop every token was loaded both ways, predicated (as the FP4 mean
+  // pass found, perf log fp4-q11).
+  const auto walk = [&](auto vector) {
+    constexpr bool kVector = decltype(vector)::value;
+    int t = 0;
+    for (; t + kStatsBatch <= tokens; t += kStatsBatch) {
+      QuadBits<T> raw[kStatsBatch];
 #pragma unroll
-    for (int u = 0; u < kStatsBatch; ++u) load_quad<L2Reuse::keep>(p + (t + u) * in.stride_s, in.vector_loads, x[u]);
+      for (int u = 0; u < kStatsBatch; ++u) load_quad<L2Reuse::keep>(p + (t + u) * in.stride_s, kVector, raw[u]);
 #pragma unroll
-    for (int u = 0; u < kStatsBatch; ++u) take(x[u]);
-  }
-  for (; t < tokens; ++t) {
-    float x[kQuad];
-    load_quad<L2Reuse::keep>(p + t * in.stride_s, in.vector_loads, x);
-    take(x);
-  }
+      for (int u = 0; u < kStatsBatch; ++u) {
+        float x[kQuad];
+        widen(raw[u], x);
+        take(x);
+      }
+    }
+    for (; t < tokens; ++t) {
+      QuadBits<T> raw;
+      load_quad<L2Reuse::keep>(p + t * in.stride_s, kVector, raw);
+      float x[kQuad];
+      widen(raw, x);
+      take(x);
+    }
+  };
+  if (in.vector_loads) walk(std::true_type{});
+  else walk(std::false_type{});
 
   const std::int64_t channel = (static_cast<std::int64_t>(b) * job.Hkv + h) * job.D + d0;
   std::uint32_t worst = 0;

@@ -105,31 +105,54 @@ __device__ __forceinline__ float element(const Segment<__half>& s, int e) {
 }
 __device__ __forceinline__ float element(const Segment<float>& s, int e) { return s.f[e]; }
 
-// Four consecutive channels of one token, widened to float: one 8-byte
+// Four consecutive channels of one token (a quad) as loaded: one 8-byte
 // (16-bit types) or 16-byte (fp32) load when `vector` (InputView::vector_loads
 // puts every segment on a 16-byte boundary, so every quad at a multiple of 4
-// elements is aligned for its load too).
+// elements is aligned for its load too). The statistics passes hold a batch
+// of quads as loaded and widen each only where it is summed: 16 quads of
+// 16-bit data are 32 registers, as floats 64, and as the doubles that ptxas
+// converted them to ahead of the sums 128, which left 4 CTAs per SM.
 inline constexpr int kQuad = 4;
+template <class T>
+struct QuadBits {
+  std::uint32_t w[kQuad / 2];  // element 2i in the low half of w[i]
+};
+template <>
+struct QuadBits<float> {
+  float f[kQuad];
+};
+
 template <L2Reuse R, class T>
-__device__ __forceinline__ void load_quad(const T* p, bool vector, float (&x)[kQuad]) {
+__device__ __forceinline__ void load_quad(const T* p, bool vector, QuadBits<T>& q) {
   if constexpr (sizeof(T) == sizeof(float)) {
     if (vector) {
       const float4 v = load_global<R>(reinterpret_cast<const float4*>(p));
-      x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+      q.f[0] = v.x, q.f[1] = v.y, q.f[2] = v.z, q.f[3] = v.w;
     } else {
 #pragma unroll
-      for (int e = 0; e < kQuad; ++e) x[e] = load_global<R>(reinterpret_cast<const float*>(p) + e);
+      for (int e = 0; e < kQuad; ++e) q.f[e] = load_global<R>(reinterpret_cast<const float*>(p) + e);
     }
   } else {
-    Segment<T> seg;  // elements 0 .. 3 only
     if (vector) {
       const uint2 v = load_global<R>(reinterpret_cast<const uint2*>(p));
-      seg.w[0] = v.x, seg.w[1] = v.y;
+      q.w[0] = v.x, q.w[1] = v.y;
     } else {
       const auto* h = reinterpret_cast<const unsigned short*>(p);
-      seg.w[0] = load_global<R>(h) | (static_cast<std::uint32_t>(load_global<R>(h + 1)) << 16);
-      seg.w[1] = load_global<R>(h + 2) | (static_cast<std::uint32_t>(load_global<R>(h + 3)) << 16);
+      q.w[0] = load_global<R>(h) | (static_cast<std::uint32_t>(load_global<R>(h + 1)) << 16);
+      q.w[1] = load_global<R>(h + 2) | (static_cast<std::uint32_t>(load_global<R>(h + 3)) << 16);
     }
+  }
+}
+
+// A quad's elements widened to float (exact for every input type).
+template <class T>
+__device__ __forceinline__ void widen(const QuadBits<T>& q, float (&x)[kQuad]) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+#pragma unroll
+    for (int e = 0; e < kQuad; ++e) x[e] = q.f[e];
+  } else {
+    Segment<T> seg{};  // elements 0 .. 3 only
+    seg.w[0] = q.w[0], seg.w[1] = q.w[1];
 #pragma unroll
     for (int e = 0; e < kQuad; ++e) x[e] = element(seg, e);
   }
