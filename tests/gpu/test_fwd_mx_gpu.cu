@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "cuda/quantize/fold_mx.hpp"
 #include "cuda/quantize/fold_table.hpp"
@@ -175,6 +176,68 @@ TEST(GpuFoldMx, QkAndVMatchEmulatorOperands) {
     EXPECT_EQ(bad_factors, 0u) << where;
     EXPECT_EQ(bad_transposed, 0u) << where;
     EXPECT_GT(subnormal_or_zero, 0u) << "the input must push some blocks out of the fold window " << where;
+  }
+}
+
+// mx_lse_shift bit for bit: softmax_scale · Σ_d fl(q[d] · k̄[d]) summed in d
+// order over Q's MXFP4 values (emulator::smooth_k_shift's rule), on blocks
+// from both ends of the E8M0 range, GQA, both head dims.
+TEST(GpuFoldMx, LseShiftIsTheCpuSumBitForBit) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (const auto& [S, D] : {std::pair<std::int64_t, std::int64_t>{300, 128}, {77, 64}}) {
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    const std::int64_t B = 2, Hq = 4, Hkv = 2;
+    const std::string where = "S=" + std::to_string(S) + " D=" + std::to_string(D) + " seed=" + std::to_string(seed);
+    std::vector<float> x = mx_input(B, S, Hq, D, 1.0f, true, 1, rng);
+    std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+    std::size_t extreme_blocks = 0;
+    for (std::size_t first = 0; first < x.size(); first += kMxfp4Block) {
+      const float r = unit(rng);
+      const int e = r < 0.05f ? -120 : r < 0.10f ? 100 : 0;  // scales near 2^-127 and 2^98
+      if (e == 0) continue;
+      ++extreme_blocks;
+      for (std::size_t i = first; i < first + kMxfp4Block; ++i) x[i] = gpu_test::round_bf16(x[i] * exp2i(e));
+    }
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::vector<float> mean(static_cast<std::size_t>(B * Hkv * D));
+    for (float& m : mean) m = normal(rng);
+    DeviceBf16 dq(x, B, S, Hq, D);
+    const cq::Fp4Sizes zq = cq::fp4_sizes(cq::Fp4Operand::q, TensorFormat::mxfp4, B, S, Hq, D);
+    DeviceArray<std::uint8_t> q_codes(zq.code_bytes), q_scales(zq.scale_bytes);
+    DeviceArray<int> flags(3);
+    DeviceArray<float> k_mean(mean.size()), shift(static_cast<std::size_t>(B * Hq * S));
+    cudaMemset(flags.ptr, 0, flags.bytes());
+    k_mean.upload(mean);
+    shift.poison();
+    cq::Fp4Buffers bufs;
+    bufs.q = {q_codes.ptr, q_scales.ptr, nullptr};
+    bufs.nonfinite = flags.ptr;
+    cq::quantize_fp4(dq.view, cq::Fp4Operand::q, cq::Fp4Options{}, bufs, nullptr);
+    const float softmax_scale = 0.0883883f;
+    cq::mx_lse_shift(bufs.q, B, S, Hq, Hkv, D, k_mean.ptr, softmax_scale, shift.ptr, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = shift.download();
+
+    const QuantizedTensor tq = quantize(x, B, S, Hq, D, TensorFormat::mxfp4, BlockAxis::along_d, {}, "q");
+    std::size_t bad = 0, nonzero = 0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < Hq; ++h)
+        for (std::int64_t s = 0; s < S; ++s) {
+          const float* m = &mean[static_cast<std::size_t>((b * Hkv + h / (Hq / Hkv)) * D)];
+          float dot = 0.0f;
+          for (std::int64_t d = 0; d < D; ++d) {
+            volatile float product = tq.value(b, s, h, d) * m[d];  // rounded before the add, as on the GPU
+            dot += product;
+          }
+          const float want = softmax_scale * dot;
+          const float g = got[static_cast<std::size_t>((b * Hq + h) * S + s)];
+          bad += std::memcmp(&g, &want, sizeof(float)) != 0;
+          nonzero += want != 0.0f;
+        }
+    EXPECT_EQ(bad, 0u) << "rows whose shift differs in any bit " << where;
+    EXPECT_GT(nonzero, static_cast<std::size_t>(B * Hq * S / 2)) << where;
+    EXPECT_GT(extreme_blocks, 0u) << where;
   }
 }
 

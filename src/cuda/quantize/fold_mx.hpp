@@ -46,7 +46,8 @@ void fold_mx_qk(const Fp4Output& in, std::int64_t B, std::int64_t S, std::int64_
 void fold_mx_v(const Fp4Output& in, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D,
                std::int64_t vt_keys, std::uint8_t* vt, float* factor, cudaStream_t stream);
 
-// q: MXFP4 codes and scales of Q (B, Hq, Sq, ·); k_mean (B, Hkv, D); out (B, Hq, Sq).
+// q: MXFP4 codes (16-byte aligned) and scales of Q (B, Hq, Sq, ·); k_mean (B, Hkv, D),
+// 16-byte aligned; out (B, Hq, Sq).
 void mx_lse_shift(const Fp4Output& q, std::int64_t B, std::int64_t Sq, std::int64_t Hq, std::int64_t Hkv,
                   std::int64_t D, const float* k_mean, float softmax_scale, float* lse_shift, cudaStream_t stream);
 
