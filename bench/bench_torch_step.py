@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from capi_lib import host_gap_us, time_ms  # noqa: E402
 
 import fp4attn  # noqa: E402
-from fp4attn import torch_ops  # noqa: E402
+from fp4attn import _validate, torch_ops  # noqa: E402
 
 TOKENS = 32768  # B·S, as the other grids
 
@@ -108,7 +108,9 @@ def main():
                    ms={n: round(statistics.median(t), 4) for n, t in times.items()},
                    tflops={n: round(flop / (statistics.median(t) * 1e-3) / 1e12, 1) for n, t in times.items()},
                    host_gap_us=gaps,
-                   backward=("two passes" if torch_ops._deterministic_backward(D) else "one pass"),
+                   backward=("one pass" if torch_ops.one_pass_faster(
+                       _validate.Dims(B=B, Sq=S, Sk=S, Hq=H, Hkv=H, D=D),
+                       "causal" if causal else "none") else "two passes"),
                    paired_kept_vs_not=round(statistics.median(b / a for a, b in zip(times["kept"], times["not_kept"])), 4),
                    paired_kept_vs_two_pass=round(
                        statistics.median(b / a for a, b in zip(times["kept"], times["two_pass"])), 4))

@@ -3,9 +3,11 @@
 // emulator and returns exactly its gradients.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dispatch/sm90_executor.hpp"
@@ -116,6 +118,32 @@ TEST(BackwardApi, Sm90RefusesWhatItDoesNotImplement) {
   mx.opt.target = Target::sm100;
   EXPECT_FALSE(dispatch::sm90_backward_supports(mx.shape, mx.opt));
   EXPECT_EQ(thrown_argument([&] { mx.run(Executor::sm90); }), "executor");
+}
+
+// The mean number of keys a row sees, against a count row by row, and the
+// backward-mode rule built on it (D = 64, at least 1024 keys a row).
+TEST(BackwardApi, OnePassRuleCountsTheKeysRowsSee) {
+  for (const MaskKind mask : {MaskKind::none, MaskKind::causal, MaskKind::causal_top_left})
+    for (const auto& [sq, sk] : {std::pair<std::int64_t, std::int64_t>{1024, 1024}, {300, 1400}, {1400, 300},
+                                 {4096, 128}, {1, 1}, {129, 7}}) {
+      double sum = 0.0;
+      for (std::int64_t i = 0; i < sq; ++i) {
+        const std::int64_t last = mask == MaskKind::none ? sk - 1 : mask == MaskKind::causal ? i + sk - sq : i;
+        sum += static_cast<double>(std::clamp<std::int64_t>(last + 1, 0, sk));
+      }
+      EXPECT_DOUBLE_EQ(dispatch::mean_visible_keys(mask, sq, sk), sum / static_cast<double>(sq))
+          << "mask " << static_cast<int>(mask) << " Sq=" << sq << " Sk=" << sk;
+    }
+  const auto shape = [](std::int64_t sq, std::int64_t sk, std::int64_t d) {
+    AttentionShape s;
+    s.B = 2, s.Sq = sq, s.Sk = sk, s.Hq = 4, s.Hkv = 2, s.D = d;
+    return s;
+  };
+  EXPECT_TRUE(dispatch::sm90_backward_one_pass_faster(shape(1024, 1024, 64), MaskKind::none));
+  EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(1024, 1024, 128), MaskKind::none));
+  EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(1024, 1024, 64), MaskKind::causal));  // 512.5
+  EXPECT_TRUE(dispatch::sm90_backward_one_pass_faster(shape(2048, 2048, 64), MaskKind::causal));   // 1024.5
+  EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(2046, 2046, 64), MaskKind::causal));  // 1023.5
 }
 
 TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {

@@ -342,9 +342,14 @@ NB_MODULE(_ext, m) {
         },
         nb::arg("shape"), nb::arg("deterministic") = true, nb::arg("recipe") = fp4attn::Recipe::fp8,
         "Device bytes of backward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call of `recipe` in that mode.");
-  m.def("device_backward_one_pass_faster", &fp4attn::dispatch::sm90_backward_one_pass_faster, nb::arg("head_dim"),
-        "Whether backward_device with deterministic=False (dQ summed in one pass, order varying run to run) is "
-        "faster than the deterministic two passes at this head dim.");
+  m.def(
+      "device_backward_one_pass_faster",
+      [](const py::ShapeTuple& shape, fp4attn::MaskKind mask) {
+        return fp4attn::dispatch::sm90_backward_one_pass_faster(py::shape_of(shape), mask);
+      },
+      nb::arg("shape"), nb::arg("mask"),
+      "Whether backward_device with deterministic=False (dQ summed in one pass, order varying run to run) is "
+      "faster than the deterministic two passes for a (B, Sq, Sk, Hq, Hkv, D) call with this mask.");
   m.def("backward_device", &py::backward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
         nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
         nb::arg("o_strides"), nb::arg("d_o"), nb::arg("d_o_strides"), nb::arg("lse"), nb::arg("dq"),

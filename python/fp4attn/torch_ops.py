@@ -46,7 +46,8 @@ torch.compile(fullgraph=True) traces forward and backward. It runs:
   synchronisation, where this build has the sm90 backward kernel
   (`_ext.backward_device`) and `_ext.device_backward_supported` accepts the
   call (recipes fp8 and mxfp4_train, target sm90, D = 64 or 128);
-  reproducible bit for bit except at D = 64 while
+  reproducible bit for bit except where the one pass is faster (D = 64, rows
+  seeing at least 1024 keys on average) while
   torch.are_deterministic_algorithms_enabled() is off (DETERMINISTIC_BACKWARD
   says how dQ is summed);
 * otherwise on the host through `_ext.backward` (the emulator's FP8 backward,
@@ -88,21 +89,29 @@ _KEEP_ARG = _LSE_RETURNED_ARG + 1
 
 # How the device backward sums dQ over key tiles. None (the default) follows
 # torch.are_deterministic_algorithms_enabled(): while that is off, the faster
-# mode for the shape (_ext.device_backward_one_pass_faster: at D = 64 one pass
-# whose dQ summation order varies from run to run, the backward 17–33 % faster
-# on the H200 at S = 4k–16k; at D = 128 the two passes, faster and
-# reproducible there).
+# mode for the problem (_ext.device_backward_one_pass_faster: at D = 64, where
+# query rows see at least 1024 keys on average, one pass whose dQ summation
+# order varies from run to run, forward + backward 2–33 % faster on the H200;
+# elsewhere the two passes, faster and reproducible there). The op decides
+# when it runs, from the call's sizes, so that torch.compile's symbolic sizes
+# need no guard.
 # True: always the two passes (the same bits every run). False: always the
-# one pass (slower at D = 128).
+# one pass (slower at D = 128 and for short sequences).
 DETERMINISTIC_BACKWARD: Optional[bool] = None
 
 
-def _deterministic_backward(head_dim: int) -> bool:
+def _deterministic_backward() -> Optional[bool]:
+    """The backward's mode: True two passes, False one pass, None the faster for the call's problem."""
     if DETERMINISTIC_BACKWARD is not None:
         return bool(DETERMINISTIC_BACKWARD)
     if torch.are_deterministic_algorithms_enabled():
         return True
-    return not _ext.device_backward_one_pass_faster(head_dim)
+    return None
+
+
+def one_pass_faster(dims: _validate.Dims, mask: str) -> bool:
+    """Whether the one-pass device backward is faster than the two passes for this problem and mask."""
+    return _ext.device_backward_one_pass_faster(_device_shape(dims), _ext.MaskKind.__members__[mask])
 
 
 def is_tensor(x) -> bool:
@@ -446,13 +455,15 @@ def _attention_backward_op(
     gqa: bool,
     arg_names: str,
     target: str,
-    deterministic: bool = True,
+    deterministic: Optional[bool] = True,
     kept: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of the attention op, given dO, dLSE (None: zero) and what the forward saved.
 
-    kept: the forward's third output when it kept Q's and K's operands; q and k
-    are then stand-ins that carry only shape, dtype and device.
+    deterministic: the device backward's mode; None picks the faster for the
+    call (one_pass_faster). kept: the forward's third output when it kept Q's
+    and K's operands; q and k are then stand-ins that carry only shape, dtype
+    and device.
     """
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     _require_backward(recipe)
@@ -461,6 +472,8 @@ def _attention_backward_op(
     if kept is not None and kept.numel() == 0:
         kept = None
     if _uses_device_backward(q, dims, opt):
+        if deterministic is None:
+            deterministic = not one_pass_faster(dims, mask_kind)
         return _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s, opt, deterministic, kept)
     if kept is not None:
         raise RuntimeError("the forward kept Q's and K's operands for a device backward this call cannot run")
@@ -504,7 +517,7 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
         (q, k, v, o, lse), kept = ctx.saved_tensors, None
     # The LSE can only carry a gradient when the caller was handed it.
     d_lse = grad_lse if ctx.lse_returned else None
-    deterministic = _deterministic_backward(int(v.shape[-1]))  # D is the last axis in both layouts
+    deterministic = _deterministic_backward()
     dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
     return (dq, dk, dv) + (None,) * (len(ctx.settings) + 2)
 

@@ -268,35 +268,37 @@ def test_device_backward_is_deterministic_and_does_not_synchronize(rng, recipe):
 
 @needs_device_backward
 @pytest.mark.parametrize("recipe", TRAINABLE)
-def test_one_pass_dq_at_d64_unless_determinism_is_asked_for(rng, monkeypatch, recipe):
-    # D = 64 sums dQ in one pass (order varies) unless torch's deterministic
-    # algorithms are on or DETERMINISTIC_BACKWARD says otherwise; dK and dV are
-    # computed the same way in both modes. dQ's fp32 sums differ by their order
-    # only: by a few fp32 ulps of the largest addend (which cancellation can make
-    # large against a small sum), then by up to one bf16 ulp where the rounding
-    # to bf16 falls the other way (measured rel L2 1.3e-5 and 3.6e-5).
-    q, k, v, d_o = problem(rng, (2, 300, 700, 4, 2, 64), "cuda", torch.bfloat16)
+def test_one_pass_dq_where_faster_unless_determinism_is_asked_for(rng, monkeypatch, recipe):
+    # At D = 64 with rows that see 1024 keys or more on average the backward
+    # sums dQ in one pass (order varies) unless torch's deterministic
+    # algorithms are on or DETERMINISTIC_BACKWARD says otherwise; a short
+    # causal problem takes the two passes. dK and dV are computed the same
+    # way in both modes. dQ's fp32 sums differ by their order only: by a few
+    # fp32 ulps of the largest addend (which cancellation can make large
+    # against a small sum), then by up to one bf16 ulp where the rounding to
+    # bf16 falls the other way (measured rel L2 1.3e-5 and 3.6e-5).
+    q, k, v, d_o = problem(rng, (2, 300, 1400, 4, 2, 64), "cuda", torch.bfloat16)  # rows see 1101 .. 1400 keys
 
-    def run():
+    def run(q, k, v, d_o):
         for x in (q, k, v):
             x.grad = None
         fp4attn.flash_attn_func(q, k, v, causal=True, recipe=recipe).backward(d_o)
         return grads(q, k, v)
 
-    calls = []
-    real = fp4attn.torch_ops._attention_backward_op
-    monkeypatch.setattr(fp4attn.torch_ops, "_attention_backward_op",
-                        lambda *args: calls.append(args[-2]) or real(*args))
-    one_pass = run()
+    modes = []  # deterministic, as the device backward ran it
+    real = fp4attn.torch_ops._backward_device
+    monkeypatch.setattr(fp4attn.torch_ops, "_backward_device", lambda *args: modes.append(args[10]) or real(*args))
+    one_pass = run(q, k, v, d_o)
     monkeypatch.setattr(fp4attn.torch_ops, "DETERMINISTIC_BACKWARD", True)
-    two_pass = run()
+    two_pass = run(q, k, v, d_o)
     monkeypatch.setattr(fp4attn.torch_ops, "DETERMINISTIC_BACKWARD", None)
     torch.use_deterministic_algorithms(True)
     try:
-        asked = run()
+        asked = run(q, k, v, d_o)
     finally:
         torch.use_deterministic_algorithms(False)
-    assert calls == [False, True, True]
+    run(*problem(rng, (1, 300, 700, 2, 1, 64), "cuda", torch.bfloat16))  # rows see 401 .. 700 keys
+    assert modes == [False, True, True, True]
     np.testing.assert_array_equal(one_pass[1], two_pass[1])
     np.testing.assert_array_equal(one_pass[2], two_pass[2])
     assert_within_bf16_rounding(one_pass[0], two_pass[0])

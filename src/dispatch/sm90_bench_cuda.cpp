@@ -4,7 +4,7 @@
 // With BenchOptions::training also the training path through the device entry
 // points, as the torch layer runs it: the forward from bf16 keeping Q's and
 // K's operands, the backward on them from a bf16 dO in the faster of its two
-// modes for the head dim (sm90_backward_one_pass_faster), as torch picks it
+// modes for the problem (sm90_backward_one_pass_faster), as torch picks it
 // while deterministic algorithms are off.
 #if defined(FP4ATTN_HAS_CUDA)
 
@@ -116,7 +116,7 @@ void time_training(const AttentionShape& shape, const BenchOptions& opt, const s
   const DeviceMemory dq = cuda_common::device_alloc(q_bytes), dk = cuda_common::device_alloc(kv_bytes),
                      dv = cuda_common::device_alloc(kv_bytes);
   const std::size_t fwd_bytes = sm90_device_workspace_bytes(shape, Recipe::fp8);
-  const bool deterministic = !sm90_backward_one_pass_faster(shape.D);
+  const bool deterministic = !sm90_backward_one_pass_faster(shape, opt.mask);
   result.deterministic_backward = deterministic;
   const std::size_t bwd_bytes = sm90_device_backward_workspace_bytes(shape, deterministic, Recipe::fp8);
   const DeviceMemory fwd_ws = cuda_common::device_alloc(fwd_bytes), bwd_ws = cuda_common::device_alloc(bwd_bytes);

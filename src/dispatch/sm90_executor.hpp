@@ -124,15 +124,23 @@ struct DeviceBackwardArgs {
 std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic,
                                                  Recipe recipe = Recipe::fp8);
 
+// Mean number of keys a query row sees under `mask` (the pairs each row
+// forms); 0 for Sq = 0.
+double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk);
+
 // Whether the one-pass backward (`deterministic = false`: the dK/dV kernel
 // also sums dQ, in an order that varies run to run) is faster than the two
-// deterministic passes at head dim D. Measured on the H200: at D = 64 it is
-// (P and dS formed once per pair instead of twice; backward +17 % at S = 4k
-// causal, +26–33 % at 4k–16k noncausal), at D = 128 it is not (−1 to −14 %
-// at S = 2k–16k: staging the 64 KB of fp32 dQ per pair costs more than the
-// second pass). Callers that need no reproducible bits pass
-// deterministic = !sm90_backward_one_pass_faster(D).
-inline bool sm90_backward_one_pass_faster(std::int64_t head_dim) { return head_dim == 64; }
+// deterministic passes for this problem. Measured on the H200 (forward +
+// backward, src/cuda/sm90/bwd/NOTES.md): at D = 64 it is where a query row
+// sees at least 1024 keys on average (P and dS formed once per pair instead
+// of twice: +2 % at S = 1k noncausal, +3 % at 2k causal, +10 % at 4k causal
+// and 2k noncausal, more beyond), not below (−4 % at 1k causal, −9 % at 512
+// causal: the dQ sums' set-up and conversion, per query row, outweigh the
+// pairs saved); at D = 128 it is not (−1 to −14 % at S = 2k–16k: staging
+// the 64 KB of fp32 dQ per pair costs more than the second pass). Callers
+// that need no reproducible bits pass deterministic =
+// !sm90_backward_one_pass_faster(shape, mask).
+bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask);
 
 // Backward on device pointers (recipes fp8 and mxfp4_train), enqueued on
 // `stream`: the GPU quantizer (Q, K, smooth_k as the forward, unless `saved`

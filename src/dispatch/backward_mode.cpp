@@ -1,0 +1,34 @@
+// Which sm90 backward mode is faster for a problem (sm90_executor.hpp): a
+// host rule from measurements, the same with or without CUDA in the build.
+#include <algorithm>
+
+#include "dispatch/sm90_executor.hpp"
+
+namespace fp4attn::dispatch {
+namespace {
+
+// The one pass wins from this many keys per query row on average (D = 64):
+// between the 512 of a causal 1k problem, where it lost 4 %, and the 1024 of
+// causal 2k and noncausal 1k, where it gained 2–3 % (NOTES.md of the backward).
+constexpr double kOnePassMinMeanKeys = 1024.0;
+
+}  // namespace
+
+double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk) {
+  if (Sq <= 0) return 0.0;
+  if (mask == MaskKind::none) return static_cast<double>(Sk);
+  // Row i sees clamp(i + c, 0, Sk) keys: none before row `first`, all Sk from
+  // row `full` on, i + c in between.
+  const std::int64_t c = mask == MaskKind::causal ? 1 + (Sk - Sq) : 1;
+  const std::int64_t first = std::clamp<std::int64_t>(1 - c, 0, Sq);
+  const std::int64_t full = std::clamp<std::int64_t>(Sk - c, first, Sq);
+  const double rising = static_cast<double>(full - first) *
+                        (static_cast<double>(first + full - 1) / 2.0 + static_cast<double>(c));
+  return (rising + static_cast<double>(Sq - full) * static_cast<double>(Sk)) / static_cast<double>(Sq);
+}
+
+bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask) {
+  return shape.D == 64 && mean_visible_keys(mask, shape.Sq, shape.Sk) >= kOnePassMinMeanKeys;
+}
+
+}  // namespace fp4attn::dispatch
