@@ -1000,33 +1000,7 @@ __global__ void __launch_bounds__(kMeanThreads, kMeanCtasPerSm)
       mag = max(mag, magnitude_bits(x[e]));
     }
   };
-  // One whole walk per value of the uniform layout flag (as in fp4_rows_kernel):
-  // with the flag inside the loop every token was loaded both ways, predicated.
-  const auto walk = [&](auto vector) {
-    constexpr bool kVector = decltype(vector)::value;
-    int t = 0;
-    for (; t + kMeanSumBatch <= tokens; t += kMeanSumBatch) {
-      QuadBits<T> raw[kMeanSumBatch];
-#pragma unroll
-      for (int u = 0; u < kMeanSumBatch; ++u)
-        load_quad<L2Reuse::keep>(p + static_cast<std::int64_t>(t + u) * job.in.stride_s, kVector, raw[u]);
-#pragma unroll
-      for (int u = 0; u < kMeanSumBatch; ++u) {
-        float x[kQuad];
-        widen(raw[u], x);
-        take(x);
-      }
-    }
-    for (; t < tokens; ++t) {
-      QuadBits<T> raw;
-      load_quad<L2Reuse::keep>(p + static_cast<std::int64_t>(t) * job.in.stride_s, kVector, raw);
-      float x[kQuad];
-      widen(raw, x);
-      take(x);
-    }
-  };
-  if (job.in.vector_loads) walk(std::true_type{});
-  else walk(std::false_type{});
+  walk_quads<kMeanSumBatch, L2Reuse::keep>(p, job.in.stride_s, tokens, job.in.vector_loads, take);
   if (mag >= kInfBits) *job.nonfinite = 1;
   const std::int64_t at = (static_cast<std::int64_t>(b) * chunks + chunk) * (job.H * job.D) + quad * kQuad;
 #pragma unroll

@@ -170,34 +170,8 @@ __global__ void __launch_bounds__(kStatsThreads, kStatsCtasPerSm<T>) fp8_stats_k
       if (k_tensor) sum[e] += static_cast<double>(x[e]);
     }
   };
-  // K and V are read again by the quantize kernel: keep them in L2. One
-  // whole walk per value of the uniform layout flag: with the flag inside
-  // the loop every token was loaded both ways, predicated (as the FP4 mean
-  // pass found, perf log fp4-q11).
-  const auto walk = [&](auto vector) {
-    constexpr bool kVector = decltype(vector)::value;
-    int t = 0;
-    for (; t + kStatsBatch <= tokens; t += kStatsBatch) {
-      QuadBits<T> raw[kStatsBatch];
-#pragma unroll
-      for (int u = 0; u < kStatsBatch; ++u) load_quad<L2Reuse::keep>(p + (t + u) * in.stride_s, kVector, raw[u]);
-#pragma unroll
-      for (int u = 0; u < kStatsBatch; ++u) {
-        float x[kQuad];
-        widen(raw[u], x);
-        take(x);
-      }
-    }
-    for (; t < tokens; ++t) {
-      QuadBits<T> raw;
-      load_quad<L2Reuse::keep>(p + t * in.stride_s, kVector, raw);
-      float x[kQuad];
-      widen(raw, x);
-      take(x);
-    }
-  };
-  if (in.vector_loads) walk(std::true_type{});
-  else walk(std::false_type{});
+  // K and V are read again by the quantize kernel: keep them in L2.
+  walk_quads<kStatsBatch, L2Reuse::keep>(p, in.stride_s, tokens, in.vector_loads, take);
 
   const std::int64_t channel = (static_cast<std::int64_t>(b) * job.Hkv + h) * job.D + d0;
   std::uint32_t worst = 0;

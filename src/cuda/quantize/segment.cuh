@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace fp4attn::cuda_quantize {
 
@@ -156,6 +157,40 @@ __device__ __forceinline__ void widen(const QuadBits<T>& q, float (&x)[kQuad]) {
 #pragma unroll
     for (int e = 0; e < kQuad; ++e) x[e] = element(seg, e);
   }
+}
+
+// Hands `take` the quads of tokens 0 .. tokens − 1 of one channel quad (the
+// token t at p + t · stride) as floats, in ascending t, the order the
+// statistics passes' double sums depend on. kBatch tokens are loaded ahead of
+// their use, held as loaded and widened one at a time. One whole walk per
+// value of the uniform layout flag: with the flag inside the loop every token
+// was loaded both ways, predicated (perf log fp4-q11).
+template <int kBatch, L2Reuse R, class T, class Take>
+__device__ __forceinline__ void walk_quads(const T* p, std::int64_t stride, int tokens, bool vector, Take&& take) {
+  const auto walk = [&](auto vector_loads) {
+    constexpr bool kVector = decltype(vector_loads)::value;
+    int t = 0;
+    for (; t + kBatch <= tokens; t += kBatch) {
+      QuadBits<T> raw[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) load_quad<R>(p + static_cast<std::int64_t>(t + u) * stride, kVector, raw[u]);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        float x[kQuad];
+        widen(raw[u], x);
+        take(x);
+      }
+    }
+    for (; t < tokens; ++t) {
+      QuadBits<T> raw;
+      load_quad<R>(p + static_cast<std::int64_t>(t) * stride, kVector, raw);
+      float x[kQuad];
+      widen(raw, x);
+      take(x);
+    }
+  };
+  if (vector) walk(std::true_type{});
+  else walk(std::false_type{});
 }
 
 // One element as stored (the statistics pass stages K in shared memory as is).
