@@ -29,11 +29,10 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from capi_lib import host_gap_us, time_ms  # noqa: E402
+from capi_lib import host_gap_us, kernel_breakdown, time_ms  # noqa: E402
 
 import fp4attn  # noqa: E402
 
@@ -53,21 +52,6 @@ def parse_case(text):
 def bshd_views(B, S, H, D):
     """A (B, H, S, D) view of (B, S, H, D) memory: what q.view(B, S, H, D).transpose(1, 2) gives a model."""
     return torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-
-
-def kernel_breakdown(fn, calls=5):
-    """Mean µs per call of every kernel that fn launches (CUPTI via torch.profiler), longest first."""
-    fn(0)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(calls):
-            fn(i)
-        torch.cuda.synchronize()
-    totals = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            totals[e.name] = totals.get(e.name, 0.0) + e.device_time / calls
-    return {n: round(t, 1) for n, t in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
 def main():

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from capi_lib import host_gap_us, time_ms  # noqa: E402
+from capi_lib import host_gap_us, kernel_breakdown, time_ms  # noqa: E402
 
 import fp4attn  # noqa: E402
 from fp4attn import _validate, torch_ops  # noqa: E402
@@ -62,6 +62,8 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--queued", type=int, default=1)
     ap.add_argument("--commit", default="")
+    ap.add_argument("--kernels", type=int, default=0,
+                    help="1: also each kernel's time per step of ours as shipped and cuDNN (torch.profiler)")
     args = ap.parse_args()
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     keep_bytes = torch_ops._kept_bytes
@@ -102,12 +104,13 @@ def main():
         # The GPU's idle time per step when each step waits for the previous one:
         # the host's time before a step's first kernel (Python, checks, launches).
         gaps = {n: round(host_gap_us(impls[n], args.reps), 1) for n in ("kept", "cudnn")}
+        kernels = {n: kernel_breakdown(impls[n]) for n in ("kept", "cudnn")} if args.kernels else None
         pairs = S * (S + 1) / 2 if causal else S * S
         flop = 3.5 * 4.0 * B * H * D * pairs
         row = dict(op="fwdbwd_torch", D=D, S=S, B=B, H=H, causal=causal, queued=bool(args.queued),
                    ms={n: round(statistics.median(t), 4) for n, t in times.items()},
                    tflops={n: round(flop / (statistics.median(t) * 1e-3) / 1e12, 1) for n, t in times.items()},
-                   host_gap_us=gaps,
+                   host_gap_us=gaps, kernels_us=kernels,
                    backward=("one pass" if torch_ops.one_pass_faster(
                        _validate.Dims(B=B, Sq=S, Sk=S, Hq=H, Hkv=H, D=D),
                        "causal" if causal else "none") else "two passes"),
@@ -122,6 +125,9 @@ def main():
               f"kept ({row['backward']})/two_pass {row['paired_kept_vs_two_pass']:.3f}  | "
               f"host gap us ours {gaps['kept']} cudnn {gaps['cudnn']}",
               flush=True)
+        for name, ks in (kernels or {}).items():
+            print(f"    {name:6s} " + "  ".join(f"{k.split('<')[0].split('(')[0][-40:]} {t}" for k, t in ks.items()),
+                  flush=True)
         del q, k, v, d_o
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)

@@ -1,10 +1,12 @@
-"""What the benchmark drivers share: the ctypes binding of libfp4attn_capi.so
-and the CUDA-event timer (warm-up, then the median of the timed runs)."""
+"""What the benchmark drivers share: the ctypes binding of libfp4attn_capi.so,
+the CUDA-event timer (warm-up, then the median of the timed runs) and a
+per-kernel breakdown of one call."""
 import ctypes
 import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 
 def load_lib(path):
@@ -63,3 +65,18 @@ def host_gap_us(fn, reps):
         total_event += start.elapsed_time(end)
     wall_ms = (time.perf_counter() - t0) * 1e3
     return (wall_ms - total_event) / reps * 1e3
+
+
+def kernel_breakdown(fn, calls=5):
+    """Mean µs per call of every kernel that fn launches (CUPTI via torch.profiler), longest first."""
+    fn(0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            fn(i)
+        torch.cuda.synchronize()
+    totals = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            totals[e.name] = totals.get(e.name, 0.0) + e.device_time / calls
+    return {n: round(t, 1) for n, t in sorted(totals.items(), key=lambda kv: -kv[1])}

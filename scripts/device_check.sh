@@ -69,7 +69,8 @@ fi
 
 if has_stage python; then
   # The device has no network: build against the packages already installed.
-  timeout 400 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/fp4attn-site \
+  # --upgrade: on a machine still warm from an earlier call, replace the package there.
+  timeout 400 python3 -m pip install -q --no-build-isolation --no-deps --upgrade --target /tmp/fp4attn-site \
     -C build-dir=/tmp/fp4attn-pybuild -C cmake.define.CMAKE_BUILD_PARALLEL_LEVEL=16 . >"$OUT/pip.log" 2>&1
   rc=$?
   if [[ $rc -eq 0 ]]; then

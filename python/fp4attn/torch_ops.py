@@ -499,6 +499,11 @@ def _setup_context(ctx, inputs, output):
     ctx.settings = tuple(inputs[_SETTINGS_ARGS])
     ctx.lse_returned = inputs[_LSE_RETURNED_ARG] if len(inputs) > _LSE_RETURNED_ARG else True
     ctx.kept_operands = kept.numel() > 0
+    # No gradient flows into the kept operands; and an output the loss does
+    # not use comes to the backward as None, not as zeros made for it (for
+    # the kept block, a fill of about as many bytes as q and k each step).
+    ctx.mark_non_differentiable(kept)
+    ctx.set_materialize_grads(False)
     if ctx.kept_operands:
         # Q's and K's codes, scales and transposed copies stand for q and k (about as many bytes).
         ctx.q_meta, ctx.k_meta = (q.shape, q.dtype), (k.shape, k.dtype)
@@ -515,8 +520,11 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
         q, k = (_stand_in(shape, dtype, v.device) for shape, dtype in (ctx.q_meta, ctx.k_meta))
     else:
         (q, k, v, o, lse), kept = ctx.saved_tensors, None
-    # The LSE can only carry a gradient when the caller was handed it.
+    # The LSE can only carry a gradient when the caller was handed it; O's is
+    # None when the loss uses the LSE alone.
     d_lse = grad_lse if ctx.lse_returned else None
+    if grad_o is None:
+        grad_o = torch.zeros_like(o)
     deterministic = _deterministic_backward()
     dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
     return (dq, dk, dv) + (None,) * (len(ctx.settings) + 2)
