@@ -6,9 +6,12 @@ FlashAttention-2 backends, on the same tensors in the same process.
 Everything a call does is timed: the Python checks, the workspace and output
 allocations, the quantizer and the attention kernel (op "fwd_torch"). The
 inputs are (B, H, S, D) views of (B, S, H, D) memory, as a model's projections
-give them (`bshd_memory`); the fp8 recipe is also timed on contiguous
-(B, H, S, D) tensors (`fp8_bhsd_memory`), whose rows the quantizer reads with
-another stride. The variants and the baselines alternate over --rounds rounds
+give them; the fp8 recipe is also timed on contiguous (B, H, S, D) tensors
+(`fp8_bhsd_memory`), whose rows the quantizer reads with another stride, and
+through flash_attn_func on the (B, S, H, D) tensors themselves
+(`fp8_flash_attn_func`, O in that memory too). Every output is compared with
+fp64 on its first 512 queries (rel_l2_vs_fp64), so that a fast wrong answer
+shows; --kernels 1 (the default) adds each kernel's time per call. The variants and the baselines alternate over --rounds rounds
 (rotated order); a figure is the median round of --reps calls queued back to
 back (--queued 1), as an inference loop whose host runs ahead of the GPU.
 host_gap_us is the GPU's idle time per call when every call waits for the one
