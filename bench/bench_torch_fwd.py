@@ -11,9 +11,10 @@ give them; the fp8 recipe is also timed on contiguous (B, H, S, D) tensors
 through flash_attn_func on the (B, S, H, D) tensors themselves
 (`fp8_flash_attn_func`, O in that memory too). Every output is compared with
 fp64 on its first 512 queries (rel_l2_vs_fp64), so that a fast wrong answer
-shows; --kernels 1 (the default) adds each kernel's time per call. The variants and the baselines alternate over --rounds rounds
-(rotated order); a figure is the median round of --reps calls queued back to
-back (--queued 1), as an inference loop whose host runs ahead of the GPU.
+shows; --kernels 1 (the default) adds each kernel's time per call. The
+variants and the baselines alternate over --rounds rounds (rotated order); a
+figure is the median round of --reps calls queued back to back (--queued 1),
+as an inference loop whose host runs ahead of the GPU.
 host_gap_us is the GPU's idle time per call when every call waits for the one
 before (the host's share of a lone call). Needs the fp4attn package
 importable (e.g. built with `pip install --no-build-isolation .`).
@@ -40,7 +41,8 @@ from capi_lib import host_gap_us, kernel_breakdown, time_ms  # noqa: E402
 import fp4attn  # noqa: E402
 
 TOKENS = 32768  # B·S, as the other grids
-DEFAULT_CASES = "128:4096:0,128:8192:0,128:16384:0,128:4096:1,128:16384:1,64:4096:0,64:16384:0,128:1024:0,128:8192:0:32:8"
+DEFAULT_CASES = ("128:4096:0,128:8192:0,128:16384:0,128:4096:1,128:16384:1,64:4096:0,64:16384:0,128:1024:0,"
+                 "128:8192:0:32:8")
 
 
 def parse_case(text):
