@@ -190,6 +190,60 @@ TEST(EmulatorBackward, Sm90FoldsMxQueriesPerTile) {
   EXPECT_LT(sm100, 0.1);
 }
 
+// dQ's dS scale blocks: one per 64 query rows (dq_ds_rows, the default)
+// models the sm90 dQ kernel, one per pair (dq_ds_rows = block_q) the one-pass
+// backward. Only dQ depends on them: dK and dV keep the pair's scale, bit for
+// bit. Rows 64 .. 127 of every tile have dO 2^10 louder, so the halves'
+// scales differ and so do the two dQ; a half's own scale suits its quiet
+// rows better, so their dQ is then nearer the fp64 gradient on the same
+// operands.
+TEST(EmulatorBackward, DqScaleBlocksMoveDqOnly) {
+  const AttentionShape s{.B = 1, .Hq = 2, .Hkv = 1, .Sq = 256, .Sk = 256, .D = 64};
+  const Inputs x = testing::realistic_inputs(s, kTestSeed);
+  std::mt19937_64 gen(kTestSeed + 2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> d_o(s.q_elems());
+  for (std::int64_t i = 0; i < s.Sq * s.Hq; ++i)
+    for (std::int64_t d = 0; d < s.D; ++d) d_o[i * s.D + d] = normal(gen) * ((i / s.Hq) % 128 >= 64 ? 1024.0f : 1.0f);
+  AttentionOptions halves;
+  halves.mask = MaskKind::causal;
+  AttentionOptions pair = halves;
+  pair.dq_ds_rows = pair.block_q;
+  ASSERT_EQ(halves.dq_ds_rows, 64);
+  const ForwardResult f = forward(s, x.q, x.k, x.v, halves);
+  const BackwardResult a = backward(s, x.q, x.k, x.v, f.o, f.lse, d_o, halves);
+  const BackwardResult b = backward(s, x.q, x.k, x.v, f.o, f.lse, d_o, pair);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dv, b.dv);
+  // dQ of the quiet rows (loud ones dominate any norm over all rows).
+  const auto quiet = [&](const auto& dq) {
+    std::vector<std::decay_t<decltype(dq[0])>> out;
+    for (std::int64_t i = 0; i < s.Sq * s.Hq; ++i)
+      if ((i / s.Hq) % 128 < 64) out.insert(out.end(), dq.begin() + i * s.D, dq.begin() + (i + 1) * s.D);
+    return out;
+  };
+  const double apart = compare(quiet(a.dq), quiet(b.dq)).rel_l2;
+  const QuantizedInputs in = quantize_inputs(s, x.q, x.k, x.v, halves);
+  std::vector<double> kq = testing::to_double(in.k.dequantize());
+  for (std::int64_t i = 0; i < s.kv_elems(); ++i) kq[i] += in.k_mean[(i / s.D) % s.Hkv * s.D + i % s.D];
+  const reference::BackwardResult exact =
+      reference::backward(s, testing::to_double(in.q.dequantize()), kq, testing::to_double(in.v.dequantize()),
+                          testing::to_double(d_o), halves.mask, halves.softmax_scale);
+  const double halves_err = compare(quiet(a.dq), quiet(exact.dq)).rel_l2;
+  const double pair_err = compare(quiet(b.dq), quiet(exact.dq)).rel_l2;
+  std::printf("quiet rows' dq: the two block shapes apart by rel L2 %.3e; against fp64 %.3e (halves), %.3e (pair)\n",
+              apart, halves_err, pair_err);
+  EXPECT_GT(apart, 1e-3);
+  EXPECT_LT(halves_err, pair_err);
+  pair.dq_ds_rows = 0;
+  try {
+    (void)backward(s, x.q, x.k, x.v, f.o, f.lse, d_o, pair);
+    ADD_FAILURE() << "dq_ds_rows = 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "dq_ds_rows");
+  }
+}
+
 TEST(EmulatorBackward, InferenceRecipesHaveNoBackward) {
   const AttentionShape s{.B = 1, .Hq = 1, .Hkv = 1, .Sq = 32, .Sk = 32, .D = 64};
   const Inputs x = testing::realistic_inputs(s, kTestSeed);

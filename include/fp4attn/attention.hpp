@@ -117,7 +117,9 @@ struct Sm90Benchmark {
   double rotated_bytes = 0.0;   // E4M3 operand bytes of all input sets together
   std::vector<Timing> timings;  // fwd, fwd_e2e (and with training fwdbwd, bwd), each Direct-P on, then off
   // The training rows' backward: true the two deterministic passes, false the
-  // one pass (dQ summed in an order that varies run to run; faster at D = 64).
+  // one pass (dQ summed in an order that varies run to run, its dS with one
+  // scale per 128 × 128 pair where the two passes take one per 64 query rows;
+  // faster at D = 64).
   bool deterministic_backward = true;
 };
 

@@ -105,6 +105,12 @@ struct AttentionOptions {
   Accumulation accumulation = Accumulation::tensor_core;  // emulator only; the kernels are the hardware
   int block_q = 128;  // query tile of the kernel; also the FP8 Q scale block
   int block_k = 128;  // key tile of the kernel; also the FP8 K scale block
+  // Query rows of one dS scale block in dQ = dS·K (emulator only; the kernels
+  // are the hardware): 64, one consumer warpgroup of the sm90 dQ kernel (the
+  // deterministic backward); block_q for the one-pass backward, whose dS codes
+  // serve dK and dQ alike. dK's dSᵀ always takes one scale per (query tile,
+  // key tile) pair. A block is never taller than block_q.
+  int dq_ds_rows = 64;
   int threads = 0;    // CPU emulator worker threads; 0 means all cores
 };
 

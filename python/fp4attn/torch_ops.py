@@ -92,6 +92,9 @@ _KEEP_ARG = _LSE_RETURNED_ARG + 1
 # mode for the problem (_ext.device_backward_one_pass_faster: at D = 64, where
 # query rows see at least 1024 keys on average, one pass whose dQ summation
 # order varies from run to run, forward + backward 2–33 % faster on the H200;
+# its dQ also quantizes dS with one scale per 128 x 128 pair where the two
+# passes take one per 64 query rows, so the modes' dQ differ by part of the
+# FP8 error;
 # elsewhere the two passes, faster and reproducible there). The op decides
 # when it runs, from the call's sizes, so that torch.compile's symbolic sizes
 # need no guard.

@@ -273,10 +273,10 @@ def test_one_pass_dq_where_faster_unless_determinism_is_asked_for(rng, monkeypat
     # sums dQ in one pass (order varies) unless torch's deterministic
     # algorithms are on or DETERMINISTIC_BACKWARD says otherwise; a short
     # causal problem takes the two passes. dK and dV are computed the same
-    # way in both modes. dQ's fp32 sums differ by their order only: by a few
-    # fp32 ulps of the largest addend (which cancellation can make large
-    # against a small sum), then by up to one bf16 ulp where the rounding to
-    # bf16 falls the other way (measured rel L2 1.3e-5 and 3.6e-5).
+    # way in both modes. dQ's dS codes are not: one scale per 128 x 128 pair
+    # in the one pass, one per 64-query half in the two passes' dQ kernel, so
+    # the two dQ differ by part of the FP8 error (besides the order of the
+    # sums), and each is as close to the fp64 gradient as the recipe allows.
     q, k, v, d_o = problem(rng, (2, 300, 1400, 4, 2, 64), "cuda", torch.bfloat16)  # rows see 1101 .. 1400 keys
 
     def run(q, k, v, d_o):
@@ -301,8 +301,10 @@ def test_one_pass_dq_where_faster_unless_determinism_is_asked_for(rng, monkeypat
     assert modes == [False, True, True, True]
     np.testing.assert_array_equal(one_pass[1], two_pass[1])
     np.testing.assert_array_equal(one_pass[2], two_pass[2])
-    assert_within_bf16_rounding(one_pass[0], two_pass[0])
-    assert rel_l2(one_pass[0], two_pass[0]) < 1e-4
+    assert rel_l2(one_pass[0], two_pass[0]) < BOUNDS_VS_EMULATOR[recipe][0]
+    expected = reference(q, k, v, d_o, causal=True)
+    assert_close_to_reference(one_pass, expected, GRAD_BOUNDS[recipe])
+    assert_close_to_reference(two_pass, expected, GRAD_BOUNDS[recipe])
     for a, b in zip(asked, two_pass):
         np.testing.assert_array_equal(a, b)
 

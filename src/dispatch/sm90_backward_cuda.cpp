@@ -66,10 +66,11 @@ BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe) {
   l.scratch = take(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
   l.delta = take(floats(s.B * s.Hq * pq));
   l.lse_log2 = take(floats(s.B * s.Hq * pq));
-  // One dS scale per (query tile, key tile) pair: the dQ kernel hands them to
-  // the dK/dV kernel. Quadratic in S, but below the linear terms up to
-  // sequences of millions of tokens (4 bytes per 128 × 128 pair and head).
-  l.ds_scales = take(floats(s.B * s.Hq * token_blocks(s.Sq) * token_blocks(s.Sk)));
+  // Two dS scales per (query tile, key tile) pair, one per 64-query half:
+  // the dQ kernel hands them to the dK/dV kernel. Quadratic in S, but below
+  // the linear terms up to sequences of millions of tokens (8 bytes per
+  // 128 × 128 pair and head).
+  l.ds_scales = take(floats(s.B * s.Hq * token_blocks(s.Sq) * token_blocks(s.Sk) * sm90::bwd::kDsScalesPerPair));
   if (recipe == Recipe::mxfp4_train) {
     namespace cq = cuda_quantize;
     const cq::Fp4Sizes zq = cq::fp4_sizes(cq::Fp4Operand::q, TensorFormat::mxfp4, s.B, s.Sq, s.Hq, s.D);

@@ -155,9 +155,10 @@ bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask);
 // sm90 backward does not implement, null pointers and an unfit workspace.
 // `deterministic` runs two passes, each gradient written once: bit-identical
 // results run to run. `deterministic = false` runs one pass that adds dQ to
-// fp32 sums by bulk reductions (dQ's last bits vary run to run; faster at
-// D = 64, slower at D = 128: sm90_backward_one_pass_faster,
-// src/cuda/sm90/bwd/NOTES.md).
+// fp32 sums by bulk reductions (dQ's last bits vary run to run, and its dS
+// takes one scale per pair where the two passes take one per 64 query rows:
+// AttentionOptions::dq_ds_rows models either; faster at D = 64, slower at
+// D = 128: sm90_backward_one_pass_faster, src/cuda/sm90/bwd/NOTES.md).
 void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions& opt, bool deterministic,
                           void* stream);
 

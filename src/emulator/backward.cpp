@@ -6,13 +6,14 @@
 //   P  = Direct-P E4M3 code of u = s·scale_log2 − lse·log2(e), i.e. 2^(u+8)/256
 //   dP = dO·Vᵀ           (FP8 × FP8, fp32)
 //   dS = P ⊙ (dP − D),   D = rowsum(dO ⊙ O) from the unquantized dO and bf16 O
-//   dS → FP8 (E4M3 or E5M2) with one fp32 scale for the pair
+//   dS → FP8 (E4M3 or E5M2) with fp32 scales: for dK one per pair, for dQ one
+//        per opt.dq_ds_rows query rows (the dQ kernel's consumer warpgroup)
 //   dV += Pᵀ·dO, dK += scale·dSᵀ·Q, dQ += scale·dS·K  (FP8 operands, fp32 accumulation)
 // The kernels accumulate dQ across key tiles with atomics or a reduction; to
 // stay deterministic the emulator runs two passes over the same pairs, one
 // owning each query tile (dQ) and one owning each key tile (dK, dV, summed over
 // the GQA group). Both passes call the same pair function, so they see
-// identical P and dS.
+// identical P and unquantized dS; each quantizes dS in its own scale blocks.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -90,8 +91,8 @@ struct Problem {
 // P (E4M3 values, 2^-8 outside) and quantized dS of one (query tile, key tile) pair.
 struct PairTile {
   std::int64_t rows = 0, kn = 0, block_k = 0;
-  std::vector<float> p, ds;  // (block_q, block_k)
-  float ds_scale = 1.0f;
+  std::vector<float> p, ds;    // (block_q, block_k)
+  std::vector<float> ds_scale; // (block_q): the scale of each row's dS block
   KeyTile keys;
   KeyTile values;  // V's rows as a key tile: the B operand of dP = dO·Vᵀ in the FP8 wgmma model
   std::vector<float> s, dp;
@@ -99,6 +100,7 @@ struct PairTile {
       : block_k(bk),
         p(static_cast<std::size_t>(block_q * bk)),
         ds(static_cast<std::size_t>(block_q * bk)),
+        ds_scale(static_cast<std::size_t>(block_q), 1.0f),
         keys(D, bk),
         values(D, bk),
         s(static_cast<std::size_t>(bk)),
@@ -118,8 +120,10 @@ void load_value_tile(const PlainOperand& v, std::int64_t b, std::int64_t h, std:
   for (std::int64_t d = 0; d < D; ++d) e4m3_exponents(&t.values[d * bk], kn, &t.exponents[d * bk]);
 }
 
+// dS is quantized in blocks of `ds_rows` consecutive rows of the pair (all of
+// its keys): the whole pair for dK, a consumer's rows for the dQ kernel.
 void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64_t i0, std::int64_t rows,
-                  std::int64_t j0, std::int64_t kn, PairTile& t) {
+                  std::int64_t j0, std::int64_t kn, std::int64_t ds_rows, PairTile& t) {
   const AttentionShape& sh = pb.shape;
   const std::int64_t hkv = hq / sh.group(), bk = t.block_k, D = sh.D;
   t.rows = rows, t.kn = kn;
@@ -129,9 +133,10 @@ void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64
   // the kernels; dS codes then match the GPU's wherever P and Δ do.
   const bool mma = uses_fp8_mma_model(pb.opt);
   if (mma) load_value_tile(pb.v, b, hkv, j0, kn, t.values);
-  float amax = 0.0f;
+  std::vector<float>& row_amax = t.ds_scale;  // each row's largest |dS| first, its block's scale below
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = i0 + r, row = (b * sh.Hq + hq) * sh.Sq + i;
+    row_amax[r] = 0.0f;
     const std::int64_t seen = std::min(kn, visible_keys(pb.opt.mask, sh.Sq, sh.Sk, i) - j0);
     float* p = &t.p[r * bk];
     float* ds = &t.ds[r * bk];
@@ -165,20 +170,26 @@ void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64
         dp_minus_delta = acc * dp_factor - pb.delta[row];
       }
       ds[j] = p[j] * kPUnscale * dp_minus_delta;
-      amax = std::max(amax, std::abs(ds[j]));
+      row_amax[r] = std::max(row_amax[r], std::abs(ds[j]));
     }
   }
-  // One fp32 scale for the pair maps its largest |dS| to the format's maximum.
+  // One fp32 scale per block maps its largest |dS| to the format's maximum.
   // The sm90 kernels multiply by the correctly rounded reciprocal instead of
   // dividing (at most an ulp apart), so the model does too.
-  const float scale = amax / pb.ds_max;
-  t.ds_scale = scale > 0.0f ? scale : 1.0f;
-  const float inv = 1.0f / t.ds_scale;
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < kn; ++j) {
-      float& x = t.ds[r * bk + j];
-      x = round_to(pb.ds_format, mma ? x * inv : x / t.ds_scale);
+  for (std::int64_t r0 = 0; r0 < rows; r0 += ds_rows) {
+    const std::int64_t r1 = std::min(rows, r0 + ds_rows);
+    const float amax = *std::max_element(row_amax.begin() + r0, row_amax.begin() + r1);
+    const float block_scale = amax / pb.ds_max;
+    const float scale = block_scale > 0.0f ? block_scale : 1.0f;
+    const float inv = 1.0f / scale;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      t.ds_scale[r] = scale;
+      for (std::int64_t j = 0; j < kn; ++j) {
+        float& x = t.ds[r * bk + j];
+        x = round_to(pb.ds_format, mma ? x * inv : x / scale);
+      }
     }
+  }
 }
 
 // Key tiles a query tile's rows can see: a prefix, longest for its last row.
@@ -196,10 +207,11 @@ void dq_item(const Problem& pb, std::int64_t item, std::vector<float>& dq) {
   const std::int64_t keys = visible_key_count(pb, i0, rows);
   for (std::int64_t j0 = 0; j0 < keys; j0 += bk) {
     const std::int64_t kn = std::min(bk, sh.Sk - j0);
-    compute_pair(pb, b, hq, i0, rows, j0, kn, t);
+    compute_pair(pb, b, hq, i0, rows, j0, kn, pb.opt.dq_ds_rows, t);
     // K's FP8 scale is one per key tile, so it factors out of the sum over keys.
-    const float factor = t.ds_scale * pb.k.factor_of(b, hkv, j0);
+    const float k_factor = pb.k.factor_of(b, hkv, j0);
     for (std::int64_t r = 0; r < rows; ++r) {
+      const float factor = t.ds_scale[r] * k_factor;
       std::fill(part.begin(), part.end(), 0.0f);
       for (std::int64_t j = 0; j < kn; ++j) {
         const float ds = t.ds[r * bk + j];
@@ -226,9 +238,10 @@ void dkv_item(const Problem& pb, std::int64_t item, std::vector<float>& dk, std:
     for (std::int64_t i0 = 0; i0 < sh.Sq; i0 += bq) {
       const std::int64_t rows = std::min(bq, sh.Sq - i0);
       if (visible_key_count(pb, i0, rows) <= j0) continue;  // the whole pair is masked
-      compute_pair(pb, b, hq, i0, rows, j0, kn, t);
-      // Q's and dO's FP8 scales are one per query tile: they factor out of the sum over queries.
-      const float k_factor = t.ds_scale * pb.q.factor_of(b, hq, i0);
+      compute_pair(pb, b, hq, i0, rows, j0, kn, bq, t);
+      // Q's and dO's FP8 scales are one per query tile, and dSᵀ's one per
+      // pair: they factor out of the sum over queries.
+      const float k_factor = t.ds_scale[0] * pb.q.factor_of(b, hq, i0);
       const float v_factor = kPUnscale * pb.d_o.factor_of(b, hq, i0);
       for (std::int64_t j = 0; j < kn; ++j) {
         std::fill(part_k.begin(), part_k.end(), 0.0f);

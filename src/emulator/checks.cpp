@@ -17,6 +17,7 @@ void check_problem(const AttentionShape& shape, const AttentionOptions& opt) {
   if (opt.block_k <= 0 || opt.block_k % kMxfp4Block != 0 || opt.block_k > kMaxBlockK)
     throw Error("block_k", "must be a multiple of " + std::to_string(kMxfp4Block) + " and at most " +
                                std::to_string(kMaxBlockK) + ", got " + std::to_string(opt.block_k));
+  if (opt.dq_ds_rows <= 0) throw Error("dq_ds_rows", "must be positive, got " + std::to_string(opt.dq_ds_rows));
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0.0f)
     throw Error("softmax_scale", "must be finite and non-negative (0 means 1/sqrt(D))");
 }

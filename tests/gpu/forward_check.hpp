@@ -51,10 +51,15 @@ inline void expect_forward_matches_emulator(const std::vector<float>& o, const s
     lse_differ += lse[i] != want.lse[i];
     max_lse = std::max(max_lse, std::fabs(static_cast<double>(lse[i]) - want.lse[i]));
   }
-  for (std::size_t i = 0; i < o.size(); ++i) o_differ += o[i] != want.o[i];
+  std::string first_differ;  // up to four differing elements, to tell one row's alpha from scattered codes
+  for (std::size_t i = 0; i < o.size(); ++i) {
+    if (o[i] == want.o[i]) continue;
+    if (++o_differ <= 4)
+      first_differ += " [" + std::to_string(i) + "] " + std::to_string(o[i]) + " vs " + std::to_string(want.o[i]);
+  }
   EXPECT_EQ(inf_mismatch, 0u) << "fully masked rows differ " << where;
   EXPECT_LE(max_lse, kForwardMaxLseDiff) << "LSE " << where;
-  EXPECT_LE(o_differ * kMaxOffPerElements, o.size()) << "O elements not bit-exact " << where;
+  EXPECT_LE(o_differ * kMaxOffPerElements, o.size()) << "O elements not bit-exact " << where << ":" << first_differ;
   std::printf("[ %s stats ] %s: O rel L2 %.3g, O differing %zu of %zu, LSE differing %zu of %zu, max |dLSE| %.3g\n",
               tag, where.c_str(), m.rel_l2, o_differ, o.size(), lse_differ, lse.size(), max_lse);
 }

@@ -74,7 +74,13 @@ inline std::string shape_mask_name(const AttentionShape& s, MaskKind mask) {
          kMaskNames[static_cast<int>(mask)];
 }
 
-inline std::uint32_t fresh_seed() { return std::random_device{}(); }
+// A fresh random seed for each case (every test prints the seeds it used),
+// or FP4ATTN_TEST_SEED for every case, to run a printed failure again.
+inline std::uint32_t fresh_seed() {
+  if (const char* fixed = std::getenv("FP4ATTN_TEST_SEED"); fixed != nullptr && *fixed != '\0')
+    return static_cast<std::uint32_t>(std::strtoul(fixed, nullptr, 10));
+  return std::random_device{}();
+}
 
 // Captures `enqueue(stream)` into a CUDA graph on a stream of its own, then
 // launches the graph once and waits for it: what a caller that replays

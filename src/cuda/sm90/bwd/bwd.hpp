@@ -22,6 +22,10 @@ inline constexpr int kTile = 128;
 
 inline std::int64_t padded_tokens(std::int64_t S) { return (S + kTile - 1) / kTile * kTile; }
 
+// DqMode::two_pass: dS scales per (query tile, key tile) pair, one per
+// 64-query half (a consumer warpgroup of the dQ kernel).
+inline constexpr int kDsScalesPerPair = 2;
+
 // A (B, S, H, D) device tensor of `type`, element strides on B, S, H, D contiguous.
 struct TensorRef {
   void* data = nullptr;
@@ -59,10 +63,12 @@ struct Fp8BackwardArgs {
   const float* lse_log2 = nullptr;  // log2-domain LSE of the smoothed scores; +inf: the row sees no key
   const float* delta = nullptr;     // rowsum(dO ⊙ O)
   float* dq_accum = nullptr;  // DqMode::one_pass: dq_accum_elems fp32 in that layout, zero before the call
-  // DqMode::two_pass: the dS scale of every (query tile, key tile) pair,
-  // (B, Hq, query tiles, key tiles) fp32. The dQ kernel computes each one
-  // (the pair's amax over both consumers) and writes it; the dK/dV kernel
-  // reads it instead of reducing the same amax again.
+  // DqMode::two_pass: the dS scales of every (query tile, key tile) pair,
+  // (B, Hq, query tiles, key tiles, kDsScalesPerPair) fp32: each 64-query
+  // half's amax / 448 (0 for an all-zero half). The dQ kernel quantizes each
+  // half's dS with its own (1 for 0) and writes both; the dK/dV kernel takes
+  // the larger as the pair's (its dSᵀ spans both halves along the sum over
+  // queries) instead of reducing the same amax again.
   float* ds_scales = nullptr;
   DqMode dq_mode = DqMode::two_pass;
   ElementType out_type = ElementType::f32;

@@ -163,6 +163,20 @@ FP4ATTN_DEVICE_INLINE float pair_ds_scale(float amax, float (&slot)[kWarps], int
   return scale > 0.0f ? scale : 1.0f;
 }
 
+// One consumer's share of a pair's dS scale: the largest |dS| of its 64 × 128
+// half over E4M3's maximum, 0 when that half is all zero (the caller maps 0
+// to 1). The consumer's four warps meet at a barrier of their own, so the
+// two consumers never wait for each other. `slot` holds the consumer's four
+// warp maxima and alternates per pair, as in pair_ds_scale.
+FP4ATTN_DEVICE_INLINE float consumer_ds_scale(float amax, float* slot, int consumer, int consumer_thread) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullWarp, amax, o));
+  const int warp = consumer_thread / kWarpSize % (kWarpgroupThreads / kWarpSize);
+  if (consumer_thread % kWarpSize == 0) slot[warp] = amax;
+  named_barrier_sync(kBarrierConsumerAmax + consumer, kWarpgroupThreads);
+  return __fdiv_rn(fmaxf(fmaxf(slot[0], slot[1]), fmaxf(slot[2], slot[3])), kE4M3Max);
+}
+
 // dS codes in A layout: dS · (1 / scale) rounded to E4M3. The emulator
 // divides; the product differs from the quotient by at most an ulp of fp32,
 // which moves a code only when dS / scale lies within that ulp of an E4M3

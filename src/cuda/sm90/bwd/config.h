@@ -69,10 +69,11 @@ struct BwdConfig {
 // Named barriers (0 is __syncthreads).
 enum BarrierId : int {
   kBarrierSyncThreads = 0,
-  kBarrierPairAmax = 1,  // both consumers: the dS scale of a pair
+  kBarrierPairAmax = 1,  // both consumers: the dS scale of a pair (DqMode::one_pass)
   kBarrierDsTile = 2,    // both consumers: the pair's dS tile is in shared memory (DqMode::one_pass)
   kBarrierStaging = 3,   // 3, 4: one consumer's gradient tile staged in its shared memory (store_rows_staged)
   kBarrierDqStage = 5,   // 5, 6: one consumer's fp32 dQ part staged for its bulk reduction (DqMode::one_pass)
+  kBarrierConsumerAmax = 7,  // 7, 8: one consumer's dS scale (the dQ kernel)
 };
 inline constexpr int kPairThreads = 2 * kWarpgroupThreads;
 

@@ -147,9 +147,14 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       const std::int64_t q_head = static_cast<std::int64_t>(batch) * args.Hq + head;
       const float q_scale = args.q_scale[q_head * q_blocks + qt];
       const float do_scale = args.do_scale[q_head * q_blocks + qt];
-      // Two passes: the pair's dS scale as the dQ kernel found it (the same
-      // dS values, so the same amax), loaded early so that S hides the load.
-      const float pair_scale = kOnePass ? 0.0f : args.ds_scales[(q_head * q_blocks + qt) * k_blocks + k_tile];
+      // Two passes: the pair's dS scale from the dQ kernel's two halves (the
+      // same dS values, so the larger half's is the pair's amax / 448; 1 when
+      // both are 0), loaded early so that S hides the load. They are combined
+      // where dS needs them: combined here, the warp waited for the load
+      // before it issued S.
+      static_assert(Cfg::kConsumers == kDsScalesPerPair, "one scale per consumer of the dQ kernel");
+      const float2 halves = kOnePass ? float2{} : *reinterpret_cast<const float2*>(
+          args.ds_scales + ((q_head * q_blocks + qt) * k_blocks + k_tile) * kDsScalesPerPair);
       wait_barrier(&smem.full[stage], (n / Cfg::kStages) & 1);
       const float* lse_tile = smem.lse_log2[stage];
       const float* delta_tile = smem.delta[stage];
@@ -207,7 +212,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
           ds_scale = pair_ds_scale(amax, smem.amax[n & 1], consumer_thread);
         } else {
           ds_in_place<false>(dp, do_scale * v_scale, delta, p);
-          ds_scale = pair_scale;
+          const float larger = fmaxf(halves.x, halves.y);
+          ds_scale = larger > 0.0f ? larger : 1.0f;
         }
         ds_operand(dp, ds_scale, a);
       };

@@ -5,9 +5,11 @@
 //   consumer warpgroups 0, 1 (query rows 64c .. 64c + 63), per key tile:
 //     S  = Q·Kᵀ, dP = dO·Vᵀ      wgmma m64n128k32, operands in SMEM
 //     P  = E4M3 code of 2^(S·c − lse_log2 + 8) (Direct-P or exp2), −inf masked
-//     dS = P·2^-8 ⊙ (dP·f − delta); scale = amax over the 128 × 128 pair / 448
-//          (both consumers, through SMEM and a named barrier), also written
-//          to ds_scales for the dK/dV kernel
+//     dS = P·2^-8 ⊙ (dP·f − delta); scale = amax over the consumer's 64 × 128
+//          half of the pair / 448 (its four warps, through SMEM and a named
+//          barrier of its own: the consumers never wait for each other), also
+//          written to ds_scales, where the dK/dV kernel takes the larger of
+//          the two halves' as the pair's
 //     dQ += (E4M3(dS / scale) · Kᵀ) · scale · k_scale   wgmma m64nDk32, dS the
 //          register A operand, Kᵀ (tokens permuted) from SMEM, a fresh fp32
 //          tile added to dQ in fp32 as the emulator does
@@ -24,6 +26,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
                   const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
                   const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_kt) {
   using Cfg = BwdConfig<HeadDim>;
+  static_assert(Cfg::kConsumers == kDsScalesPerPair, "ds_scales holds one scale per consumer");
   extern __shared__ std::uint8_t smem_raw[];
   auto& smem = aligned_dynamic_shared<DqShared<Cfg>, Cfg::kSwizzleAlign>(smem_raw);
 
@@ -98,6 +101,9 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const auto lse = [&](int r, int) { return row_lse[r]; };
   const auto delta = [&](int r, int) { return row_delta[r]; };
 
+  // This consumer's dS scale of every pair of the CTA's query tile, a pair apart.
+  float* const pair_scales = args.ds_scales + (q_head * q_blocks + q_tile) * k_blocks * kDsScalesPerPair + consumer;
+
   float dq[Cfg::kGradRegs];
 #pragma unroll
   for (int i = 0; i < Cfg::kGradRegs; ++i) dq[i] = 0.0f;
@@ -141,8 +147,10 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       const float c = log2_multiplier(q_scale, k_scale, scale_log2);
       p_operand<kPCode>(s, c, lse, p);
       const float amax = ds_in_place(dp, do_scale * v_scale, delta, p);
-      const float ds_scale = pair_ds_scale(amax, smem.amax[n & 1], consumer_thread);
-      if (consumer_thread == 0) args.ds_scales[(q_head * q_blocks + q_tile) * k_blocks + n] = ds_scale;
+      const float half_scale = consumer_ds_scale(amax, &smem.amax[n & 1][Cfg::kConsumerWarps / Cfg::kConsumers * consumer],
+                                                 consumer, consumer_thread);
+      if (consumer_thread % kWarpgroupThreads == 0) pair_scales[n * kDsScalesPerPair] = half_scale;
+      const float ds_scale = half_scale > 0.0f ? half_scale : 1.0f;
       std::uint32_t a[Cfg::kTokenSteps][4];
       ds_operand(dp, ds_scale, a);
 

@@ -71,7 +71,7 @@ void backward_fp8(const Fp8BackwardArgs& a, cudaStream_t stream) {
   if (a.dq_mode == DqMode::one_pass && a.dq_accum == nullptr)
     throw Error("dq_accum", "DqMode::one_pass needs the buffer");
   if (a.dq_mode == DqMode::two_pass && a.ds_scales == nullptr)
-    throw Error("ds_scales", "DqMode::two_pass needs the pair scale buffer");
+    throw Error("ds_scales", "DqMode::two_pass needs the dS scale buffer");
   const bool direct = a.p_code == PCode::direct_p;
   switch (a.D) {
     case 64: return direct ? launch<64, PCode::direct_p>(a, stream) : launch<64, PCode::exp2_cvt>(a, stream);
