@@ -87,6 +87,18 @@ void grow(GradBounds& w, const ErrorMetrics& m) {
   w.one_minus_cos = std::max(w.one_minus_cos, 1.0 - m.cosine);
 }
 
+// fp64 gradients on the operands the kernel multiplies: dequantized Q and V,
+// and dequantized K with the smooth_k mean added back.
+reference::BackwardResult reference_on_quantized(const AttentionShape& s, const Inputs& x,
+                                                 const std::vector<float>& d_o, const AttentionOptions& o) {
+  const QuantizedInputs in = quantize_inputs(s, x.q, x.k, x.v, o);
+  std::vector<double> kq = testing::to_double(in.k.dequantize());
+  for (std::int64_t i = 0; i < s.kv_elems() && !in.k_mean.empty(); ++i)
+    kq[i] += in.k_mean[((i / (s.D * s.Hkv * s.Sk)) * s.Hkv + (i / s.D) % s.Hkv) * s.D + i % s.D];
+  return reference::backward(s, testing::to_double(in.q.dequantize()), kq, testing::to_double(in.v.dequantize()),
+                             testing::to_double(d_o), o.mask, o.softmax_scale);
+}
+
 // Runs forward + backward and measures dQ, dK, dV against both references.
 Worst measure(const AttentionShape& s, std::uint64_t seed, const AttentionOptions& o) {
   const Inputs x = testing::realistic_inputs(s, seed);
@@ -97,13 +109,7 @@ Worst measure(const AttentionShape& s, std::uint64_t seed, const AttentionOption
   const ForwardResult fwd = forward(s, x.q, x.k, x.v, o);
   const BackwardResult got = backward(s, x.q, x.k, x.v, fwd.o, fwd.lse, d_o, o);
 
-  const QuantizedInputs in = quantize_inputs(s, x.q, x.k, x.v, o);
-  std::vector<double> kq = testing::to_double(in.k.dequantize());
-  for (std::int64_t i = 0; i < s.kv_elems() && !in.k_mean.empty(); ++i)
-    kq[i] += in.k_mean[((i / (s.D * s.Hkv * s.Sk)) * s.Hkv + (i / s.D) % s.Hkv) * s.D + i % s.D];
-  const reference::BackwardResult kref =
-      reference::backward(s, testing::to_double(in.q.dequantize()), kq, testing::to_double(in.v.dequantize()),
-                          testing::to_double(d_o), o.mask, o.softmax_scale);
+  const reference::BackwardResult kref = reference_on_quantized(s, x, d_o, o);
   const reference::BackwardResult rref = reference::backward(
       s, testing::to_double(x.q), testing::to_double(x.k), testing::to_double(x.v), testing::to_double(d_o), o.mask,
       o.softmax_scale);
@@ -223,12 +229,7 @@ TEST(EmulatorBackward, DqScaleBlocksMoveDqOnly) {
     return out;
   };
   const double apart = compare(quiet(a.dq), quiet(b.dq)).rel_l2;
-  const QuantizedInputs in = quantize_inputs(s, x.q, x.k, x.v, halves);
-  std::vector<double> kq = testing::to_double(in.k.dequantize());
-  for (std::int64_t i = 0; i < s.kv_elems(); ++i) kq[i] += in.k_mean[(i / s.D) % s.Hkv * s.D + i % s.D];
-  const reference::BackwardResult exact =
-      reference::backward(s, testing::to_double(in.q.dequantize()), kq, testing::to_double(in.v.dequantize()),
-                          testing::to_double(d_o), halves.mask, halves.softmax_scale);
+  const reference::BackwardResult exact = reference_on_quantized(s, x, d_o, halves);
   const double halves_err = compare(quiet(a.dq), quiet(exact.dq)).rel_l2;
   const double pair_err = compare(quiet(b.dq), quiet(exact.dq)).rel_l2;
   std::printf("quiet rows' dq: the two block shapes apart by rel L2 %.3e; against fp64 %.3e (halves), %.3e (pair)\n",
