@@ -91,9 +91,10 @@ __device__ __forceinline__ std::uint32_t pair_magnitude_max(std::uint32_t acc, s
 
 // Code bits of one pair before the final subtraction of mx_codes_x8:
 // (bits(M) + n) | sign · 8 in each half, n the E2M1 magnitude code of that
-// half's |x| · scale. bits(M) has a zero low nibble, so the sign lands in bit
-// 3 of a nibble that n (≤ 7) leaves free.
-template <class T>
+// half's |x| · scale (|x| itself without kScaled: values already scaled
+// need no multiply by 1). bits(M) has a zero low nibble, so the sign lands
+// in bit 3 of a nibble that n (≤ 7) leaves free.
+template <class T, bool kScaled = true>
 __device__ __forceinline__ std::uint32_t mx_code_bits_x2(std::uint32_t w, typename Pairs<T>::H2 scale) {
   using P = Pairs<T>;
   using H2 = typename P::H2;
@@ -101,7 +102,9 @@ __device__ __forceinline__ std::uint32_t mx_code_bits_x2(std::uint32_t w, typena
   const H2 magic = as_pair<H2>(P::kMagicBitsPair), magic_plus_two = as_pair<H2>(P::kMagicBitsPair + 0x00020002u),
            magic_plus_four = as_pair<H2>(P::kMagicBitsPair + 0x00040004u);  // M + 2, M + 4: ulp 1
   constexpr std::uint32_t kSaturated = P::kMagicBitsPair + 0x00070007u;  // bits of M + 7, both halves
-  const H2 a = __hmul2(as_pair<H2>(w & 0x7FFF7FFFu), scale);
+  const H2 magnitude = as_pair<H2>(w & 0x7FFF7FFFu);
+  H2 a = magnitude;
+  if constexpr (kScaled) a = __hmul2(magnitude, scale);
   const std::uint32_t n = __vimin3_u16x2(pair_bits(__hfma2(a, two, magic)), pair_bits(__hadd2(a, magic_plus_two)),
                                          pair_bits(__hfma2(a, half, magic_plus_four)));
   return __vminu2(n, kSaturated) | ((w >> 12) & 0x00080008u);  // the inputs' sign bits 15, 31 → bits 3, 19
@@ -112,13 +115,13 @@ __device__ __forceinline__ std::uint32_t mx_code_bits_x2(std::uint32_t w, typena
 // constant bits(M) of every half is added along and subtracted once: the sum
 // of the shifted words is linear modulo 2^32, and the codes' nibbles do not
 // overlap.
-template <class T>
+template <class T, bool kScaled = true>
 __device__ __forceinline__ std::uint32_t mx_codes_x8(const std::uint32_t* p, typename Pairs<T>::H2 scale) {
   constexpr std::uint32_t kMagicSum = Pairs<T>::kMagicBitsPair * 0x1111u;  // Σ_j bits(M) pair · 16^j, mod 2^32
-  std::uint32_t acc = mx_code_bits_x2<T>(p[3], scale);
-  acc = acc * 16u + mx_code_bits_x2<T>(p[2], scale);
-  acc = acc * 16u + mx_code_bits_x2<T>(p[1], scale);
-  acc = acc * 16u + mx_code_bits_x2<T>(p[0], scale);
+  std::uint32_t acc = mx_code_bits_x2<T, kScaled>(p[3], scale);
+  acc = acc * 16u + mx_code_bits_x2<T, kScaled>(p[2], scale);
+  acc = acc * 16u + mx_code_bits_x2<T, kScaled>(p[1], scale);
+  acc = acc * 16u + mx_code_bits_x2<T, kScaled>(p[0], scale);
   return acc - kMagicSum;
 }
 
@@ -152,9 +155,24 @@ __device__ __forceinline__ std::uint32_t f16x2_round_to_odd(float lo, float hi) 
   std::uint32_t h;
   asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));  // first source → high half
   constexpr std::uint32_t kDropped = (1u << 13) - 1u;  // fp32 mantissa bits below f16's (normal range)
-  const std::uint32_t d = (__float_as_uint(lo) & kDropped) | ((__float_as_uint(hi) & kDropped) << 16);
-  // Adding 0x1FFF carries into bit 13 of a half exactly when its dropped bits are nonzero.
-  return h | (((d + (kDropped | kDropped << 16)) >> 13) & 0x00010001u);
+  // The low 16 bits of both floats side by side (lo's in the low half), cut
+  // to the dropped bits; min(·, 1) per half is then 1 exactly where a half
+  // dropped a nonzero bit: the sticky bit, in three instructions.
+  const std::uint32_t d =
+      __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x5410) & (kDropped | kDropped << 16);
+  return h | __vminu2(d, 0x00010001u);
+}
+
+// Eight codes (element e at nibble e) of the fp32 values y(0 .. 7), |y| < 256:
+// f16 pairs rounded to odd, then the packed encoder without a scale, equal to
+// encode_rne_sat(e2m1, y) (f16x2_round_to_odd says why). For the quantizer's
+// fp32 paths (NVFP4 quotients, smooth_k differences times 2^-k).
+template <class Y>
+__device__ __forceinline__ std::uint32_t e2m1_codes_x8_fp32(Y y) {
+  std::uint32_t p[4];  // p[j] = (y(j), y(j + 4)), as mx_codes_x8 takes them
+#pragma unroll
+  for (int j = 0; j < 4; ++j) p[j] = f16x2_round_to_odd(y(j), y(j + 4));
+  return mx_codes_x8<__half, false>(p, __half2{});
 }
 
 // The pairs mx_codes_x8 takes, from words w[0..3] holding elements (0, 1),

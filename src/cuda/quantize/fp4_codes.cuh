@@ -5,8 +5,10 @@
 // e2m1_pairs.cuh is the packed bf16 / fp16 form of the MX code.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <bit>
 #include <cfloat>
 #include <cstdint>
 
@@ -70,10 +72,26 @@ __device__ __forceinline__ float nv_tensor_scale(std::uint32_t amax_bits) {
   return amax == 0.0f ? 1.0f : fminf(__fdiv_rn(kNvTensorScaleNumerator, amax), FLT_MAX);
 }
 
+// RN(1 / 6), the reciprocal fma_quotient divides by 6 with.
+inline constexpr float kInvE2M1Max = 1.0f / kE2M1Max;
+static_assert(std::bit_cast<std::uint32_t>(kInvE2M1Max) == 0x3E2AAAABu, "RN(1/6)");
+
 __device__ __forceinline__ std::uint32_t nv_scale_code(float block_amax, float s_enc) {
   // UE4M3 is E4M3 without the sign; the value is non-negative, and the
   // hardware's satfinite conversion is formats.hpp's rule (DESIGN §3.1).
-  return __nv_cvt_float_to_fp8(__fdiv_rn(__fmul_rn(block_amax, s_enc), kE2M1Max), __NV_SATFINITE, __NV_E4M3);
+  // The CPU's fl(m / 6) by fma_quotient (three instructions where
+  // __fdiv_rn takes eight and a branch): m = fl(amax · S_enc) ≤ 2688 ≤ 449 · 6,
+  // so every quotient from 2^-11 up is the IEEE one, and smaller ones, exact
+  // or not, stay below E4M3's first rounding boundary 2^-10 (fma_quotient.hpp;
+  // GpuFp4Codes.NvScaleCodeMatchesTheCpuOnEveryProduct checks every m).
+  return __nv_cvt_float_to_fp8(fma_quotient(__fmul_rn(block_amax, s_enc), kE2M1Max, kInvE2M1Max), __NV_SATFINITE,
+                               __NV_E4M3);
+}
+
+// The value of a UE4M3 code below 0x7F, by the hardware's exact E4M3 → f16
+// conversion (every E4M3 value is an f16).
+__device__ __forceinline__ float ue4m3_value(std::uint32_t code) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3)));
 }
 
 // The IEEE division of the CPU rule, fl(p / sb), as one reciprocal product
@@ -85,9 +103,28 @@ struct NvDivisor {
 };
 
 __device__ __forceinline__ NvDivisor make_nv_divisor(std::uint32_t scale_code) {
-  const float sb = decode(ElemFormat::ue4m3, scale_code);
+  const float sb = ue4m3_value(scale_code);
   return {sb, sb == 0.0f ? 0.0f : __frcp_rn(sb)};  // sb ≥ 2^-9 when non-zero: r is finite
 }
+
+// make_nv_divisor of every UE4M3 code, for kernels that look the divisor up
+// (one shared-memory load per block where decoding and __frcp_rn take about
+// twenty instructions and two branches). Entry 0x7F (NaN) is never read: the
+// scale codes come from a satfinite conversion.
+inline constexpr int kUe4m3Codes = 128;
+struct NvDivisorTable {
+  float2 entry[kUe4m3Codes];  // (s_b, RN(1 / s_b)), as NvDivisor
+  __device__ void fill(int thread, int threads) {
+    for (int c = thread; c < kUe4m3Codes; c += threads) {
+      const NvDivisor d = make_nv_divisor(static_cast<std::uint32_t>(c));
+      entry[c] = make_float2(d.sb, d.r);
+    }
+  }
+  __device__ NvDivisor operator[](std::uint32_t code) const {
+    const float2 e = entry[code];
+    return {e.x, e.y};
+  }
+};
 
 // Codes of x[first .. first + count) into 4-bit fields of words (element
 // i at nibble i of the run); no branch per element.

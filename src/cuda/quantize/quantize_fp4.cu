@@ -109,7 +109,7 @@ void allow_rows_stream_smem(std::size_t bytes, int first_device) {
 // tile buffers, is allowed once per device, as above; its size is fixed).
 template <class T, int kD>
 void launch_columns_stream(const fp4::Job<T>& job, std::int64_t tiles, cudaStream_t stream) {
-  constexpr std::size_t kSmem = fp4::kStreamBuffers * sizeof(T) * fp4::kColumnTileElems;
+  constexpr std::size_t kSmem = fp4::kStreamBuffers * sizeof(T) * fp4::kColumnTileElems + sizeof(fp4::NvDivisorTable);
   static std::atomic<int> allowed_on{-1};
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
@@ -171,7 +171,8 @@ bool launch_rows_stream(const StridedInput& x, Fp4Operand op, const Fp4Options& 
 
   const std::size_t slot_bytes =
       static_cast<std::size_t>(rows_per_round * (2 * x.D + (job.contiguous ? 0 : fp4::kRowPadBytes)));
-  const std::size_t smem = fp4::kRowBarrierBytes + std::size_t{fp4::kWarps} * fp4::kRowStages * slot_bytes;
+  const std::size_t smem =
+      fp4::kRowTableBytes + fp4::kRowBarrierBytes + std::size_t{fp4::kWarps} * fp4::kRowStages * slot_bytes;
   const StreamGridLimits& limits = stream_grid_limits();
   const bool smooth = extras.mean != nullptr;
   if (smooth) allow_rows_stream_smem<T, true>(smem, limits.device);

@@ -255,20 +255,7 @@ __global__ void __launch_bounds__(kThreads, kRowCtasPerSm<T>) fp4_rows_kernel(co
   if (bad) *job.nonfinite = 1;
 }
 
-// ---- E2M1 codes of fp32 values through the packed encoder ------------------------
-
-// Eight codes (element e at nibble e) of the fp32 values y(0 .. 7), |y| < 256:
-// f16 pairs rounded to odd, then the packed encoder with scale 1, equal to
-// encode_rne_sat(e2m1, y) (f16x2_round_to_odd says why): about 4
-// instructions a value where e2m1_code takes 8 and a shift and OR to place
-// its nibble (perf log fp4-q14).
-template <class Y>
-__device__ __forceinline__ std::uint32_t e2m1_codes_x8_fp32(Y y) {
-  std::uint32_t p[4];  // p[j] = (y(j), y(j + 4)), as mx_codes_x8 takes them
-#pragma unroll
-  for (int j = 0; j < 4; ++j) p[j] = f16x2_round_to_odd(y(j), y(j + 4));
-  return mx_codes_x8<__half>(p, __float2half2_rn(1.0f));
-}
+// ---- fp32 blocks through the packed encoder (e2m1_codes_x8_fp32) ----------------
 
 // The NVFP4 block of v at `first` (a multiple of 16): codes of fl(fl(x · S_enc)
 // / s_b) into its two words. A zero scale leaves them at +0, as the CPU
@@ -301,7 +288,8 @@ __device__ __forceinline__ void mx_block_codes_fp32(const float (&v)[kMxfp4Block
 template <bool kNv>
 __device__ __forceinline__ std::uint32_t encode_run(const float (&v)[kRunTokens], bool round_up, float s_enc,
                                                     std::uint32_t (&words)[kRunTokens / kSegment],
-                                                    std::uint8_t* scales, int pitch) {
+                                                    std::uint8_t* scales, int pitch,
+                                                    const NvDivisorTable* divisors = nullptr) {
   constexpr int kBlock = kNv ? kNvfp4Block : kMxfp4Block;
   std::uint32_t run_mag = 0;
 #pragma unroll
@@ -313,7 +301,7 @@ __device__ __forceinline__ std::uint32_t encode_run(const float (&v)[kRunTokens]
     std::uint32_t scale_code;
     if constexpr (kNv) {
       scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
-      nv_block_codes(v, k * kBlock, s_enc, make_nv_divisor(scale_code), words);
+      nv_block_codes(v, k * kBlock, s_enc, divisors ? (*divisors)[scale_code] : make_nv_divisor(scale_code), words);
     } else {
       static_assert(kBlock == kRunTokens, "one MX block per run");
       scale_code = mx_scale_code(mag, round_up);
@@ -366,10 +354,11 @@ __device__ __forceinline__ float widen(std::uint32_t bits, __half) {
 }
 
 // column_run from the run's gathered pairs (encode_pairs' order), the scale
-// codes `dim` bytes apart.
+// codes `dim` bytes apart; NVFP4's divisors from `divisors`.
 template <class T>
 __device__ __forceinline__ std::uint32_t run_from_pairs(const Job<T>& job, const std::uint32_t (&p)[kRunTokens / 2],
                                                         int dim, std::uint8_t* scales, float s_enc,
+                                                        const NvDivisorTable& divisors,
                                                         std::uint32_t (&words)[kRunTokens / kSegment]) {
 #pragma unroll
   for (int w = 0; w < kRunTokens / kSegment; ++w) words[w] = 0;
@@ -383,7 +372,7 @@ __device__ __forceinline__ std::uint32_t run_from_pairs(const Job<T>& job, const
       v[kSegment * g + j] = widen(p[4 * g + j] & 0xFFFFu, T{});
       v[kSegment * g + j + 4] = widen(p[4 * g + j] >> 16, T{});
     }
-  if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, dim);
+  if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, dim, &divisors);
   return encode_run<false>(v, job.round_up, s_enc, words, scales, dim);
 }
 
@@ -504,6 +493,8 @@ __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream
   static_assert(kThreads / kChannelPairs * kRunTokens == kTileTokens, "one run of two channels per thread");
   extern __shared__ __align__(16) unsigned char smem[];
   T* const buffers = reinterpret_cast<T*>(smem);  // buffer k at buffers + k · kColumnTileElems
+  NvDivisorTable& divisors = *reinterpret_cast<NvDivisorTable*>(smem + kStreamBuffers * sizeof(T) * kColumnTileElems);
+  if (job.nvfp4) divisors.fill(static_cast<int>(threadIdx.x), kThreads);  // read after the loop's first barrier
   struct TileAt {
     int b, h, t0;
   };
@@ -608,7 +599,7 @@ __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream
         mag = max(mag, run_from_pairs(job, p[h], kD,
                                       job.scales + (static_cast<std::int64_t>(slice) * scale_rows +
                                                     ((at.t0 + first) >> block_shift)) * kD + d,
-                                      s_enc, words));
+                                      s_enc, divisors, words));
         const std::int64_t row = static_cast<std::int64_t>(slice) * kD + d;
         __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (at.t0 + first) / 2),
                make_uint4(words[0], words[1], words[2], words[3]));
@@ -651,7 +642,9 @@ inline constexpr int kRowStreamSmoothCtasPerSm = 2;
 template <bool kSmooth>
 inline constexpr int kRowStreamCtas = kSmooth ? kRowStreamSmoothCtasPerSm : kRowStreamCtasPerSm;
 inline constexpr int kRowPadBytes = 16;  // row pitch 2D + 16: the 8 lanes of an LDS.128 phase hit 8 bank groups
-inline constexpr int kRowBarrierBytes = kWarps * kRowStages * sizeof(std::uint64_t);  // ahead of the slots
+inline constexpr int kRowTableBytes = sizeof(NvDivisorTable);  // NVFP4's divisors, first
+inline constexpr int kRowBarrierBytes = kWarps * kRowStages * sizeof(std::uint64_t);  // then the barriers, the slots
+static_assert((kRowTableBytes + kRowBarrierBytes) % 128 == 0, "slots on 128-byte boundaries");
 
 // q = n / d for 0 ≤ n < 2^31 by a multiply: m = ceil(2^(31 + l) / d), l =
 // ceil(log2 d), q = umulhi(n, m) >> (l − 1) (m · d − 2^(31 + l) < d, so the
@@ -721,7 +714,8 @@ __device__ __forceinline__ std::uint32_t mx_block_codes(const std::uint32_t (&p)
 template <class T, bool kSmooth>
 __device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)[4], const float (&mean)[kMxfp4Block],
                                                            bool nvfp4, float s_enc, bool round_up,
-                                                           std::uint32_t (&words)[4], bool& bad) {
+                                                           const NvDivisorTable& divisors, std::uint32_t (&words)[4],
+                                                           bool& bad) {
   float v[kMxfp4Block];
 #pragma unroll
   for (int g = 0; g < 4; ++g)
@@ -738,11 +732,21 @@ __device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)
 #pragma unroll
     for (int k = 0; k < kMxfp4Block / kNvfp4Block; ++k) {
       std::uint32_t mag = 0;
+      if constexpr (kSmooth) {
 #pragma unroll
-      for (int t = k * kNvfp4Block; t < (k + 1) * kNvfp4Block; ++t) mag = max(mag, magnitude_bits(v[t]));
+        for (int t = k * kNvfp4Block; t < (k + 1) * kNvfp4Block; ++t) mag = max(mag, magnitude_bits(v[t]));
+      } else {  // the input's own 16-bit magnitudes, two per instruction (segments 2k, 2k + 1 are the block)
+        std::uint32_t m = 0;
+#pragma unroll
+        for (int g = 2 * k; g < 2 * k + 2; ++g)
+#pragma unroll
+          for (int i = 0; i < kSegment / 2; i += 2)
+            m = __vimax3_u16x2(m, x[g].w[i] & 0x7FFF7FFFu, x[g].w[i + 1] & 0x7FFF7FFFu);
+        mag = Pairs<T>::float_bits(max(m & 0xFFFFu, m >> 16));
+      }
       bad |= mag >= kInfBits;
       const std::uint32_t scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
-      nv_block_codes(v, k * kNvfp4Block, s_enc, make_nv_divisor(scale_code), words);
+      nv_block_codes(v, k * kNvfp4Block, s_enc, divisors[scale_code], words);
       codes |= scale_code << (8 * k);
     }
     return codes;
@@ -780,11 +784,16 @@ __global__ void __launch_bounds__(kThreads, kRowStreamCtas<kSmooth>) fp4_rows_st
   const unsigned row_bytes = 2u * static_cast<unsigned>(job.D);
   const int pitch = static_cast<int>(row_bytes) + (job.contiguous ? 0 : kRowPadBytes);
   const int slot_bytes = rows_per_round * pitch;
-  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem) + warp * kRowStages;
-  unsigned char* slots = smem + kRowBarrierBytes + warp * kRowStages * slot_bytes;
+  NvDivisorTable& divisors = *reinterpret_cast<NvDivisorTable*>(smem);
+  std::uint64_t* bars = reinterpret_cast<std::uint64_t*>(smem + kRowTableBytes) + warp * kRowStages;
+  unsigned char* slots = smem + kRowTableBytes + kRowBarrierBytes + warp * kRowStages * slot_bytes;
   if (lane == 0) {  // one arrival per phase: lane 0's expect_tx
     for (int k = 0; k < kRowStages; ++k) cuda::ptx::mbarrier_init(&bars[k], 1);
     cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+  }
+  if (job.nvfp4) {
+    divisors.fill(static_cast<int>(threadIdx.x), kThreads);
+    __syncthreads();  // the table before any warp's first block
   }
   __syncwarp();
 
@@ -901,7 +910,7 @@ __global__ void __launch_bounds__(kThreads, kRowStreamCtas<kSmooth>) fp4_rows_st
         x[g].w[0] = v.x, x[g].w[1] = v.y, x[g].w[2] = v.z, x[g].w[3] = v.w;
       }
       __syncwarp();
-      scale_code = float_block_codes<T, kSmooth>(x, mean, job.nvfp4, s_enc, job.round_up, words, block_bad);
+      scale_code = float_block_codes<T, kSmooth>(x, mean, job.nvfp4, s_enc, job.round_up, divisors, words, block_bad);
     }
     // Back to chunk order: slot g holds chunk g ^ swizzle. Bit 1 of the
     // swizzle also swaps the NVFP4 blocks, whose scale codes are the two bytes.
