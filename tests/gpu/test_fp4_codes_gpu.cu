@@ -90,7 +90,7 @@ __global__ void nv_divisor_table(float2* out) {
   __syncthreads();
   for (int c = threadIdx.x; c < cuda_quantize::fp4::kUe4m3Codes; c += blockDim.x) {
     const cuda_quantize::fp4::NvDivisor d = table[static_cast<std::uint32_t>(c)];
-    out[c] = make_float2(d.sb, d.r);
+    out[c] = make_float2(d.r_hi, d.r_lo);
   }
 }
 
@@ -137,8 +137,8 @@ TEST(GpuFp4Codes, NvScaleCodeMatchesTheCpuOnEveryProduct) {
   EXPECT_EQ(m.count, 0u) << "first differing product bits 0x" << std::hex << m.first_bits;
 }
 
-// The divisor table holds each UE4M3 code's value and its reciprocal rounded
-// to nearest, as the CPU decodes and divides.
+// The divisor table holds each UE4M3 code's reciprocal split as
+// split_reciprocal_quotient takes it, from the CPU's decoded scale.
 TEST(GpuFp4Codes, NvDivisorTableMatchesTheCpu) {
   FP4ATTN_REQUIRE_HOPPER();
   DeviceArray<float2> out(cuda_quantize::fp4::kUe4m3Codes);
@@ -147,8 +147,11 @@ TEST(GpuFp4Codes, NvDivisorTableMatchesTheCpu) {
   const std::vector<float2> got = out.download();
   for (std::uint32_t c = 0; c <= spec_of(ElemFormat::ue4m3).max_code; ++c) {  // every finite code
     const float sb = decode(ElemFormat::ue4m3, c);
-    EXPECT_EQ(got[c].x, sb) << "code " << c;
-    EXPECT_EQ(got[c].y, sb == 0.0f ? 0.0f : 1.0f / sb) << "code " << c;
+    // RD(1 / sb): the float nearest below, unless 1 / sb is a float
+    float r_hi = sb == 0.0f ? 0.0f : 1.0f / sb;
+    if (sb != 0.0f && static_cast<double>(r_hi) > 1.0 / static_cast<double>(sb)) r_hi = std::nextafter(r_hi, 0.0f);
+    EXPECT_EQ(got[c].x, r_hi) << "code " << c;
+    EXPECT_EQ(got[c].y, sb == 0.0f ? 0.0f : cuda_quantize::reciprocal_tail(sb, r_hi)) << "code " << c;
   }
 }
 

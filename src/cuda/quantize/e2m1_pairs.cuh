@@ -89,40 +89,50 @@ __device__ __forceinline__ std::uint32_t pair_magnitude_max(std::uint32_t acc, s
   return __vmaxu2(acc, w & 0x7FFF7FFFu);
 }
 
-// Code bits of one pair before the final subtraction of mx_codes_x8:
+// Code bits of one pair before the final subtraction of pack_codes_x8:
 // (bits(M) + n) | sign · 8 in each half, n the E2M1 magnitude code of that
-// half's |x| · scale (|x| itself without kScaled: values already scaled
-// need no multiply by 1). bits(M) has a zero low nibble, so the sign lands
-// in bit 3 of a nibble that n (≤ 7) leaves free.
-template <class T, bool kScaled = true>
-__device__ __forceinline__ std::uint32_t mx_code_bits_x2(std::uint32_t w, typename Pairs<T>::H2 scale) {
+// half of a (non-negative), the sign taken from bits 15 and 31 of
+// `sign_word`. bits(M) has a zero low nibble, so the sign lands in bit 3 of a
+// nibble that n (≤ 7) leaves free.
+template <class T>
+__device__ __forceinline__ std::uint32_t e2m1_code_bits_x2(typename Pairs<T>::H2 a, std::uint32_t sign_word) {
   using P = Pairs<T>;
   using H2 = typename P::H2;
   const H2 two = as_pair<H2>(P::kTwoBitsPair), half = as_pair<H2>(P::kHalfBitsPair);
   const H2 magic = as_pair<H2>(P::kMagicBitsPair), magic_plus_two = as_pair<H2>(P::kMagicBitsPair + 0x00020002u),
            magic_plus_four = as_pair<H2>(P::kMagicBitsPair + 0x00040004u);  // M + 2, M + 4: ulp 1
   constexpr std::uint32_t kSaturated = P::kMagicBitsPair + 0x00070007u;  // bits of M + 7, both halves
-  const H2 magnitude = as_pair<H2>(w & 0x7FFF7FFFu);
-  H2 a = magnitude;
-  if constexpr (kScaled) a = __hmul2(magnitude, scale);
   const std::uint32_t n = __vimin3_u16x2(pair_bits(__hfma2(a, two, magic)), pair_bits(__hadd2(a, magic_plus_two)),
                                          pair_bits(__hfma2(a, half, magic_plus_four)));
-  return __vminu2(n, kSaturated) | ((w >> 12) & 0x00080008u);  // the inputs' sign bits 15, 31 → bits 3, 19
+  return __vminu2(n, kSaturated) | ((sign_word >> 12) & 0x00080008u);  // sign bits 15, 31 → bits 3, 19
 }
 
-// Eight codes, element e at nibble e, from p[j] = (element j, element j + 4):
-// the two codes of pair j land in nibbles j and j + 4 by a shift of 4j. The
-// constant bits(M) of every half is added along and subtracted once: the sum
-// of the shifted words is linear modulo 2^32, and the codes' nibbles do not
-// overlap.
-template <class T, bool kScaled = true>
-__device__ __forceinline__ std::uint32_t mx_codes_x8(const std::uint32_t* p, typename Pairs<T>::H2 scale) {
+// The code bits of the pair w (two inputs of type T) scaled by `scale`.
+template <class T>
+__device__ __forceinline__ std::uint32_t mx_code_bits_x2(std::uint32_t w, typename Pairs<T>::H2 scale) {
+  using H2 = typename Pairs<T>::H2;
+  return e2m1_code_bits_x2<T>(__hmul2(as_pair<H2>(w & 0x7FFF7FFFu), scale), w);
+}
+
+// Eight codes, element e at nibble e, from bits_of_pair(j), the code bits of
+// the pair (element j, element j + 4): the two codes of pair j land in
+// nibbles j and j + 4 by a shift of 4j. The constant bits(M) of every half is
+// added along and subtracted once: the sum of the shifted words is linear
+// modulo 2^32, and the codes' nibbles do not overlap.
+template <class T, class F>
+__device__ __forceinline__ std::uint32_t pack_codes_x8(F bits_of_pair) {
   constexpr std::uint32_t kMagicSum = Pairs<T>::kMagicBitsPair * 0x1111u;  // Σ_j bits(M) pair · 16^j, mod 2^32
-  std::uint32_t acc = mx_code_bits_x2<T, kScaled>(p[3], scale);
-  acc = acc * 16u + mx_code_bits_x2<T, kScaled>(p[2], scale);
-  acc = acc * 16u + mx_code_bits_x2<T, kScaled>(p[1], scale);
-  acc = acc * 16u + mx_code_bits_x2<T, kScaled>(p[0], scale);
+  std::uint32_t acc = bits_of_pair(3);
+  acc = acc * 16u + bits_of_pair(2);
+  acc = acc * 16u + bits_of_pair(1);
+  acc = acc * 16u + bits_of_pair(0);
   return acc - kMagicSum;
+}
+
+// Eight codes from p[j] = (element j, element j + 4), each scaled by `scale`.
+template <class T>
+__device__ __forceinline__ std::uint32_t mx_codes_x8(const std::uint32_t* p, typename Pairs<T>::H2 scale) {
+  return pack_codes_x8<T>([&](int j) { return mx_code_bits_x2<T>(p[j], scale); });
 }
 
 // The same eight codes one at a time in fp32 (fp4_codes.cuh), for blocks
@@ -141,38 +151,45 @@ __device__ __forceinline__ std::uint32_t mx_codes_x8_fp32(const std::uint32_t* p
 }
 
 // Two fp32 values y as f16x2 (lo in the low half) rounded to odd: toward
-// zero, then the last mantissa bit set wherever that dropped a nonzero bit.
-// For fp32 results that mx_codes_x8 then codes (scale 1). Why that equals
-// encode_rne_sat(e2m1, y) for |y| < 256: every point where a piece of
-// mx_code_bits_x2 changes its rounded value is a multiple of 1/4 below 256,
-// at most 10 significant bits, so it is an f16 whose last mantissa bit is 0.
-// The rounded value is on the same side of each such point as y and equals
-// it only when y does (a value rounded down onto the point had dropped bits,
-// and its set last bit moves it above; one just below the point is odd
-// already). Below f16's normal range (|y| < 2^-14) the sticky test can miss
-// dropped bits, but such y are far under 0.25 and get code 0 either way.
-__device__ __forceinline__ std::uint32_t f16x2_round_to_odd(float lo, float hi) {
-  std::uint32_t h;
-  asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));  // first source → high half
+// zero, then the last mantissa bit set wherever that dropped a nonzero bit;
+// the value is truncated | sticky. For fp32 results that the packed encoder
+// then codes without a scale. Why that equals encode_rne_sat(e2m1, y) for
+// |y| < 256: every point where a piece of e2m1_code_bits_x2 changes its
+// rounded value is a multiple of 1/4 below 256, at most 10 significant bits,
+// so it is an f16 whose last mantissa bit is 0. The rounded value is on the
+// same side of each such point as y and equals it only when y does (a value
+// rounded down onto the point had dropped bits, and its set last bit moves
+// it above; one just below the point is odd already). Below f16's normal
+// range (|y| < 2^-14) the sticky test can miss dropped bits, but such y are
+// far under 0.25 and get code 0 either way.
+struct RoundedToOdd {
+  std::uint32_t truncated;  // f16x2 toward zero, signs included
+  std::uint32_t sticky;     // 1 in bit 0 / 16 where that half dropped a nonzero bit
+};
+__device__ __forceinline__ RoundedToOdd f16x2_round_to_odd(float lo, float hi) {
+  RoundedToOdd r;
+  asm("cvt.rz.f16x2.f32 %0, %1, %2;" : "=r"(r.truncated) : "f"(hi), "f"(lo));  // first source → high half
   constexpr std::uint32_t kDropped = (1u << 13) - 1u;  // fp32 mantissa bits below f16's (normal range)
   // The low 16 bits of both floats side by side (lo's in the low half), cut
-  // to the dropped bits; min(·, 1) per half is then 1 exactly where a half
-  // dropped a nonzero bit: the sticky bit, in three instructions.
+  // to the dropped bits; min(·, 1) per 16-bit half is then the sticky bit.
   const std::uint32_t d =
       __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x5410) & (kDropped | kDropped << 16);
-  return h | __vminu2(d, 0x00010001u);
+  r.sticky = __vminu2(d, 0x00010001u);
+  return r;
 }
 
 // Eight codes (element e at nibble e) of the fp32 values y(0 .. 7), |y| < 256:
-// f16 pairs rounded to odd, then the packed encoder without a scale, equal to
-// encode_rne_sat(e2m1, y) (f16x2_round_to_odd says why). For the quantizer's
-// fp32 paths (NVFP4 quotients, smooth_k differences times 2^-k).
+// f16 pairs (y(j), y(j + 4)) rounded to odd, coded without a scale, equal to
+// encode_rne_sat(e2m1, y) (f16x2_round_to_odd says why). The magnitude is
+// (truncated | sticky) without the signs, one three-input logic op; the signs
+// are the truncated pair's. For the quantizer's fp32 paths (NVFP4 quotients,
+// smooth_k differences times 2^-k).
 template <class Y>
 __device__ __forceinline__ std::uint32_t e2m1_codes_x8_fp32(Y y) {
-  std::uint32_t p[4];  // p[j] = (y(j), y(j + 4)), as mx_codes_x8 takes them
-#pragma unroll
-  for (int j = 0; j < 4; ++j) p[j] = f16x2_round_to_odd(y(j), y(j + 4));
-  return mx_codes_x8<__half, false>(p, __half2{});
+  return pack_codes_x8<__half>([&](int j) {
+    const RoundedToOdd r = f16x2_round_to_odd(y(j), y(j + 4));
+    return e2m1_code_bits_x2<__half>(as_pair<__half2>((r.truncated | r.sticky) & 0x7FFF7FFFu), r.truncated);
+  });
 }
 
 // The pairs mx_codes_x8 takes, from words w[0..3] holding elements (0, 1),

@@ -36,4 +36,35 @@ FP4ATTN_HD inline float fma_quotient(float x, float s, float r) {
 #endif
 }
 
+// x / s for a divisor s with at most four significant bits (a UE4M3 scale:
+// significand 1 + k/8), given its reciprocal split as r_hi = RD(1 / s) (the
+// largest float not above it) and r_lo = RN(1 / s − r_hi) ≥ 0:
+// RN(x · r_hi + RN(x · r_lo)), one multiply and one fused multiply-add where
+// fma_quotient takes three. This correctly rounded multiplication by the
+// constant 1 / s holds for some constants only; for the eight significands
+// of s (and for 6) it holds at every x significand (tests/test_fma_quotient.cpp
+// checks all 2^23 against each), and scaling by powers of two keeps it while
+// x · r_lo stays normal: for the quantizer's s in [2^-9, 448], every x whose
+// quotient reaches 2^-11. r_hi rounded down makes r_lo non-negative, so x · r_lo
+// has x's sign and the sum keeps the sign of a zero x (with r_hi = RN(1 / s),
+// above 1 / s for all seven non-powers of two, −0 came out +0).
+FP4ATTN_HD inline float split_reciprocal_quotient(float x, float r_hi, float r_lo) {
+#ifdef __CUDA_ARCH__
+  return __fmaf_rn(x, r_hi, __fmul_rn(x, r_lo));
+#else
+  return std::fma(x, r_hi, x * r_lo);
+#endif
+}
+
+// r_lo of split_reciprocal_quotient from s and r_hi = RD(1 / s): 1 − s · r_hi
+// is exact in one fused multiply-add (a multiple of s's and r_hi's last bits,
+// in [0, 2^-23)), so its IEEE quotient by s is RN(1 / s − r_hi).
+FP4ATTN_HD inline float reciprocal_tail(float s, float r_hi) {
+#ifdef __CUDA_ARCH__
+  return __fdiv_rn(__fmaf_rn(-s, r_hi, 1.0f), s);
+#else
+  return std::fma(-s, r_hi, 1.0f) / s;
+#endif
+}
+
 }  // namespace fp4attn::cuda_quantize

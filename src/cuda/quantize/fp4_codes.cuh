@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include <bit>
 #include <cfloat>
 #include <cstdint>
 
@@ -72,20 +71,22 @@ __device__ __forceinline__ float nv_tensor_scale(std::uint32_t amax_bits) {
   return amax == 0.0f ? 1.0f : fminf(__fdiv_rn(kNvTensorScaleNumerator, amax), FLT_MAX);
 }
 
-// RN(1 / 6), the reciprocal fma_quotient divides by 6 with.
-inline constexpr float kInvE2M1Max = 1.0f / kE2M1Max;
-static_assert(std::bit_cast<std::uint32_t>(kInvE2M1Max) == 0x3E2AAAABu, "RN(1/6)");
+// 1 / 6 split as split_reciprocal_quotient takes it (6 = 1.5 · 4): RD(1 / 6)
+// and RN(1 / 6 − RD(1 / 6)), both checked by tests/test_fma_quotient.cpp.
+inline constexpr float kE2M1MaxReciprocalHi = 0x1.555554p-3f;
+inline constexpr float kE2M1MaxReciprocalLo = 0x1.555556p-27f;
 
 __device__ __forceinline__ std::uint32_t nv_scale_code(float block_amax, float s_enc) {
   // UE4M3 is E4M3 without the sign; the value is non-negative, and the
   // hardware's satfinite conversion is formats.hpp's rule (DESIGN §3.1).
-  // The CPU's fl(m / 6) by fma_quotient (three instructions where
-  // __fdiv_rn takes eight and a branch): m = fl(amax · S_enc) ≤ 2688 ≤ 449 · 6,
-  // so every quotient from 2^-11 up is the IEEE one, and smaller ones, exact
-  // or not, stay below E4M3's first rounding boundary 2^-10 (fma_quotient.hpp;
+  // The CPU's fl(m / 6) by split_reciprocal_quotient (two instructions where
+  // __fdiv_rn takes eight and a branch): m = fl(amax · S_enc) ≤ 2688, so
+  // every quotient from 2^-11 up is the IEEE one, and smaller ones, exact or
+  // not, stay below E4M3's first rounding boundary 2^-10 (fma_quotient.hpp;
   // GpuFp4Codes.NvScaleCodeMatchesTheCpuOnEveryProduct checks every m).
-  return __nv_cvt_float_to_fp8(fma_quotient(__fmul_rn(block_amax, s_enc), kE2M1Max, kInvE2M1Max), __NV_SATFINITE,
-                               __NV_E4M3);
+  return __nv_cvt_float_to_fp8(
+      split_reciprocal_quotient(__fmul_rn(block_amax, s_enc), kE2M1MaxReciprocalHi, kE2M1MaxReciprocalLo),
+      __NV_SATFINITE, __NV_E4M3);
 }
 
 // The value of a UE4M3 code below 0x7F, by the hardware's exact E4M3 → f16
@@ -94,30 +95,32 @@ __device__ __forceinline__ float ue4m3_value(std::uint32_t code) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3)));
 }
 
-// The IEEE division of the CPU rule, fl(p / sb), as one reciprocal product
-// corrected by two fused multiply-adds (fma_quotient.hpp: exact for every
-// divisor in [2^-60, 2^60]; UE4M3 scales are in [2^-9, 448], and quotients
-// below E2M1's first boundary 0.25 round to 0 wherever they land).
+// The IEEE division of the CPU rule, fl(p / sb), as split_reciprocal_quotient
+// (fma_quotient.hpp): sb is UE4M3 (four significant bits, in [2^-9, 448]),
+// and quotients below E2M1's first boundary 0.25 round to 0 wherever they
+// land. r_hi = 0 stands for a zero scale.
 struct NvDivisor {
-  float sb, r;
+  float r_hi, r_lo;
 };
 
 __device__ __forceinline__ NvDivisor make_nv_divisor(std::uint32_t scale_code) {
   const float sb = ue4m3_value(scale_code);
-  return {sb, sb == 0.0f ? 0.0f : __frcp_rn(sb)};  // sb ≥ 2^-9 when non-zero: r is finite
+  if (sb == 0.0f) return {0.0f, 0.0f};
+  const float r_hi = __frcp_rd(sb);  // sb ≥ 2^-9: finite
+  return {r_hi, reciprocal_tail(sb, r_hi)};
 }
 
 // make_nv_divisor of every UE4M3 code, for kernels that look the divisor up
-// (one shared-memory load per block where decoding and __frcp_rn take about
-// twenty instructions and two branches). Entry 0x7F (NaN) is never read: the
-// scale codes come from a satfinite conversion.
+// (one shared-memory load per block where decoding and two reciprocals take
+// about thirty instructions and branches). Entry 0x7F (NaN) is never read:
+// the scale codes come from a satfinite conversion.
 inline constexpr int kUe4m3Codes = 128;
 struct NvDivisorTable {
-  float2 entry[kUe4m3Codes];  // (s_b, RN(1 / s_b)), as NvDivisor
+  float2 entry[kUe4m3Codes];  // (r_hi, r_lo), as NvDivisor
   __device__ void fill(int thread, int threads) {
     for (int c = thread; c < kUe4m3Codes; c += threads) {
       const NvDivisor d = make_nv_divisor(static_cast<std::uint32_t>(c));
-      entry[c] = make_float2(d.sb, d.r);
+      entry[c] = make_float2(d.r_hi, d.r_lo);
     }
   }
   __device__ NvDivisor operator[](std::uint32_t code) const {
@@ -126,17 +129,20 @@ struct NvDivisorTable {
   }
 };
 
+// fl(fl(x · S_enc) / sb): the NVFP4 quotient an element's code rounds.
+__device__ __forceinline__ float nv_quotient(float x, float s_enc, const NvDivisor& div) {
+  return split_reciprocal_quotient(__fmul_rn(x, s_enc), div.r_hi, div.r_lo);
+}
+
 // Codes of x[first .. first + count) into 4-bit fields of words (element
 // i at nibble i of the run); no branch per element.
 template <int kCount, int N>
 __device__ __forceinline__ void nv_codes(const float (&x)[N], int first, float s_enc, const NvDivisor& div,
                                          std::uint32_t* words) {
-  if (div.sb == 0.0f) return;  // the CPU writes +0 for a zero scale; words start at 0
+  if (div.r_hi == 0.0f) return;  // the CPU writes +0 for a zero scale; words start at 0
 #pragma unroll
-  for (int i = 0; i < kCount; ++i) {
-    const float y = fma_quotient(__fmul_rn(x[first + i], s_enc), div.sb, div.r);
-    words[(first + i) / kSegment] |= e2m1_code(y) << (4 * ((first + i) % kSegment));
-  }
+  for (int i = 0; i < kCount; ++i)
+    words[(first + i) / kSegment] |= e2m1_code(nv_quotient(x[first + i], s_enc, div)) << (4 * ((first + i) % kSegment));
 }
 
 }  // namespace fp4attn::cuda_quantize::fp4

@@ -269,7 +269,8 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
       }
     }
     const std::size_t smem = sizeof(T) * fp4::kColumnTileElems + (opt.v_transposed ? 0 : fp4::kColumnTileElems);
-    if (smem > kDefaultSmemLimit)
+    // The default limit counts the kernel's static shared memory (the NVFP4 divisor table) too.
+    if (smem + sizeof(fp4::NvDivisorTable) > kDefaultSmemLimit)
       check_cuda(cudaFuncSetAttribute(fp4::fp4_columns_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(smem)),
                  "cudaFuncSetAttribute");

@@ -188,6 +188,11 @@ __global__ void __launch_bounds__(kThreads, kRowCtasPerSm<T>) fp4_rows_kernel(co
       else zero_segment(x[r]);
     }
   }
+  __shared__ NvDivisorTable divisors;
+  if (job.nvfp4) {  // while the loads are in flight
+    divisors.fill(static_cast<int>(threadIdx.x), kThreads);
+    __syncthreads();
+  }
   float mean[kSegment] = {};
   if (job.mean != nullptr)
 #pragma unroll
@@ -223,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, kRowCtasPerSm<T>) fp4_rows_kernel(co
     std::uint32_t scale_code, word = 0;
     if (job.nvfp4) {
       scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
-      nv_codes<kSegment>(v, 0, s_enc, make_nv_divisor(scale_code), &word);
+      nv_codes<kSegment>(v, 0, s_enc, divisors[scale_code], &word);
     } else {
       scale_code = mx_scale_code(mag, job.round_up);
       bool done = false;
@@ -264,11 +269,10 @@ template <int N>
 __device__ __forceinline__ void nv_block_codes(const float (&v)[N], int first, float s_enc, const NvDivisor& div,
                                                std::uint32_t* words) {
   static_assert(kNvfp4Block == 2 * kSegment, "an NVFP4 block is two words of codes");
-  if (div.sb == 0.0f) return;
+  if (div.r_hi == 0.0f) return;
 #pragma unroll
   for (int g = first / kSegment; g < first / kSegment + 2; ++g)
-    words[g] = e2m1_codes_x8_fp32(
-        [&](int e) { return fma_quotient(__fmul_rn(v[kSegment * g + e], s_enc), div.sb, div.r); });
+    words[g] = e2m1_codes_x8_fp32([&](int e) { return nv_quotient(v[kSegment * g + e], s_enc, div); });
 }
 
 // The MX block's codes of v[0 .. 32) scaled by inv = 2^-k (exact products).
@@ -283,13 +287,14 @@ __device__ __forceinline__ void mx_block_codes_fp32(const float (&v)[kMxfp4Block
 
 // Codes of 32 consecutive tokens of one channel (one MX block, two NV
 // blocks) into four words, token t at nibble t of the run; the scale codes of
-// the run's blocks go to scales[0], scales[pitch]. Returns the run's largest
-// |v| as float bits (Inf and NaN above every finite value).
+// the run's blocks go to scales[0], scales[pitch]; NVFP4's divisors from
+// `divisors` (unused for MX). Returns the run's largest |v| as float bits
+// (Inf and NaN above every finite value).
 template <bool kNv>
 __device__ __forceinline__ std::uint32_t encode_run(const float (&v)[kRunTokens], bool round_up, float s_enc,
                                                     std::uint32_t (&words)[kRunTokens / kSegment],
                                                     std::uint8_t* scales, int pitch,
-                                                    const NvDivisorTable* divisors = nullptr) {
+                                                    const NvDivisorTable* divisors) {
   constexpr int kBlock = kNv ? kNvfp4Block : kMxfp4Block;
   std::uint32_t run_mag = 0;
 #pragma unroll
@@ -301,7 +306,7 @@ __device__ __forceinline__ std::uint32_t encode_run(const float (&v)[kRunTokens]
     std::uint32_t scale_code;
     if constexpr (kNv) {
       scale_code = nv_scale_code(__uint_as_float(mag), s_enc);
-      nv_block_codes(v, k * kBlock, s_enc, divisors ? (*divisors)[scale_code] : make_nv_divisor(scale_code), words);
+      nv_block_codes(v, k * kBlock, s_enc, (*divisors)[scale_code], words);
     } else {
       static_assert(kBlock == kRunTokens, "one MX block per run");
       scale_code = mx_scale_code(mag, round_up);
@@ -373,7 +378,7 @@ __device__ __forceinline__ std::uint32_t run_from_pairs(const Job<T>& job, const
       v[kSegment * g + j + 4] = widen(p[4 * g + j] >> 16, T{});
     }
   if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, dim, &divisors);
-  return encode_run<false>(v, job.round_up, s_enc, words, scales, dim);
+  return encode_run<false>(v, job.round_up, s_enc, words, scales, dim, nullptr);
 }
 
 // The 32-token run of channel d starting at token `first` of a staged tile
@@ -383,7 +388,7 @@ __device__ __forceinline__ std::uint32_t run_from_pairs(const Job<T>& job, const
 // address as one register plus an immediate offset.
 template <class T>
 __device__ __forceinline__ std::uint32_t column_run(const Job<T>& job, const T* tile, int dim, int first, int d,
-                                                    std::uint8_t* scales, float s_enc,
+                                                    std::uint8_t* scales, float s_enc, const NvDivisorTable& divisors,
                                                     std::uint32_t (&words)[kRunTokens / kSegment]) {
 #pragma unroll
   for (int w = 0; w < kRunTokens / kSegment; ++w) words[w] = 0;
@@ -394,8 +399,8 @@ __device__ __forceinline__ std::uint32_t column_run(const Job<T>& job, const T* 
   float v[kRunTokens];
 #pragma unroll
   for (int t = 0; t < kRunTokens; ++t) v[t] = to_float(tile[(first + t) * dim + d]);
-  if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, dim);
-  return encode_run<false>(v, job.round_up, s_enc, words, scales, dim);
+  if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, dim, &divisors);
+  return encode_run<false>(v, job.round_up, s_enc, words, scales, dim, nullptr);
 }
 
 template <class T>
@@ -430,6 +435,8 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
     if (bad) *job.nonfinite = 1;
   }
   const float s_enc = tensor_scale_of(job, cta);
+  __shared__ NvDivisorTable divisors;
+  if (job.nvfp4) divisors.fill(static_cast<int>(threadIdx.x), kThreads);
   __syncthreads();
 
   const int d = static_cast<int>(threadIdx.x) & (job.D - 1);
@@ -443,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
     if (t0 + first >= job.padded_tokens) break;
     std::uint32_t words[kRunTokens / kSegment];
     std::uint8_t* scales = job.scales + (static_cast<std::int64_t>(slice) * scale_rows + (t0 + first) / block) * job.D + d;
-    column_run(job, tile, job.D, first, d, scales, s_enc, words);
+    column_run(job, tile, job.D, first, d, scales, s_enc, divisors, words);
     if (job.v_transposed) {
       const std::int64_t row = static_cast<std::int64_t>(slice) * job.D + d;
       __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (t0 + first) / 2),
@@ -630,11 +637,12 @@ __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream
 // on this warp-round plan lost to fp4_columns_kernel at S = 16384:
 // NOTES-fp4.md.)
 
-// Smem slots per warp and CTAs per SM: 8 warps × 4 slots of ≤ 2.5 KiB fit 3
-// CTAs in an SM's 228 KiB (80 registers a thread). 3 slots and 4 CTAs
-// measured the same.
-inline constexpr int kRowStages = 4;
-inline constexpr int kRowStreamCtasPerSm = 3;
+// Smem slots per warp and CTAs per SM: 8 warps × 3 slots of ≤ 2.2 KiB fit 4
+// CTAs in an SM's 228 KiB at 64 registers a thread, no spills (perf log
+// fp4-q19b: 1–4 % faster than 4 slots × 3 CTAs once NVFP4's path was short,
+// the same before for MXFP4).
+inline constexpr int kRowStages = 3;
+inline constexpr int kRowStreamCtasPerSm = 4;
 // With smooth_k a lane keeps its 32 channels' means in registers from one
 // round to the next (they change only with the batch entry or head group):
 // 2 CTAs per SM leave it 128 registers.
@@ -643,7 +651,8 @@ template <bool kSmooth>
 inline constexpr int kRowStreamCtas = kSmooth ? kRowStreamSmoothCtasPerSm : kRowStreamCtasPerSm;
 inline constexpr int kRowPadBytes = 16;  // row pitch 2D + 16: the 8 lanes of an LDS.128 phase hit 8 bank groups
 inline constexpr int kRowTableBytes = sizeof(NvDivisorTable);  // NVFP4's divisors, first
-inline constexpr int kRowBarrierBytes = kWarps * kRowStages * sizeof(std::uint64_t);  // then the barriers, the slots
+// then the barriers (rounded up to 128 bytes), then the slots
+inline constexpr int kRowBarrierBytes = (kWarps * kRowStages * sizeof(std::uint64_t) + 127) / 128 * 128;
 static_assert((kRowTableBytes + kRowBarrierBytes) % 128 == 0, "slots on 128-byte boundaries");
 
 // q = n / d for 0 ≤ n < 2^31 by a multiply: m = ceil(2^(31 + l) / d), l =
