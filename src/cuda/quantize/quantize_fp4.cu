@@ -109,7 +109,7 @@ void allow_rows_stream_smem(std::size_t bytes, int first_device) {
 // tile buffers, is allowed once per device, as above; its size is fixed).
 template <class T, int kD>
 void launch_columns_stream(const fp4::Job<T>& job, std::int64_t tiles, cudaStream_t stream) {
-  constexpr std::size_t kSmem = fp4::kStreamBuffers * sizeof(T) * fp4::kColumnTileElems + sizeof(fp4::NvDivisorTable);
+  constexpr std::size_t kSmem = fp4::kStreamBuffers * sizeof(T) * fp4::kStreamTileElems + sizeof(fp4::NvDivisorTable);
   static std::atomic<int> allowed_on{-1};
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
@@ -122,7 +122,7 @@ void launch_columns_stream(const fp4::Job<T>& job, std::int64_t tiles, cudaStrea
   const auto ctas = static_cast<unsigned>(
       std::min<std::int64_t>(tiles, std::int64_t{stream_grid_limits().sms} * fp4::kStreamCtasPerSm));
   // NVFP4's Vᵀ follows the tensor amax pass: a programmatic dependent launch.
-  launch_kernel(fp4::fp4_columns_stream_kernel<T, kD>, dim3(ctas), fp4::kThreads, kSmem, stream, job.nvfp4,
+  launch_kernel(fp4::fp4_columns_stream_kernel<T, kD>, dim3(ctas), fp4::kStreamThreads, kSmem, stream, job.nvfp4,
                 "quantize_fp4 launch", job, static_cast<int>(tiles));
 }
 
@@ -257,17 +257,18 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
 
   const std::int64_t slices = x.B * x.H;
   if (op == Fp4Operand::v) {
-    const int tile_tokens = fp4::kColumnTileElems / D;
-    job.tiles_per_slice = static_cast<int>(ceil_div(job.padded_tokens, tile_tokens));
     if constexpr (sizeof(T) == 2) {
-      const std::int64_t tiles = slices * job.tiles_per_slice;
+      fp4::Job<T> stream_job = job;  // the stream kernel's tiles
+      stream_job.tiles_per_slice = static_cast<int>(ceil_div(job.padded_tokens, fp4::kStreamTileElems / D));
+      const std::int64_t tiles = slices * stream_job.tiles_per_slice;
       if (opt.v_transposed && job.in.vector_loads && (D == 64 || D == 128) &&
           tiles <= std::numeric_limits<int>::max()) {
-        if (D == 128) launch_columns_stream<T, 128>(job, tiles, stream);
-        else launch_columns_stream<T, 64>(job, tiles, stream);
+        if (D == 128) launch_columns_stream<T, 128>(stream_job, tiles, stream);
+        else launch_columns_stream<T, 64>(stream_job, tiles, stream);
         return;
       }
     }
+    job.tiles_per_slice = static_cast<int>(ceil_div(job.padded_tokens, fp4::kColumnTileElems / D));
     const std::size_t smem = sizeof(T) * fp4::kColumnTileElems + (opt.v_transposed ? 0 : fp4::kColumnTileElems);
     // The default limit counts the kernel's static shared memory (the NVFP4 divisor table) too.
     if (smem + sizeof(fp4::NvDivisorTable) > kDefaultSmemLimit)

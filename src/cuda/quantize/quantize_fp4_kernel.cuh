@@ -29,9 +29,9 @@
 //                       of channel d, two 32-token runs, each one MX block or
 //                       two NV blocks, and writes 16 bytes of a Vᵀ row
 //   fp4_columns_stream_kernel  Vᵀ of 16-bit data in a 16-byte aligned layout,
-//                       D = 64 or 128: persistent, two tile buffers (the next
-//                       tile's copies in flight), a thread per 32-token run
-//                       of two neighbouring channels
+//                       D = 64 or 128: persistent 128-thread CTAs, three
+//                       tile buffers (the next two tiles' copies in flight),
+//                       a thread per 32-token run of two neighbouring channels
 //   fp4_amax_kernel     NVFP4: the tensor's amax (atomicMax on float bits)
 //   fp4_mean_*          smooth_k: chunk sums (and, for NVFP4, each chunk's
 //                       per-channel max and min), then the mean per channel
@@ -74,10 +74,17 @@ template <class T>
 inline constexpr int kRowCtasPerSm = sizeof(T) == 2 ? 4 : 3;
 inline constexpr int kColumnCtasPerSm = 3;
 // fp4_columns_stream_kernel: tile buffers per CTA (tiles in flight while one
-// is coded: kStreamBuffers − 1) and CTAs per SM (the buffers' shared memory).
-// Three buffers at two CTAs per SM measured the same (perf log fp4-q13).
-inline constexpr int kStreamBuffers = 2;
-inline constexpr int kStreamCtasPerSm = 3;
+// is coded: kStreamBuffers − 1), CTAs per SM (the buffers' shared memory),
+// threads per CTA and elements per tile. 128-thread CTAs with three 16 KiB
+// buffers, four per SM (128 KiB of copies in flight), measured 1–2 % faster
+// than 256 threads with two 32 KiB buffers at three per SM, and six
+// 128-thread CTAs with two buffers 2 % slower (perf log fp4-q20); three
+// 32 KiB buffers at two CTAs per SM the same (fp4-q13).
+inline constexpr int kStreamBuffers = 3;
+inline constexpr int kStreamCtasPerSm = 4;
+inline constexpr int kStreamThreads = 128;        // threads of a fp4_columns_stream_kernel CTA
+inline constexpr int kStreamTileElems = 8192;     // elements of one of its tiles
+inline constexpr int kStreamItems = kStreamTileElems / kSegment / kStreamThreads;  // 16-byte copies a thread
 inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chains
 inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_partial_kernel CTA
 // A register budget (128 per thread) for the mean pass: without it ptxas
@@ -489,19 +496,19 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
 // source steps by a fixed number of rows (perf log fp4-q13: with a run-time
 // D, an IMAD per shared load and ≈ 26 instructions per copy).
 template <class T, int kD>
-__global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream_kernel(
+__global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_stream_kernel(
     const __grid_constant__ Job<T> job, int tiles) {
   static_assert(sizeof(T) == 2, "16-byte copies of 8 elements");
   static_assert(kD == 64 || kD == 128, "the head dims with a compile-time tile pitch");
-  constexpr int kTileTokens = kColumnTileElems / kD;
+  constexpr int kTileTokens = kStreamTileElems / kD;
   constexpr int kSegsPerRow = kD / kSegment;
-  constexpr int kRowsPerItem = kThreads / kSegsPerRow;  // tokens between a thread's consecutive copies
+  constexpr int kRowsPerItem = kStreamThreads / kSegsPerRow;  // tokens between a thread's consecutive copies
   constexpr int kChannelPairs = kD / 2;
-  static_assert(kThreads / kChannelPairs * kRunTokens == kTileTokens, "one run of two channels per thread");
+  static_assert(kStreamThreads / kChannelPairs * kRunTokens == kTileTokens, "one run of two channels per thread");
   extern __shared__ __align__(16) unsigned char smem[];
-  T* const buffers = reinterpret_cast<T*>(smem);  // buffer k at buffers + k · kColumnTileElems
-  NvDivisorTable& divisors = *reinterpret_cast<NvDivisorTable*>(smem + kStreamBuffers * sizeof(T) * kColumnTileElems);
-  if (job.nvfp4) divisors.fill(static_cast<int>(threadIdx.x), kThreads);  // read after the loop's first barrier
+  T* const buffers = reinterpret_cast<T*>(smem);  // buffer k at buffers + k · kStreamTileElems
+  NvDivisorTable& divisors = *reinterpret_cast<NvDivisorTable*>(smem + kStreamBuffers * sizeof(T) * kStreamTileElems);
+  if (job.nvfp4) divisors.fill(static_cast<int>(threadIdx.x), kStreamThreads);  // read after the loop's first barrier
   struct TileAt {
     int b, h, t0;
   };
@@ -532,10 +539,10 @@ __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream
       const T* src = job.in.segment(at.b, at.t0 + tok0, at.h, kSegment * g);
       const std::int64_t step = kRowsPerItem * job.in.stride_s;
 #pragma unroll
-      for (int r = 0; r < kColumnItems; ++r) copy16(first_dst + r * kRowsPerItem * kD, src + r * step, kVectorBytes);
+      for (int r = 0; r < kStreamItems; ++r) copy16(first_dst + r * kRowsPerItem * kD, src + r * step, kVectorBytes);
     } else {
 #pragma unroll
-      for (int r = 0; r < kColumnItems; ++r) {
+      for (int r = 0; r < kStreamItems; ++r) {
         const int s = at.t0 + tok0 + r * kRowsPerItem;
         // Past S: sixteen zero bytes, read from nowhere (the clamped address stays valid).
         copy16(first_dst + r * kRowsPerItem * kD, job.in.segment(at.b, min(s, job.S - 1), at.h, kSegment * g),
@@ -555,7 +562,7 @@ __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream
     const int w = static_cast<int>(blockIdx.x) + k * stride;
     if (w < tiles) {
       ahead[k] = place(w);
-      stage(ahead[k], buffers + k * kColumnTileElems);
+      stage(ahead[k], buffers + k * kStreamTileElems);
     } else {
       asm volatile("cp.async.commit_group;" ::: "memory");  // empty groups keep the count
     }
@@ -572,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream
     const int far = walk + (kStreamBuffers - 1) * stride;
     if (far < tiles) {
       ahead[kStreamBuffers - 1] = place(far);
-      stage(ahead[kStreamBuffers - 1], buffers + ((i + kStreamBuffers - 1) % kStreamBuffers) * kColumnTileElems);
+      stage(ahead[kStreamBuffers - 1], buffers + ((i + kStreamBuffers - 1) % kStreamBuffers) * kStreamTileElems);
     } else {
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
@@ -580,7 +587,7 @@ __global__ void __launch_bounds__(kThreads, kStreamCtasPerSm) fp4_columns_stream
     asm volatile("cp.async.wait_group %0;" ::"n"(kStreamBuffers - 1) : "memory");
     __syncthreads();
     const TileAt at = ahead[0];
-    const T* tile = buffers + (i % kStreamBuffers) * kColumnTileElems;
+    const T* tile = buffers + (i % kStreamBuffers) * kStreamTileElems;
     const int slice = at.b * job.H + at.h;
     // One 32-token run of channels 2c and 2c + 1: a 32-bit shared load gives
     // both channels' values of a token, and a byte permute splits them into
