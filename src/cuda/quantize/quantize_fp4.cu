@@ -259,8 +259,9 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
   if (op == Fp4Operand::v) {
     if constexpr (sizeof(T) == 2) {
       fp4::Job<T> stream_job = job;  // the stream kernel's tiles
-      stream_job.tiles_per_slice = static_cast<int>(ceil_div(job.padded_tokens, fp4::kStreamTileElems / D));
-      const std::int64_t tiles = slices * stream_job.tiles_per_slice;
+      // Token tiles per (b, h); each is D / 32 tiles of 32 channels.
+      stream_job.tiles_per_slice = static_cast<int>(ceil_div(job.padded_tokens, fp4::kStreamTileTokens));
+      const std::int64_t tiles = slices * stream_job.tiles_per_slice * (D * fp4::kStreamTileTokens / fp4::kStreamTileElems);
       if (opt.v_transposed && job.in.vector_loads && (D == 64 || D == 128) &&
           tiles <= std::numeric_limits<int>::max()) {
         if (D == 128) launch_columns_stream<T, 128>(stream_job, tiles, stream);

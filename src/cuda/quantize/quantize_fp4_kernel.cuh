@@ -83,7 +83,8 @@ inline constexpr int kColumnCtasPerSm = 3;
 inline constexpr int kStreamBuffers = 3;
 inline constexpr int kStreamCtasPerSm = 4;
 inline constexpr int kStreamThreads = 128;        // threads of a fp4_columns_stream_kernel CTA
-inline constexpr int kStreamTileElems = 8192;     // elements of one of its tiles
+inline constexpr int kStreamTileElems = 8192;     // elements of one of its tiles:
+inline constexpr int kStreamTileTokens = 256;     // 256 tokens × 32 channels
 inline constexpr int kStreamItems = kStreamTileElems / kSegment / kStreamThreads;  // 16-byte copies a thread
 inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chains
 inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_partial_kernel CTA
@@ -485,67 +486,86 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
 
 // Vᵀ of 16-bit data in a 16-byte aligned layout with D = kD (64 or 128),
 // pipelined: persistent CTAs (kStreamCtasPerSm per SM), each walking tiles
-// blockIdx.x, blockIdx.x + gridDim.x, … of fp4_columns_kernel's order with
-// kStreamBuffers shared-memory tile buffers. The next tiles' 16-byte cp.async
-// copies (zero-filled past S) are in flight while the CTA computes the
-// current one, where fp4_columns_kernel stages, waits and only then
-// computes. A thread codes one 32-token run of two neighbouring channels
-// (one 32-bit shared load per token for both). Non-finite input shows in the
-// runs' amax. D is a template parameter so that the tile's row pitch is a
-// constant: shared-memory addresses become immediate offsets, and a copy's
-// source steps by a fixed number of rows (perf log fp4-q13: with a run-time
-// D, an IMAD per shared load and ≈ 26 instructions per copy).
+// blockIdx.x, blockIdx.x + gridDim.x, … with kStreamBuffers shared-memory tile
+// buffers; the next tiles' 16-byte cp.async copies (zero-filled past S) are in
+// flight while the CTA codes the current one.
+//
+// A tile is kStreamTileTokens = 256 tokens × 32 channels of one (b, h), so
+// that its codes are whole 128-byte lines of 32 Vᵀ rows: the 16-byte code
+// stores of a tile's eight 32-token runs of a channel are one line, and the
+// eight lanes that hold them store it in one instruction (perf log fp4-q21:
+// with 64-token tiles, every lane of a store wrote 16 bytes into another row,
+// and those stores took 16 of the kernel's 55 µs). Tiles are numbered chunk
+// of channels fastest, then heads, then token tiles: the CTAs at work read
+// whole rows of a (B, S, H, D) input together.
+//
+// Lane ℓ of warp w codes run k = ℓ % 8 (tokens 32k .. 32k + 31 of the tile)
+// of channels 2p, 2p + 1, p = 4w + ℓ / 8: one 32-bit shared load per token
+// gives both, a byte permute splits them. Token 32k + j of the tile sits at
+// row 8j + k of the buffer (64 bytes, 32 channels), its 16-byte chunk q at q ^
+// ((k >> 1) & 3): the 32 lanes of a load (8 runs × 4 words of one chunk)
+// then hit 32 different banks. Non-finite input shows in the runs' amax. D is
+// a template parameter so that global steps and shared offsets are constants.
 template <class T, int kD>
 __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_stream_kernel(
     const __grid_constant__ Job<T> job, int tiles) {
   static_assert(sizeof(T) == 2, "16-byte copies of 8 elements");
   static_assert(kD == 64 || kD == 128, "the head dims with a compile-time tile pitch");
-  constexpr int kTileTokens = kStreamTileElems / kD;
-  constexpr int kSegsPerRow = kD / kSegment;
-  constexpr int kRowsPerItem = kStreamThreads / kSegsPerRow;  // tokens between a thread's consecutive copies
-  constexpr int kChannelPairs = kD / 2;
-  static_assert(kStreamThreads / kChannelPairs * kRunTokens == kTileTokens, "one run of two channels per thread");
+  constexpr int kChunkChannels = kStreamTileElems / kStreamTileTokens;  // 32
+  constexpr int kChunks = kD / kChunkChannels;                           // per head
+  constexpr int kRowBytes = kChunkChannels * static_cast<int>(sizeof(T));  // 64
+  constexpr int kPiecesPerRow = kRowBytes / kVectorBytes;                // 4 copies of 16 bytes
+  constexpr int kRuns = kStreamTileTokens / kRunTokens;                  // 8
+  static_assert(kRuns == 8 && kPiecesPerRow == 4, "the bank swizzle below assumes 8 runs of 4 chunks");
+  static_assert(kStreamThreads == kRuns * kChunkChannels / 2, "a lane per run and channel pair");
+  static_assert(kStreamThreads / kPiecesPerRow == kRunTokens, "a copy step is one token of every run");
   extern __shared__ __align__(16) unsigned char smem[];
-  T* const buffers = reinterpret_cast<T*>(smem);  // buffer k at buffers + k · kStreamTileElems
-  NvDivisorTable& divisors = *reinterpret_cast<NvDivisorTable*>(smem + kStreamBuffers * sizeof(T) * kStreamTileElems);
+  unsigned char* const buffers = smem;  // buffer k at buffers + k · kStreamTileBytes
+  constexpr int kStreamTileBytes = kStreamTileElems * static_cast<int>(sizeof(T));
+  NvDivisorTable& divisors = *reinterpret_cast<NvDivisorTable*>(smem + kStreamBuffers * kStreamTileBytes);
   if (job.nvfp4) divisors.fill(static_cast<int>(threadIdx.x), kStreamThreads);  // read after the loop's first barrier
+  // Byte offset of chunk q of token 32k + j of a tile in its buffer.
+  const auto at_byte = [](int j, int k, int q) { return (8 * j + k) * kRowBytes + kVectorBytes * (q ^ ((k >> 1) & 3)); };
   struct TileAt {
-    int b, h, t0;
+    int b, h, chunk, t0;
   };
+  const int chunk_tiles = job.tiles_per_slice;  // token tiles per (b, h)
   const auto place = [&](int walk) {
+    const int w = job.reverse ? tiles - 1 - walk : walk;
     TileAt at;
-    int tile_index;
-    tile_of(job, static_cast<unsigned>(job.reverse ? tiles - 1 - walk : walk), at.b, at.h, tile_index);
-    at.t0 = tile_index * kTileTokens;
+    at.chunk = w % kChunks;
+    const int rest = w / kChunks;
+    at.h = rest % job.H;
+    const int bt = rest / job.H;
+    at.t0 = (bt % chunk_tiles) * kStreamTileTokens;
+    at.b = bt / chunk_tiles;
     return at;
   };
-  const auto copy16 = [](T* dst, const T* src, unsigned bytes) {
+  const auto copy16 = [](unsigned char* dst, const T* src, unsigned bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
                      static_cast<unsigned>(__cvta_generic_to_shared(dst))),
                  "l"(src), "r"(bytes)
                  : "memory");
   };
-  const auto stage = [&](const TileAt& at, T* dst) {
-    // This thread's copies: segment g of rows tok0, tok0 + kRowsPerItem, …
-    // The thread index is read here by a volatile move, which the compiler
-    // cannot hoist: a destination offset kept live across the tile loop was
-    // the one register the fp16 instance spilled (80-register budget).
+  const auto stage = [&](const TileAt& at, unsigned char* dst) {
+    // This thread's copies: chunk q of token j of every run k. The thread
+    // index is read by a volatile move, which the compiler cannot hoist out
+    // of the tile loop (a live offset there was a spilled register once).
     int tid;
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-    const int g = tid % kSegsPerRow;
-    const int tok0 = tid / kSegsPerRow;
-    T* const first_dst = dst + tok0 * kD + kSegment * g;
-    if (at.t0 + kTileTokens <= job.S) {  // a whole tile: one address, then fixed steps
-      const T* src = job.in.segment(at.b, at.t0 + tok0, at.h, kSegment * g);
-      const std::int64_t step = kRowsPerItem * job.in.stride_s;
+    const int q = tid % kPiecesPerRow, j = tid / kPiecesPerRow;
+    const int d0 = at.chunk * kChunkChannels + kSegment * q;
+    if (at.t0 + kStreamTileTokens <= job.S) {  // a whole tile: one address, then fixed steps
+      const T* src = job.in.segment(at.b, at.t0 + j, at.h, d0);
+      const std::int64_t step = kRunTokens * job.in.stride_s;
 #pragma unroll
-      for (int r = 0; r < kStreamItems; ++r) copy16(first_dst + r * kRowsPerItem * kD, src + r * step, kVectorBytes);
+      for (int k = 0; k < kRuns; ++k) copy16(dst + at_byte(j, k, q), src + k * step, kVectorBytes);
     } else {
 #pragma unroll
-      for (int r = 0; r < kStreamItems; ++r) {
-        const int s = at.t0 + tok0 + r * kRowsPerItem;
+      for (int k = 0; k < kRuns; ++k) {
+        const int s = at.t0 + kRunTokens * k + j;
         // Past S: sixteen zero bytes, read from nowhere (the clamped address stays valid).
-        copy16(first_dst + r * kRowsPerItem * kD, job.in.segment(at.b, min(s, job.S - 1), at.h, kSegment * g),
+        copy16(dst + at_byte(j, k, q), job.in.segment(at.b, min(s, job.S - 1), at.h, d0),
                s < job.S ? kVectorBytes : 0u);
       }
     }
@@ -553,6 +573,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_
   };
   const int block_shift = job.nvfp4 ? kNvfp4BlockShift : kMxfp4BlockShift;
   const int scale_rows = job.padded_tokens >> block_shift;
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int run = lane % kRuns;
+  const int pair = static_cast<int>(threadIdx.x) / kWarpSize * (kWarpSize / kRuns) + lane / kRuns;
   std::uint32_t mag = 0;
   // ahead[k]: the tile of iteration i + k (k < kStreamBuffers − 1 staged).
   TileAt ahead[kStreamBuffers] = {};
@@ -562,7 +585,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_
     const int w = static_cast<int>(blockIdx.x) + k * stride;
     if (w < tiles) {
       ahead[k] = place(w);
-      stage(ahead[k], buffers + k * kStreamTileElems);
+      stage(ahead[k], buffers + k * kStreamTileBytes);
     } else {
       asm volatile("cp.async.commit_group;" ::: "memory");  // empty groups keep the count
     }
@@ -579,7 +602,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_
     const int far = walk + (kStreamBuffers - 1) * stride;
     if (far < tiles) {
       ahead[kStreamBuffers - 1] = place(far);
-      stage(ahead[kStreamBuffers - 1], buffers + ((i + kStreamBuffers - 1) % kStreamBuffers) * kStreamTileElems);
+      stage(ahead[kStreamBuffers - 1], buffers + ((i + kStreamBuffers - 1) % kStreamBuffers) * kStreamTileBytes);
     } else {
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
@@ -587,35 +610,34 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_
     asm volatile("cp.async.wait_group %0;" ::"n"(kStreamBuffers - 1) : "memory");
     __syncthreads();
     const TileAt at = ahead[0];
-    const T* tile = buffers + (i % kStreamBuffers) * kStreamTileElems;
-    const int slice = at.b * job.H + at.h;
-    // One 32-token run of channels 2c and 2c + 1: a 32-bit shared load gives
-    // both channels' values of a token, and a byte permute splits them into
-    // each channel's pairs.
-    const int c = static_cast<int>(threadIdx.x) % kChannelPairs;
-    const int first = static_cast<int>(threadIdx.x) / kChannelPairs * kRunTokens;  // in the tile
-    if (at.t0 + first < job.padded_tokens) {
-      const auto* col = reinterpret_cast<const std::uint32_t*>(tile + first * kD) + c;
+    const unsigned char* tile = buffers + (i % kStreamBuffers) * kStreamTileBytes;
+    const int first = at.t0 + kRunTokens * run;  // the run's first token
+    if (first < job.padded_tokens) {
+      const int slice = at.b * job.H + at.h;
+      // Word pair % 4 of chunk pair / 4 of each token: channels 2 · pair, 2 · pair + 1.
+      const auto word = [&](int j) {
+        return *reinterpret_cast<const std::uint32_t*>(tile + at_byte(j, run, pair / 4) + 4 * (pair % 4));
+      };
       std::uint32_t p[2][kRunTokens / 2];
 #pragma unroll
       for (int g = 0; g < kRunTokens / kSegment; ++g)
 #pragma unroll
         for (int j = 0; j < kSegment / 2; ++j) {
-          const std::uint32_t a = col[(kSegment * g + j) * kChannelPairs];
-          const std::uint32_t b = col[(kSegment * g + j + 4) * kChannelPairs];
+          const std::uint32_t a = word(kSegment * g + j), b = word(kSegment * g + j + 4);
           p[0][4 * g + j] = __byte_perm(a, b, 0x5410);
           p[1][4 * g + j] = __byte_perm(a, b, 0x7632);
         }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int d = 2 * c + h;
+        const int d = at.chunk * kChunkChannels + 2 * pair + h;
         std::uint32_t words[kRunTokens / kSegment];
         mag = max(mag, run_from_pairs(job, p[h], kD,
                                       job.scales + (static_cast<std::int64_t>(slice) * scale_rows +
-                                                    ((at.t0 + first) >> block_shift)) * kD + d,
+                                                    (first >> block_shift)) * kD + d,
                                       s_enc, divisors, words));
+        // The eight runs' lanes (lane / 8 equal) store one 128-byte line of row d.
         const std::int64_t row = static_cast<std::int64_t>(slice) * kD + d;
-        __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + (at.t0 + first) / 2),
+        __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + first / 2),
                make_uint4(words[0], words[1], words[2], words[3]));
       }
     }
