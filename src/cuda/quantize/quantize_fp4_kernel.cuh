@@ -1070,11 +1070,25 @@ __global__ void __launch_bounds__(kThreads) fp4_mean_finalize_kernel(Workspace w
     const std::int64_t b = i / channels, c = i % channels;
     double total = 0.0;
     float hi = -FLT_MAX, lo = FLT_MAX;
-    for (int k = 0; k < chunks; ++k) {
-      const std::int64_t at = (b * chunks + k) * channels + c;
-      total += ws.k_partial[at];
-      if (want_amax) hi = fmaxf(hi, ws.k_max[at]), lo = fminf(lo, ws.k_min[at]);
-    }
+    // Loads ahead of the in-order adds: one at a time, a long sequence's
+    // finalize was a chain of load latencies (perf log fp4-q22).
+    const std::int64_t first = b * chunks * channels + c;
+    struct ChunkStats {
+      double sum;
+      float top, bottom;
+    };
+    for_each_in_order<kChunkSumBatch>(
+        chunks,
+        [&](int k) {
+          const std::int64_t at = first + static_cast<std::int64_t>(k) * channels;
+          ChunkStats st{__ldcg(ws.k_partial + at), 0.0f, 0.0f};
+          if (want_amax) st.top = __ldcg(ws.k_max + at), st.bottom = __ldcg(ws.k_min + at);
+          return st;
+        },
+        [&](const ChunkStats& st) {
+          total += st.sum;
+          if (want_amax) hi = fmaxf(hi, st.top), lo = fminf(lo, st.bottom);
+        });
     const float m = __double2float_rn(__ddiv_rn(total, static_cast<double>(S)));
     mean[i] = m;
     if (want_amax) mag = max(magnitude_bits(__fsub_rn(hi, m)), magnitude_bits(__fsub_rn(lo, m)));

@@ -202,8 +202,10 @@ __global__ void __launch_bounds__(kThreads) fp8_finalize_kernel(const __grid_con
   if (job.smooth_k) {
     const std::int64_t j = channel / job.D, d = channel % job.D;
     const double* partial = job.ws.k_partial + j * job.k_blocks * job.D + d;
-    double total = 0.0;
-    for (int c = 0; c < job.k_blocks; ++c) total += partial[static_cast<std::int64_t>(c) * job.D];
+    double total = 0.0;  // in ascending chunk order, loads ahead (segment.cuh)
+    for_each_in_order<kChunkSumBatch>(
+        job.k_blocks, [&](int c) { return __ldcg(partial + static_cast<std::int64_t>(c) * job.D); },
+        [&](double v) { total += v; });
     job.out.k_mean[channel] = __double2float_rn(__ddiv_rn(total, static_cast<double>(job.Sk)));
   }
   if (job.out.vt != nullptr) job.out.v_scale[channel] = fp8_scale_of(__uint_as_float(job.ws.v_amax[channel]));

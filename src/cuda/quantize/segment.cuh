@@ -193,6 +193,25 @@ __device__ __forceinline__ void walk_quads(const T* p, std::int64_t stride, int 
   else walk(std::false_type{});
 }
 
+// Calls take(load(k)) for k = 0 .. n − 1 in ascending k, with kBatch loads
+// issued ahead of their takes: for reductions whose order is the CPU's (the
+// smooth_k mean's chunk sums, added in ascending chunk order) and whose loads
+// would otherwise each wait for the previous add.
+template <int kBatch, class Load, class Take>
+__device__ __forceinline__ void for_each_in_order(int n, Load&& load, Take&& take) {
+  using Value = decltype(load(0));
+  int k = 0;
+  for (; k + kBatch <= n; k += kBatch) {
+    Value v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) v[u] = load(k + u);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) take(v[u]);
+  }
+  for (; k < n; ++k) take(load(k));
+}
+inline constexpr int kChunkSumBatch = 16;  // chunk sums in flight in the mean finalize kernels
+
 // One element as stored (the statistics pass stages K in shared memory as is).
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
