@@ -529,7 +529,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_
   struct TileAt {
     int b, h, chunk, t0;
   };
-  const int chunk_tiles = job.tiles_per_slice;  // token tiles per (b, h)
+  const int token_tiles = job.tiles_per_slice;  // token tiles per (b, h)
   const auto place = [&](int walk) {
     const int w = job.reverse ? tiles - 1 - walk : walk;
     TileAt at;
@@ -537,8 +537,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_
     const int rest = w / kChunks;
     at.h = rest % job.H;
     const int bt = rest / job.H;
-    at.t0 = (bt % chunk_tiles) * kStreamTileTokens;
-    at.b = bt / chunk_tiles;
+    at.t0 = (bt % token_tiles) * kStreamTileTokens;
+    at.b = bt / token_tiles;
     return at;
   };
   const auto copy16 = [](unsigned char* dst, const T* src, unsigned bytes) {
