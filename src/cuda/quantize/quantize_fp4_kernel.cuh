@@ -85,7 +85,6 @@ inline constexpr int kStreamCtasPerSm = 4;
 inline constexpr int kStreamThreads = 128;        // threads of a fp4_columns_stream_kernel CTA
 inline constexpr int kStreamTileElems = 8192;     // elements of one of its tiles:
 inline constexpr int kStreamTileTokens = 256;     // 256 tokens × 32 channels
-inline constexpr int kStreamItems = kStreamTileElems / kSegment / kStreamThreads;  // 16-byte copies a thread
 inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chains
 inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_partial_kernel CTA
 // A register budget (128 per thread) for the mean pass: without it ptxas
