@@ -73,18 +73,19 @@ inline constexpr int kAmaxItems = 4;
 template <class T>
 inline constexpr int kRowCtasPerSm = sizeof(T) == 2 ? 4 : 3;
 inline constexpr int kColumnCtasPerSm = 3;
-// fp4_columns_stream_kernel: tile buffers per CTA (tiles in flight while one
-// is coded: kStreamBuffers − 1), CTAs per SM (the buffers' shared memory),
-// threads per CTA and elements per tile. 128-thread CTAs with three 16 KiB
-// buffers, four per SM (128 KiB of copies in flight), measured 1–2 % faster
-// than 256 threads with two 32 KiB buffers at three per SM, and six
-// 128-thread CTAs with two buffers 2 % slower (perf log fp4-q20); three
-// 32 KiB buffers at two CTAs per SM the same (fp4-q13).
+// fp4_columns_stream_kernel: channels and tokens of a tile, tile buffers per
+// CTA (tiles in flight while one is coded: kStreamBuffers − 1), CTAs per SM
+// (the buffers' shared memory) and threads per CTA (a lane per 32-token run
+// and channel pair). Tiles of 64 channels read 128 bytes of each token row:
+// −9 % against 32 channels (64 bytes a row, four 128-thread CTAs with three
+// 16 KiB buffers), with the same 192 KiB of buffers per SM (perf log
+// fp4-q26).
+inline constexpr int kStreamChannels = 64;
+inline constexpr int kStreamTileTokens = 256;
+inline constexpr int kStreamTileElems = kStreamTileTokens * kStreamChannels;
 inline constexpr int kStreamBuffers = 3;
-inline constexpr int kStreamCtasPerSm = 4;
-inline constexpr int kStreamThreads = 128;        // threads of a fp4_columns_stream_kernel CTA
-inline constexpr int kStreamTileElems = 8192;     // elements of one of its tiles:
-inline constexpr int kStreamTileTokens = 256;     // 256 tokens × 32 channels
+inline constexpr int kStreamCtasPerSm = 2;
+inline constexpr int kStreamThreads = kStreamTileTokens / 32 * kStreamChannels / 2;
 inline constexpr int kMeanSumBatch = 16;                 // tokens read ahead of the double-add chains
 inline constexpr int kMeanThreads = 128;                 // quads per fp4_mean_partial_kernel CTA
 // A register budget (128 per thread) for the mean pass: without it ptxas
@@ -489,33 +490,34 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
 // buffers; the next tiles' 16-byte cp.async copies (zero-filled past S) are in
 // flight while the CTA codes the current one.
 //
-// A tile is kStreamTileTokens = 256 tokens × 32 channels of one (b, h), so
-// that its codes are whole 128-byte lines of 32 Vᵀ rows: the 16-byte code
-// stores of a tile's eight 32-token runs of a channel are one line, and the
-// eight lanes that hold them store it in one instruction (perf log fp4-q21:
-// with 64-token tiles, every lane of a store wrote 16 bytes into another row,
-// and those stores took 16 of the kernel's 55 µs). Tiles are numbered chunk
+// A tile is kStreamTileTokens = 256 tokens × kStreamChannels = 64 channels
+// of one (b, h): its codes are whole 128-byte lines of 64 Vᵀ rows (the
+// 16-byte code stores of a tile's eight 32-token runs of a channel are one
+// line, and the eight lanes that hold them store it in one instruction; perf
+// log fp4-q21), and its copies read 128 bytes of each token row (fp4-q26:
+// 64-byte pieces, with 32-channel tiles, cost 9 %). Tiles are numbered chunk
 // of channels fastest, then heads, then token tiles: the CTAs at work read
 // whole rows of a (B, S, H, D) input together.
 //
 // Lane ℓ of warp w codes run k = ℓ % 8 (tokens 32k .. 32k + 31 of the tile)
 // of channels 2p, 2p + 1, p = 4w + ℓ / 8: one 32-bit shared load per token
 // gives both, a byte permute splits them. Token 32k + j of the tile sits at
-// row 8j + k of the buffer (64 bytes, 32 channels), its 16-byte chunk q at q ^
-// ((k >> 1) & 3): the 32 lanes of a load (8 runs × 4 words of one chunk)
-// then hit 32 different banks. Non-finite input shows in the runs' amax. D is
-// a template parameter so that global steps and shared offsets are constants.
+// row 8j + k of the buffer (128 bytes, 64 channels), its 16-byte chunk q at
+// q ^ k: the 32 lanes of a load (8 runs × 4 words of one chunk) then hit 32
+// different banks. Non-finite input shows in the runs' amax. D is a template
+// parameter so that global steps and shared offsets are constants.
 template <class T, int kD>
 __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_stream_kernel(
     const __grid_constant__ Job<T> job, int tiles) {
   static_assert(sizeof(T) == 2, "16-byte copies of 8 elements");
   static_assert(kD == 64 || kD == 128, "the head dims with a compile-time tile pitch");
-  constexpr int kChunkChannels = kStreamTileElems / kStreamTileTokens;  // 32
+  constexpr int kChunkChannels = kStreamTileElems / kStreamTileTokens;  // 64
   constexpr int kChunks = kD / kChunkChannels;                           // per head
-  constexpr int kRowBytes = kChunkChannels * static_cast<int>(sizeof(T));  // 64
-  constexpr int kPiecesPerRow = kRowBytes / kVectorBytes;                // 4 copies of 16 bytes
+  constexpr int kRowBytes = kChunkChannels * static_cast<int>(sizeof(T));  // 128
+  constexpr int kPiecesPerRow = kRowBytes / kVectorBytes;                // 8 copies of 16 bytes
   constexpr int kRuns = kStreamTileTokens / kRunTokens;                  // 8
-  static_assert(kRuns == 8 && kPiecesPerRow == 4, "the bank swizzle below assumes 8 runs of 4 chunks");
+  static_assert(kRuns == 8 && kPiecesPerRow == 8, "the bank swizzle below assumes 8 runs of 8 chunks");
+  static_assert(kD % kChunkChannels == 0, "whole chunks of channels per head");
   static_assert(kStreamThreads == kRuns * kChunkChannels / 2, "a lane per run and channel pair");
   static_assert(kStreamThreads / kPiecesPerRow == kRunTokens, "a copy step is one token of every run");
   extern __shared__ __align__(16) unsigned char smem[];
@@ -524,7 +526,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_
   NvDivisorTable& divisors = *reinterpret_cast<NvDivisorTable*>(smem + kStreamBuffers * kStreamTileBytes);
   if (job.nvfp4) divisors.fill(static_cast<int>(threadIdx.x), kStreamThreads);  // read after the loop's first barrier
   // Byte offset of chunk q of token 32k + j of a tile in its buffer.
-  const auto at_byte = [](int j, int k, int q) { return (8 * j + k) * kRowBytes + kVectorBytes * (q ^ ((k >> 1) & 3)); };
+  const auto at_byte = [](int j, int k, int q) { return (8 * j + k) * kRowBytes + kVectorBytes * (q ^ k); };
   struct TileAt {
     int b, h, chunk, t0;
   };
