@@ -297,19 +297,25 @@ __device__ __forceinline__ void mx_block_codes_fp32(const float (&v)[kMxfp4Block
 // blocks) into four words, token t at nibble t of the run; the scale codes of
 // the run's blocks go to scales[0], scales[pitch]; NVFP4's divisors from
 // `divisors` (unused for MX). Returns the run's largest |v| as float bits
-// (Inf and NaN above every finite value).
+// (Inf and NaN above every finite value). `block_mag`, when given, holds
+// each block's largest |v| as float bits, computed by the caller.
 template <bool kNv>
 __device__ __forceinline__ std::uint32_t encode_run(const float (&v)[kRunTokens], bool round_up, float s_enc,
                                                     std::uint32_t (&words)[kRunTokens / kSegment],
                                                     std::uint8_t* scales, int pitch,
-                                                    const NvDivisorTable* divisors) {
+                                                    const NvDivisorTable* divisors,
+                                                    const std::uint32_t* block_mag = nullptr) {
   constexpr int kBlock = kNv ? kNvfp4Block : kMxfp4Block;
   std::uint32_t run_mag = 0;
 #pragma unroll
   for (int k = 0; k < kRunTokens / kBlock; ++k) {
     std::uint32_t mag = 0;
+    if (block_mag != nullptr) {
+      mag = block_mag[k];
+    } else {
 #pragma unroll
-    for (int t = k * kBlock; t < (k + 1) * kBlock; ++t) mag = max(mag, magnitude_bits(v[t]));
+      for (int t = k * kBlock; t < (k + 1) * kBlock; ++t) mag = max(mag, magnitude_bits(v[t]));
+    }
     run_mag = max(run_mag, mag);
     std::uint32_t scale_code;
     if constexpr (kNv) {
@@ -385,7 +391,19 @@ __device__ __forceinline__ std::uint32_t run_from_pairs(const Job<T>& job, const
       v[kSegment * g + j] = widen(p[4 * g + j] & 0xFFFFu, T{});
       v[kSegment * g + j + 4] = widen(p[4 * g + j] >> 16, T{});
     }
-  if (job.nvfp4) return encode_run<true>(v, job.round_up, s_enc, words, scales, dim, &divisors);
+  if (job.nvfp4) {
+    // Each NV block's amax on the input's own 16-bit magnitudes, two per
+    // instruction: block k is tokens 16k .. 16k + 15, the pairs p[8k .. 8k + 7].
+    std::uint32_t block_mag[kRunTokens / kNvfp4Block];
+#pragma unroll
+    for (int k = 0; k < kRunTokens / kNvfp4Block; ++k) {
+      std::uint32_t m = 0;
+#pragma unroll
+      for (int i = 8 * k; i < 8 * k + 8; ++i) m = pair_magnitude_max(m, p[i]);
+      block_mag[k] = Pairs<T>::float_bits(max(m & 0xFFFFu, m >> 16));
+    }
+    return encode_run<true>(v, job.round_up, s_enc, words, scales, dim, &divisors, block_mag);
+  }
   return encode_run<false>(v, job.round_up, s_enc, words, scales, dim, nullptr);
 }
 
