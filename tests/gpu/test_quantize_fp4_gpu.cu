@@ -368,6 +368,8 @@ TEST(GpuQuantizeFp4, VMatchesCpuBitForBit) {
         check_all_types({Fp4Operand::v, f, rule, false, transposed, 1, 1000, 2, 64, LayoutKind::odd_pad});
         check_all_types({Fp4Operand::v, f, rule, false, transposed, 3, 20, 1, 16, LayoutKind::dense});
         check_all_types({Fp4Operand::v, f, rule, false, transposed, 1, 129, 2, 256, LayoutKind::dense});
+        // The stream kernel at D = 64 (one channel chunk a head), partial last tile.
+        check_all_types({Fp4Operand::v, f, rule, false, transposed, 2, 555, 2, 64, LayoutKind::dense});
       }
     }
 }

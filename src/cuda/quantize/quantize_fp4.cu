@@ -7,9 +7,9 @@
 //                             (backwards)
 // The quantize launch for q and k of 16-bit data in a 16-byte aligned layout
 // with D ≥ 32 is the pipelined fp4_rows_stream_kernel, else fp4_rows_kernel;
-// for Vᵀ of 16-bit data in such a layout with D = 64 or 128 the pipelined
-// fp4_columns_stream_kernel, else (fp32, other D, untransposed V)
-// fp4_columns_kernel.
+// for V of 16-bit data in such a layout with D = 64 or 128 the pipelined
+// fp4_columns_stream_kernel (Vᵀ, or untransposed V into a 16-byte aligned
+// buffer), else (fp32, other D) fp4_columns_kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -106,24 +106,32 @@ void allow_rows_stream_smem(std::size_t bytes, int first_device) {
 }
 
 // fp4_columns_stream_kernel for D = kD (its shared memory, kStreamBuffers
-// tile buffers, is allowed once per device, as above; its size is fixed).
-template <class T, int kD>
+// tile buffers and, for untransposed V, the code stage, is allowed once per
+// device, as above).
+template <class T, int kD, bool kTransposed>
 void launch_columns_stream(const fp4::Job<T>& job, std::int64_t tiles, cudaStream_t stream) {
-  constexpr std::size_t kSmem = fp4::kStreamBuffers * sizeof(T) * fp4::kStreamTileElems + sizeof(fp4::NvDivisorTable);
+  constexpr std::size_t kSmem = fp4::kStreamBuffers * sizeof(T) * fp4::kStreamTileElems +
+                                sizeof(fp4::NvDivisorTable) + (kTransposed ? 0 : fp4::kStreamCodeStageBytes);
   static std::atomic<int> allowed_on{-1};
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   if (allowed_on.load(std::memory_order_relaxed) != device) {
-    check_cuda(cudaFuncSetAttribute(fp4::fp4_columns_stream_kernel<T, kD>,
+    check_cuda(cudaFuncSetAttribute(fp4::fp4_columns_stream_kernel<T, kD, kTransposed>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem)),
                "cudaFuncSetAttribute");
     allowed_on.store(device, std::memory_order_relaxed);
   }
   const auto ctas = static_cast<unsigned>(
       std::min<std::int64_t>(tiles, std::int64_t{stream_grid_limits().sms} * fp4::kStreamCtasPerSm));
-  // NVFP4's Vᵀ follows the tensor amax pass: a programmatic dependent launch.
-  launch_kernel(fp4::fp4_columns_stream_kernel<T, kD>, dim3(ctas), fp4::kStreamThreads, kSmem, stream, job.nvfp4,
-                "quantize_fp4 launch", job, static_cast<int>(tiles));
+  // NVFP4's V follows the tensor amax pass: a programmatic dependent launch.
+  launch_kernel(fp4::fp4_columns_stream_kernel<T, kD, kTransposed>, dim3(ctas), fp4::kStreamThreads, kSmem, stream,
+                job.nvfp4, "quantize_fp4 launch", job, static_cast<int>(tiles));
+}
+
+template <class T, int kD>
+void launch_columns_stream(const fp4::Job<T>& job, std::int64_t tiles, cudaStream_t stream) {
+  if (job.v_transposed) launch_columns_stream<T, kD, true>(job, tiles, stream);
+  else launch_columns_stream<T, kD, false>(job, tiles, stream);
 }
 
 constexpr std::size_t kSmemReservedPerCta = 1024;  // what the runtime keeps per resident CTA
@@ -259,10 +267,13 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
   if (op == Fp4Operand::v) {
     if constexpr (sizeof(T) == 2) {
       fp4::Job<T> stream_job = job;  // the stream kernel's tiles
-      // Token tiles per (b, h); each is D / 32 tiles of 32 channels.
+      // Token tiles per (b, h); each is D / 64 tiles of 64 channels. Untransposed
+      // codes go out 16 bytes at a time: the stream kernel takes them from a
+      // 16-byte aligned buffer (any D / 2-byte row then starts on 16 bytes).
       stream_job.tiles_per_slice = static_cast<int>(ceil_div(job.padded_tokens, fp4::kStreamTileTokens));
       const std::int64_t tiles = slices * stream_job.tiles_per_slice * (D * fp4::kStreamTileTokens / fp4::kStreamTileElems);
-      if (opt.v_transposed && job.in.vector_loads && (D == 64 || D == 128) &&
+      if ((opt.v_transposed || aligned(dst.codes, kTransposedStoreAlign)) && job.in.vector_loads &&
+          (D == 64 || D == 128) &&
           tiles <= std::numeric_limits<int>::max()) {
         if (D == 128) launch_columns_stream<T, 128>(stream_job, tiles, stream);
         else launch_columns_stream<T, 64>(stream_job, tiles, stream);

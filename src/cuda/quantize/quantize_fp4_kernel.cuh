@@ -28,10 +28,12 @@
 //                       shared memory; thread (d, strip) then walks 64 tokens
 //                       of channel d, two 32-token runs, each one MX block or
 //                       two NV blocks, and writes 16 bytes of a Vᵀ row
-//   fp4_columns_stream_kernel  Vᵀ of 16-bit data in a 16-byte aligned layout,
-//                       D = 64 or 128: persistent 128-thread CTAs, three
+//   fp4_columns_stream_kernel  V of 16-bit data in a 16-byte aligned layout,
+//                       D = 64 or 128: persistent 256-thread CTAs, three
 //                       tile buffers (the next two tiles' copies in flight),
-//                       a thread per 32-token run of two neighbouring channels
+//                       a thread per 32-token run of two neighbouring
+//                       channels; Vᵀ rows stored from the runs, untransposed
+//                       V rows through a shared code stage
 //   fp4_amax_kernel     NVFP4: the tensor's amax (atomicMax on float bits)
 //   fp4_mean_*          smooth_k: chunk sums (and, for NVFP4, each chunk's
 //                       per-channel max and min), then the mean per channel
@@ -502,6 +504,66 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
   }
 }
 
+// Untransposed V from the Vᵀ kernel's runs: a tile's codes are staged as
+// one row of kStreamCodeRowBytes per token (byte c: channels 2c, 2c + 1,
+// the low nibble the even one), then each thread stores one token's row.
+// The lane of run k and channel pair c writes byte c of rows 32k .. 32k + 31;
+// word w of row 32k + t sits at w ^ k, so the eight runs of a store
+// instruction hit eight banks.
+inline constexpr int kStreamCodeRowBytes = kStreamChannels / 2;
+inline constexpr int kStreamCodeStageBytes = kStreamTileTokens * kStreamCodeRowBytes;
+
+__device__ __forceinline__ void stage_untransposed(const std::uint32_t (&words)[2][kRunTokens / kSegment],
+                                                   unsigned char* stage, int run, int pair) {
+  const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage)) +
+                             static_cast<std::uint32_t>(32 * run * kStreamCodeRowBytes + 4 * ((pair / 4) ^ run) + pair % 4);
+#pragma unroll
+  for (int g = 0; g < kRunTokens / kSegment; ++g) {
+    // Byte i of even / odd: tokens 8g + 2i / 8g + 2i + 1, channel 2c in the low nibble.
+    const std::uint32_t lo = words[0][g], hi = words[1][g];
+    const std::uint32_t even = (lo & 0x0F0F0F0Fu) | ((hi & 0x0F0F0F0Fu) << 4);
+    const std::uint32_t odd = ((lo >> 4) & 0x0F0F0F0Fu) | (((hi >> 4) & 0x0F0F0F0Fu) << 4);
+    const std::uint32_t tokens[2] = {__byte_perm(even, odd, 0x5140), __byte_perm(even, odd, 0x7362)};
+#pragma unroll
+    for (int t = 0; t < kSegment; ++t)
+      asm volatile("st.shared.u8 [%0], %1;" ::"r"(base + (kSegment * g + t) * kStreamCodeRowBytes),
+                   "r"((tokens[t / 4] >> (8 * (t % 4))) & 0xFFu)
+                   : "memory");
+  }
+}
+
+// Thread i stores token i of the tile: its kStreamCodeRowBytes codes at the
+// tile's channel chunk of the token's (B, H, S_pad, D / 2) row. Row i's
+// words sit at w ^ k, k = i / 32 the same for a whole warp: 16-byte chunk c
+// is physical chunk c ^ (k >> 2) with its words in the order m ^ (k & 3).
+template <class T, class TileAt>
+__device__ __forceinline__ void store_untransposed(const unsigned char* stage, const TileAt& at, const Job<T>& job,
+                                                   int dim, int chunk_channels) {
+  const int i = static_cast<int>(threadIdx.x), k = i / 32;
+  if (at.t0 + i >= job.padded_tokens) return;
+  const std::uint32_t row = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage)) +
+                            static_cast<std::uint32_t>(i * kStreamCodeRowBytes);
+  const std::int64_t token_row = static_cast<std::int64_t>(at.b * job.H + at.h) * job.padded_tokens + at.t0 + i;
+  auto* out = reinterpret_cast<uint4*>(job.codes + token_row * (dim / 2) + at.chunk * (chunk_channels / 2));
+#pragma unroll
+  for (int c = 0; c < kStreamCodeRowBytes / 16; ++c) {
+    std::uint32_t v[4];
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(row + 16u * static_cast<unsigned>(c ^ (k >> 2))));
+    // Logical word m is v[m ^ (k & 3)]: swap within pairs, then the pairs (k is warp-uniform).
+    if (k & 1) {
+      const std::uint32_t t0 = v[0], t2 = v[2];
+      v[0] = v[1], v[1] = t0, v[2] = v[3], v[3] = t2;
+    }
+    if (k & 2) {
+      const std::uint32_t t0 = v[0], t1 = v[1];
+      v[0] = v[2], v[1] = v[3], v[2] = t0, v[3] = t1;
+    }
+    __stcs(out + c, make_uint4(v[0], v[1], v[2], v[3]));
+  }
+}
+
 // Vᵀ of 16-bit data in a 16-byte aligned layout with D = kD (64 or 128),
 // pipelined: persistent CTAs (kStreamCtasPerSm per SM), each walking tiles
 // blockIdx.x, blockIdx.x + gridDim.x, … with kStreamBuffers shared-memory tile
@@ -523,8 +585,13 @@ __global__ void __launch_bounds__(kThreads, kColumnCtasPerSm) fp4_columns_kernel
 // row 8j + k of the buffer (128 bytes, 64 channels), its 16-byte chunk q at
 // q ^ k: the 32 lanes of a load (8 runs × 4 words of one chunk) then hit 32
 // different banks. Non-finite input shows in the runs' amax. D is a template
-// parameter so that global steps and shared offsets are constants.
-template <class T, int kD>
+// parameter so that global steps and shared offsets are constants. For
+// untransposed V (kTransposed false) the runs' codes go to a shared code
+// stage instead and each thread then stores one token's codes
+// (stage_untransposed, store_untransposed); an instance of its own, since
+// in the Vᵀ kernel the stage's registers and branches cost 1–1.5 % (perf
+// log fp4-q28).
+template <class T, int kD, bool kTransposed>
 __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_stream_kernel(
     const __grid_constant__ Job<T> job, int tiles) {
   static_assert(sizeof(T) == 2, "16-byte copies of 8 elements");
@@ -542,6 +609,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_
   unsigned char* const buffers = smem;  // buffer k at buffers + k · kStreamTileBytes
   constexpr int kStreamTileBytes = kStreamTileElems * static_cast<int>(sizeof(T));
   NvDivisorTable& divisors = *reinterpret_cast<NvDivisorTable*>(smem + kStreamBuffers * kStreamTileBytes);
+  // Untransposed V: the tile's codes, a row of kStreamCodeRowBytes per token (stage_untransposed).
+  unsigned char* const code_stage = smem + kStreamBuffers * kStreamTileBytes + sizeof(NvDivisorTable);
   if (job.nvfp4) divisors.fill(static_cast<int>(threadIdx.x), kStreamThreads);  // read after the loop's first barrier
   // Byte offset of chunk q of token 32k + j of a tile in its buffer.
   const auto at_byte = [](int j, int k, int q) { return (8 * j + k) * kRowBytes + kVectorBytes * (q ^ k); };
@@ -646,19 +715,26 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm) fp4_columns_
           p[0][4 * g + j] = __byte_perm(a, b, 0x5410);
           p[1][4 * g + j] = __byte_perm(a, b, 0x7632);
         }
+      std::uint32_t words[2][kRunTokens / kSegment];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int d = at.chunk * kChunkChannels + 2 * pair + h;
-        std::uint32_t words[kRunTokens / kSegment];
         mag = max(mag, run_from_pairs(job, p[h], kD,
                                       job.scales + (static_cast<std::int64_t>(slice) * scale_rows +
                                                     (first >> block_shift)) * kD + d,
-                                      s_enc, divisors, words));
-        // The eight runs' lanes (lane / 8 equal) store one 128-byte line of row d.
-        const std::int64_t row = static_cast<std::int64_t>(slice) * kD + d;
-        __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + first / 2),
-               make_uint4(words[0], words[1], words[2], words[3]));
+                                      s_enc, divisors, words[h]));
+        if constexpr (kTransposed) {
+          // The eight runs' lanes (lane / 8 equal) store one 128-byte line of row d.
+          const std::int64_t row = static_cast<std::int64_t>(slice) * kD + d;
+          __stcs(reinterpret_cast<uint4*>(job.codes + row * (job.padded_tokens / 2) + first / 2),
+                 make_uint4(words[h][0], words[h][1], words[h][2], words[h][3]));
+        }
       }
+      if constexpr (!kTransposed) stage_untransposed(words, code_stage, run, pair);
+    }
+    if constexpr (!kTransposed) {
+      __syncthreads();  // the tile's codes are staged
+      store_untransposed(code_stage, at, job, kD, kChunkChannels);
     }
 #pragma unroll
     for (int k = 0; k + 1 < kStreamBuffers; ++k) ahead[k] = ahead[k + 1];
