@@ -516,7 +516,8 @@ inline constexpr int kStreamCodeStageBytes = kStreamTileTokens * kStreamCodeRowB
 __device__ __forceinline__ void stage_untransposed(const std::uint32_t (&words)[2][kRunTokens / kSegment],
                                                    unsigned char* stage, int run, int pair) {
   const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage)) +
-                             static_cast<std::uint32_t>(32 * run * kStreamCodeRowBytes + 4 * ((pair / 4) ^ run) + pair % 4);
+                             static_cast<std::uint32_t>(kRunTokens * run * kStreamCodeRowBytes + 4 * ((pair / 4) ^ run) +
+                                                        pair % 4);
 #pragma unroll
   for (int g = 0; g < kRunTokens / kSegment; ++g) {
     // Byte i of even / odd: tokens 8g + 2i / 8g + 2i + 1, channel 2c in the low nibble.
@@ -539,7 +540,7 @@ __device__ __forceinline__ void stage_untransposed(const std::uint32_t (&words)[
 template <class T, class TileAt>
 __device__ __forceinline__ void store_untransposed(const unsigned char* stage, const TileAt& at, const Job<T>& job,
                                                    int dim, int chunk_channels) {
-  const int i = static_cast<int>(threadIdx.x), k = i / 32;
+  const int i = static_cast<int>(threadIdx.x), k = i / kRunTokens;  // k: the token's run, one per warp
   if (at.t0 + i >= job.padded_tokens) return;
   const std::uint32_t row = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage)) +
                             static_cast<std::uint32_t>(i * kStreamCodeRowBytes);
@@ -564,8 +565,8 @@ __device__ __forceinline__ void store_untransposed(const unsigned char* stage, c
   }
 }
 
-// Vᵀ of 16-bit data in a 16-byte aligned layout with D = kD (64 or 128),
-// pipelined: persistent CTAs (kStreamCtasPerSm per SM), each walking tiles
+// V (Vᵀ, or untransposed) of 16-bit data in a 16-byte aligned layout with
+// D = kD (64 or 128), pipelined: persistent CTAs (kStreamCtasPerSm per SM), each walking tiles
 // blockIdx.x, blockIdx.x + gridDim.x, … with kStreamBuffers shared-memory tile
 // buffers; the next tiles' 16-byte cp.async copies (zero-filled past S) are in
 // flight while the CTA codes the current one.
