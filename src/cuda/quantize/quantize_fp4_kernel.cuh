@@ -396,14 +396,11 @@ __device__ __forceinline__ std::uint32_t run_from_pairs(const Job<T>& job, const
   if (job.nvfp4) {
     // Each NV block's amax on the input's own 16-bit magnitudes, two per
     // instruction: block k is tokens 16k .. 16k + 15, the pairs p[8k .. 8k + 7].
+    constexpr int kBlockPairs = kNvfp4Block / 2;
     std::uint32_t block_mag[kRunTokens / kNvfp4Block];
 #pragma unroll
-    for (int k = 0; k < kRunTokens / kNvfp4Block; ++k) {
-      std::uint32_t m = 0;
-#pragma unroll
-      for (int i = 8 * k; i < 8 * k + 8; ++i) m = pair_magnitude_max(m, p[i]);
-      block_mag[k] = Pairs<T>::float_bits(max(m & 0xFFFFu, m >> 16));
-    }
+    for (int k = 0; k < kRunTokens / kNvfp4Block; ++k)
+      block_mag[k] = pairs_amax_bits<T>(*reinterpret_cast<const std::uint32_t(*)[kBlockPairs]>(p + kBlockPairs * k));
     return encode_run<true>(v, job.round_up, s_enc, words, scales, dim, &divisors, block_mag);
   }
   return encode_run<false>(v, job.round_up, s_enc, words, scales, dim, nullptr);
