@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seqs", default="4096,16384")
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=TOKENS, help="B·S of each case; B = max(1, tokens // S)")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--names", default="", help="one name per --lib (default: lib0, lib1, ...)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -79,7 +80,7 @@ def main():
     rows, lines = [], []
 
     for S in map(int, args.seqs.split(",")):
-        B = TOKENS // S
+        B = max(1, args.tokens // S)
         sets = []
         for _ in range(INPUT_SETS):
             q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))

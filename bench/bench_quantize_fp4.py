@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from capi_lib import time_ms
+from capi_lib import kernel_breakdown, time_ms
 
 TOKENS = 32768           # B·S, as the forward grid
 L2_BYTES = 60 * 2**20
@@ -97,6 +97,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seqs", default="4096")
     ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=TOKENS, help="B·S of each case; B = max(1, tokens // S)")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
@@ -104,6 +105,8 @@ def main():
     ap.add_argument("--cases", default="",
                     help="comma-separated '<format> <case>' names to run, e.g. 'nvfp4 q,mxfp4 k smooth_k' "
                          "(default: every case and the q+k+vT sequences)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also record each case's kernels, mean µs per call (CUPTI through torch.profiler)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
@@ -116,7 +119,7 @@ def main():
     rows, lines = [], []
 
     for S in map(int, args.seqs.split(",")):
-        B = TOKENS // S
+        B = max(1, args.tokens // S)
         sets = []
         for _ in range(INPUT_SETS):
             x = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)
@@ -137,12 +140,13 @@ def main():
                     run(i * args.chain + k)
             ms = time_ms(run, args.reps, args.warmup)
             ms_chain = time_ms(run_chain, args.reps, args.warmup) / args.chain
+            kernels = kernel_breakdown(run) if args.kernels else None
             for p in plans:
                 check(lib, lib.fp4attn_fp4_check_finite(p, stream))
-            return ms, ms_chain
+            return ms, ms_chain, kernels
 
         def record(name, recipe, fmt, smooth_k, nbytes, pass_bytes, times, operand, transposed):
-            ms, ms_chain = times
+            ms, ms_chain, kernels = times
             tbps = nbytes / (ms * 1e-3) / 1e12
             chain_tbps = nbytes / (ms_chain * 1e-3) / 1e12
             pass_tbps = pass_bytes / (ms * 1e-3) / 1e12
@@ -154,13 +158,18 @@ def main():
                              pct_of_copy_passes=round(100 * pass_tbps / ceiling, 1),
                              pct_of_nominal=round(100 * tbps / NOMINAL_TBPS, 1), chain=args.chain,
                              ms_chain=round(ms_chain, 4), pct_of_copy_chain=round(100 * chain_tbps / ceiling, 1),
-                             pct_of_copy_passes_chain=round(100 * pass_bytes / (ms_chain * 1e-3) / 1e12 / ceiling, 1)))
+                             pct_of_copy_passes_chain=round(100 * pass_bytes / (ms_chain * 1e-3) / 1e12 / ceiling, 1),
+                             kernels_us=kernels))
             line = (f"S={S:5d} B={B:2d} {fmt} {name:14s} {ms * 1e3:7.1f} us {tbps * 1e3:6.0f} GB/s "
                     f"{100 * tbps / ceiling:5.1f}% of copy ({100 * pass_tbps / ceiling:5.1f}% counting every pass) "
                     f"{100 * tbps / NOMINAL_TBPS:5.1f}% of {NOMINAL_TBPS} TB/s | chained {ms_chain * 1e3:7.1f} us "
                     f"{100 * chain_tbps / ceiling:5.1f}% of copy")
             print(line, flush=True)
             lines.append(line)
+            for kname, us in (kernels or {}).items():
+                kline = f"    {us:7.1f} us  {kname[:110]}"
+                print(kline, flush=True)
+                lines.append(kline)
 
         elems = B * S * H * D
         plans_by_case = {}

@@ -409,6 +409,20 @@ TEST(GpuQuantizeFp4, PipelinedKernelsMatchCpuOverManyRounds) {
   }
 }
 
+// smooth_k over many 128-token chunks: the finalize kernels copy the chunk
+// sums in slabs of 64 chunks, two slabs ahead of the adds, into three
+// buffers. S = 30001 is 235 chunks (every buffer reused, a partial last
+// slab); NVFP4's 48 channels (D = 16, H = 3) leave the second group of 32
+// channels half empty.
+TEST(GpuQuantizeFp4, MeanOverManyChunksMatchesTheCpu) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (TensorFormat f : kFormats) {
+    check_case<__nv_bfloat16>({Fp4Operand::k, f, MxScaleRule::round_up, true, true, 1, 30001, 2, 64, LayoutKind::dense});
+    const int D = f == TensorFormat::nvfp4 ? 16 : 32;  // MXFP4 blocks are 32 channels
+    check_case<__half>({Fp4Operand::k, f, MxScaleRule::round_up, true, true, 2, 9000, 3, D, LayoutKind::odd_pad});
+  }
+}
+
 // Each pass that follows a statistics pass is a programmatic dependent
 // launch (NVFP4's amax, smooth_k's mean and its finalize): captured into a
 // CUDA graph they become graph edges, and the bits stay the CPU's.

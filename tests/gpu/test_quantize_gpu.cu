@@ -387,10 +387,12 @@ TEST(GpuQuantizeFp8, TiesRoundLikeTheCpu) {
 // in the last chunk). At Sk = 257 the chunk sums are 2^60, 256 and -2^60: the
 // chunked order keeps the 256, so the mean is 256 / 257; one running sum
 // would lose every 2 against 2^60 and give 0. Sk = 2305: 19 chunks, the
-// running total stays exact (multiples of 256 below 2^61).
+// running total stays exact (multiples of 256 below 2^61). Sk = 30081: 236
+// chunks, which the finalize kernel adds in four slabs; as in the others the
+// last chunk holds the last token alone, so its sum is exact too.
 TEST(GpuQuantizeFp8, MeanUsesTheChunkedOrder) {
   FP4ATTN_REQUIRE_HOPPER();
-  for (const std::int64_t Sk : {257, 2305}) {
+  for (const std::int64_t Sk : {257, 2305, 30081}) {
     const AttentionShape s{1, 2, 2, 64, Sk, 64};
     std::mt19937 rng(gpu_test::fresh_seed());
     Inputs in = random_inputs<__nv_bfloat16>(s, rng);

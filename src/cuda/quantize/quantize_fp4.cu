@@ -245,9 +245,11 @@ void launch(const StridedInput& x, Fp4Operand op, const Fp4Options& opt, const F
     const dim3 grid(static_cast<unsigned>(std::int64_t{chunks} * channel_blocks), static_cast<unsigned>(B));
     fp4::fp4_mean_partial_kernel<T><<<grid, fp4::kMeanThreads, 0, stream>>>(job, w, chunks, channel_blocks, nvfp4);
     check_cuda(cudaGetLastError(), "quantize_fp4 (mean) launch");
-    const auto finalize_ctas = static_cast<unsigned>(ceil_div(x.B * channels, fp4::kThreads));
-    launch_kernel(fp4::fp4_mean_finalize_kernel, dim3(finalize_ctas), fp4::kThreads, 0, stream, true,
-                  "quantize_fp4 (mean) launch", w, B, channels, chunks, S, out.k_mean, nvfp4);
+    const std::int64_t finalize_ctas = x.B * ceil_div(channels, kSumColumns);
+    if (finalize_ctas > std::numeric_limits<int>::max()) throw Error("k", "too large for one launch");
+    launch_kernel(fp4::fp4_mean_finalize_kernel, dim3(static_cast<unsigned>(finalize_ctas)), fp4::kThreads,
+                  sizeof(ChunkSumTile), stream, true, "quantize_fp4 (mean) launch", w, channels, chunks, S, out.k_mean,
+                  nvfp4);
   } else if (nvfp4) {
     // About kAmaxCtasPerSm CTAs per SM over all batch entries, each with a few tokens at least.
     const std::int64_t per_batch = std::max<std::int64_t>(1, sm_count() * kAmaxCtasPerSm / x.B);

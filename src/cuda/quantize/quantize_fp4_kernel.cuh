@@ -1150,40 +1150,45 @@ __global__ void __launch_bounds__(kMeanThreads, kMeanCtasPerSm)
     for (int e = 0; e < kQuad; ++e) ws.k_max[at + e] = hi[e], ws.k_min[at + e] = lo[e];
 }
 
+static_assert(2 * sizeof(float) * kWarps * kSumColumns + sizeof(unsigned) * kWarps <= sizeof(ChunkSumTile),
+              "the finalize kernel's range and scratch fit in its chunk-sum ring");
+
 // Per (b, channel): the chunk sums in ascending order, / S, to float; with
-// want_amax the channel's largest |fl(k − mean)| into the tensor amax.
-__global__ void __launch_bounds__(kThreads) fp4_mean_finalize_kernel(Workspace ws, int B, int channels, int chunks, int S,
+// want_amax the channel's largest |fl(k − mean)| into the tensor amax. A CTA
+// takes kSumColumns channels of one batch entry (ordered_column_sums).
+// Dynamic shared memory: a ChunkSumTile.
+__global__ void __launch_bounds__(kThreads) fp4_mean_finalize_kernel(Workspace ws, int channels, int chunks, int S,
                                                                      float* mean, bool want_amax) {
-  __shared__ unsigned scratch[kWarps];
+  extern __shared__ __align__(16) unsigned char smem[];
+  ChunkSumTile& tile = *reinterpret_cast<ChunkSumTile*>(smem);  // then reused for the range and the amax scratch
   cudaTriggerProgrammaticLaunchCompletion();  // the quantize kernel may launch; it waits for this grid
   cudaGridDependencySynchronize();            // the chunk sums are complete and visible
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int groups = (channels + kSumColumns - 1) / kSumColumns;
+  const int b = static_cast<int>(blockIdx.x) / groups, c0 = static_cast<int>(blockIdx.x) % groups * kSumColumns;
+  const int columns = min(kSumColumns, channels - c0);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize, lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const std::int64_t first = static_cast<std::int64_t>(b) * chunks * channels + c0;
+  const double total = ordered_column_sums<kWarps>(ws.k_partial + first, channels, chunks, columns, tile);
+  // The chunks' max and min need no order: each warp takes every kWarps-th chunk.
+  float hi = -FLT_MAX, lo = FLT_MAX;
+  auto* range = reinterpret_cast<float(*)[kWarps][kSumColumns]>(&tile);  // [0]: max, [1]: min
+  auto* scratch = reinterpret_cast<unsigned*>(range + 2);
+  if (want_amax) {
+    if (lane < columns)
+      for (int k = warp; k < chunks; k += kWarps) {
+        const std::int64_t at = first + static_cast<std::int64_t>(k) * channels + lane;
+        hi = fmaxf(hi, __ldcg(ws.k_max + at)), lo = fminf(lo, __ldcg(ws.k_min + at));
+      }
+    range[0][warp][lane] = hi, range[1][warp][lane] = lo;
+    __syncthreads();
+    if (warp == 0)
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) hi = fmaxf(hi, range[0][w][lane]), lo = fminf(lo, range[1][w][lane]);
+  }
   std::uint32_t mag = 0;
-  if (i < static_cast<std::int64_t>(B) * channels) {
-    const std::int64_t b = i / channels, c = i % channels;
-    double total = 0.0;
-    float hi = -FLT_MAX, lo = FLT_MAX;
-    // Loads ahead of the in-order adds: one at a time, a long sequence's
-    // finalize was a chain of load latencies (perf log fp4-q22).
-    const std::int64_t first = b * chunks * channels + c;
-    struct ChunkStats {
-      double sum;
-      float top, bottom;
-    };
-    for_each_in_order<kChunkSumBatch>(
-        chunks,
-        [&](int k) {
-          const std::int64_t at = first + static_cast<std::int64_t>(k) * channels;
-          ChunkStats st{__ldcg(ws.k_partial + at), 0.0f, 0.0f};
-          if (want_amax) st.top = __ldcg(ws.k_max + at), st.bottom = __ldcg(ws.k_min + at);
-          return st;
-        },
-        [&](const ChunkStats& st) {
-          total += st.sum;
-          if (want_amax) hi = fmaxf(hi, st.top), lo = fminf(lo, st.bottom);
-        });
+  if (warp == 0 && lane < columns) {
     const float m = __double2float_rn(__ddiv_rn(total, static_cast<double>(S)));
-    mean[i] = m;
+    mean[static_cast<std::int64_t>(b) * channels + c0 + lane] = m;
     if (want_amax) mag = max(magnitude_bits(__fsub_rn(hi, m)), magnitude_bits(__fsub_rn(lo, m)));
   }
   if (want_amax) cta_max_to(mag, scratch, ws.amax);

@@ -89,9 +89,12 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
     // The finalize and quantize kernels are programmatic dependent launches:
     // each may start while its predecessor finishes, and waits for it
     // (cudaGridDependencySynchronize) before reading what it wrote.
-    const std::int64_t channels = slices * k.D;
-    launch_kernel(fp8_finalize_kernel<T>, dim3(static_cast<unsigned>((channels + kThreads - 1) / kThreads)), kThreads,
-                  0, stream, true, "fp8_finalize_kernel launch", job);
+    const std::int64_t finalize_ctas = smooth_k ? slices * ((k.D + kSumColumns - 1) / kSumColumns)
+                                                : (slices * k.D + kThreads - 1) / kThreads;
+    if (finalize_ctas > std::numeric_limits<int>::max()) throw Error("k", "too many channels for one launch");
+    const std::size_t finalize_smem = smooth_k ? sizeof(ChunkSumTile) : 0;
+    launch_kernel(fp8_finalize_kernel<T>, dim3(static_cast<unsigned>(finalize_ctas)), kThreads, finalize_smem, stream,
+                  true, "fp8_finalize_kernel launch", job);
   }
   // Without statistics the quantize kernel is the call's first: launched
   // plainly, since the caller's work before it may write its input.

@@ -191,22 +191,29 @@ __global__ void __launch_bounds__(kStatsThreads, kStatsCtasPerSm<T>)
 }
 
 // ---- fp8_finalize_kernel --------------------------------------------------------------
-// One thread per (slice, channel): k_mean from the chunk sums in ascending
-// chunk order, v_scale from the channel amax.
+// With smooth_k a CTA per kSumColumns channels of one slice: k_mean from the
+// chunk sums in ascending chunk order (ordered_column_sums; a ChunkSumTile
+// of dynamic shared memory), and their v_scale. Without, a thread per
+// channel: v_scale from the channel amax.
 template <class T>
 __global__ void __launch_bounds__(kThreads) fp8_finalize_kernel(const __grid_constant__ Job<T> job) {
+  extern __shared__ __align__(16) unsigned char smem[];
   cudaTriggerProgrammaticLaunchCompletion();  // the quantize kernel may launch; it waits for this grid
   cudaGridDependencySynchronize();            // the statistics are complete and visible
-  const std::int64_t channel = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (channel >= static_cast<std::int64_t>(job.B) * job.Hkv * job.D) return;
+  std::int64_t channel;
   if (job.smooth_k) {
-    const std::int64_t j = channel / job.D, d = channel % job.D;
-    const double* partial = job.ws.k_partial + j * job.k_blocks * job.D + d;
-    double total = 0.0;  // in ascending chunk order, loads ahead (segment.cuh)
-    for_each_in_order<kChunkSumBatch>(
-        job.k_blocks, [&](int c) { return __ldcg(partial + static_cast<std::int64_t>(c) * job.D); },
-        [&](double v) { total += v; });
+    const int groups = (job.D + kSumColumns - 1) / kSumColumns;
+    const std::int64_t slice = blockIdx.x / groups;
+    const int d0 = static_cast<int>(blockIdx.x % groups) * kSumColumns, columns = min(kSumColumns, job.D - d0);
+    const double total = ordered_column_sums<kWarps>(job.ws.k_partial + slice * job.k_blocks * job.D + d0, job.D,
+                                                     job.k_blocks, columns, *reinterpret_cast<ChunkSumTile*>(smem));
+    const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+    if (threadIdx.x >= kWarpSize || lane >= columns) return;
+    channel = slice * job.D + d0 + lane;
     job.out.k_mean[channel] = __double2float_rn(__ddiv_rn(total, static_cast<double>(job.Sk)));
+  } else {
+    channel = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    if (channel >= static_cast<std::int64_t>(job.B) * job.Hkv * job.D) return;
   }
   if (job.out.vt != nullptr) job.out.v_scale[channel] = fp8_scale_of(__uint_as_float(job.ws.v_amax[channel]));
 }

@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -193,24 +194,69 @@ __device__ __forceinline__ void walk_quads(const T* p, std::int64_t stride, int 
   else walk(std::false_type{});
 }
 
-// Calls take(load(k)) for k = 0 .. n − 1 in ascending k, with kBatch loads
-// issued ahead of their takes: for reductions whose order is the CPU's (the
-// smooth_k mean's chunk sums, added in ascending chunk order) and whose loads
-// would otherwise each wait for the previous add.
-template <int kBatch, class Load, class Take>
-__device__ __forceinline__ void for_each_in_order(int n, Load&& load, Take&& take) {
-  using Value = decltype(load(0));
-  int k = 0;
-  for (; k + kBatch <= n; k += kBatch) {
-    Value v[kBatch];
+// ---- smooth_k: the chunk sums of a mean, added in order -------------------------------
+// The mean of a channel is its chunk sums (one double per 128-token chunk)
+// added in ascending chunk order, the CPU's order, then divided by S. The
+// adds are a dependent chain, but the loads need not be: a CTA takes
+// kSumColumns neighbouring channels (a warp's lanes, 256 contiguous bytes of
+// each chunk row), all its warps copy the rows of a slab into shared memory
+// by cp.async, up to kSumSlabsInFlight slabs ahead, and warp 0 adds each
+// slab's rows in order. One thread per channel with 16 loads ahead of its
+// adds was S / 2048 load latencies in a row (perf log fp4-q31). The kernels
+// take the ring (ChunkSumTile) as dynamic shared memory, and only when they
+// add chunk sums.
+inline constexpr int kSumColumns = 32;
+inline constexpr int kSumSlabRows = 64;
+inline constexpr int kSumSlabsInFlight = 2;
+inline constexpr int kSumBuffers = kSumSlabsInFlight + 1;
+
+struct ChunkSumTile {
+  double rows[kSumBuffers][kSumSlabRows][kSumColumns];  // 48 KiB
+};
+
+// Σ over rows r = 0 .. rows − 1 in ascending r of column0[r · stride + lane],
+// for lane < columns; the result is in warp 0's lanes. Every thread of the
+// CTA (kWarpsPerCta warps) calls it. The slab geometry is fixed at compile
+// time: with a slab size or ring length known only at run time, every copy's
+// address took an integer division, and the copies went out slower (perf
+// log fp4-q31).
+template <int kWarpsPerCta>
+__device__ __forceinline__ double ordered_column_sums(const double* column0, std::int64_t stride, int rows, int columns,
+                                                      ChunkSumTile& tile) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int slabs = (rows + kSumSlabRows - 1) / kSumSlabRows;
+  const auto issue = [&](int slab) {
+    if (slab < slabs && lane < columns) {
+      double(&buffer)[kSumSlabRows][kSumColumns] = tile.rows[slab % kSumBuffers];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) v[u] = load(k + u);
+      for (int r = warp; r < kSumSlabRows; r += kWarpsPerCta) {
+        const int row = slab * kSumSlabRows + r;
+        if (row < rows)
+          __pipeline_memcpy_async(&buffer[r][lane], column0 + static_cast<std::int64_t>(row) * stride + lane,
+                                  sizeof(double));
+      }
+    }
+    __pipeline_commit();  // empty past the last slab: the group count stays uniform
+  };
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) take(v[u]);
+  for (int s = 0; s < kSumSlabsInFlight; ++s) issue(s);
+  double total = 0.0;
+  for (int s = 0; s < slabs; ++s) {
+    // Buffer (s + kSumSlabsInFlight) % kSumBuffers was last read in slab s − 1,
+    // before the barrier that ended it.
+    issue(s + kSumSlabsInFlight);
+    __pipeline_wait_prior(kSumSlabsInFlight);
+    __syncthreads();  // every warp's copies of slab s have landed
+    if (warp == 0) {
+      const int n = min(kSumSlabRows, rows - s * kSumSlabRows);
+      const double(&slab)[kSumSlabRows][kSumColumns] = tile.rows[s % kSumBuffers];
+#pragma unroll 8
+      for (int r = 0; r < n; ++r) total += slab[r][lane];
+    }
+    __syncthreads();  // slab s is read before its buffer is refilled
   }
-  for (; k < n; ++k) take(load(k));
+  return total;
 }
-inline constexpr int kChunkSumBatch = 16;  // chunk sums in flight in the mean finalize kernels
 
 // One element as stored (the statistics pass stages K in shared memory as is).
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
