@@ -24,6 +24,34 @@ inline constexpr std::uint32_t kE8M0MaxFinite = 254;
 
 __device__ __forceinline__ std::uint32_t magnitude_bits(float x) { return __float_as_uint(x) & kMagnitudeMask; }
 
+// m[0] = max.NaN of m[0 .. 2W), halving the width each level (a template
+// level per step: ptxas kept a loop over the levels rolled, and m in local
+// memory).
+template <int W, int N>
+__device__ __forceinline__ void nan_max_tree(float (&m)[N]) {
+#pragma unroll
+  for (int t = 0; t < W; ++t) asm("max.NaN.f32 %0, %1, %2;" : "=f"(m[t]) : "f"(m[t]), "f"(m[t + W]));
+  if constexpr (W > 1) nan_max_tree<W / 2>(m);
+}
+
+// Bits of the largest |v[t]| of the N values from kFirst on, by a tree of
+// max.NaN.f32 on magnitudes (FMNMX with |·| operands: one instruction per
+// value, where the max of magnitude_bits takes a mask and half a 3-way max).
+// For finite values and infinities the same bits as that max (|−0| = +0);
+// a NaN anywhere gives the canonical NaN, above kInfBits as a NaN's
+// magnitude bits are.
+// (v by reference, the range at compile time: a pointer into it would put
+// the caller's array in local memory.)
+template <int N, int kFirst, int M>
+__device__ __forceinline__ std::uint32_t abs_max_bits(const float (&v)[M]) {
+  static_assert(N > 0 && (N & (N - 1)) == 0 && kFirst + N <= M, "a power of two inside v");
+  float m[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) m[t] = fabsf(v[kFirst + t]);
+  nan_max_tree<N / 2>(m);
+  return __float_as_uint(m[0]);
+}
+
 // E2M1 code of x, round to nearest even, saturating at ±6: formats.hpp's
 // encode_rne_sat(e2m1, x) for every non-NaN float, in a few integer steps.
 // Below 1 the grid is multiples of 0.5, and adding 1.5·2^22 (whose ulp is

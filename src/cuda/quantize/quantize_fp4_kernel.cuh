@@ -864,8 +864,7 @@ __device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)
     for (int k = 0; k < kMxfp4Block / kNvfp4Block; ++k) {
       std::uint32_t mag = 0;
       if constexpr (kSmooth) {
-#pragma unroll
-        for (int t = k * kNvfp4Block; t < (k + 1) * kNvfp4Block; ++t) mag = max(mag, magnitude_bits(v[t]));
+        mag = k == 0 ? abs_max_bits<kNvfp4Block, 0>(v) : abs_max_bits<kNvfp4Block, kNvfp4Block>(v);
       } else {  // the input's own 16-bit magnitudes, two per instruction (segments 2k, 2k + 1 are the block)
         std::uint32_t m = 0;
 #pragma unroll
@@ -882,9 +881,7 @@ __device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)
     }
     return codes;
   }
-  std::uint32_t mag = 0;
-#pragma unroll
-  for (int t = 0; t < kMxfp4Block; ++t) mag = max(mag, magnitude_bits(v[t]));
+  const std::uint32_t mag = abs_max_bits<kMxfp4Block, 0>(v);
   bad = mag >= kInfBits;
   const std::uint32_t scale_code = mx_scale_code(mag, round_up);
   mx_block_codes_fp32(v, exp2i(kE8M0Bias - static_cast<int>(scale_code)), words);  // 2^-k: exact products
