@@ -864,6 +864,7 @@ __device__ __forceinline__ std::uint32_t float_block_codes(const Segment<T> (&x)
     for (int k = 0; k < kMxfp4Block / kNvfp4Block; ++k) {
       std::uint32_t mag = 0;
       if constexpr (kSmooth) {
+        static_assert(kMxfp4Block == 2 * kNvfp4Block, "blocks k = 0 and 1 of the run");
         mag = k == 0 ? abs_max_bits<kNvfp4Block, 0>(v) : abs_max_bits<kNvfp4Block, kNvfp4Block>(v);
       } else {  // the input's own 16-bit magnitudes, two per instruction (segments 2k, 2k + 1 are the block)
         std::uint32_t m = 0;
