@@ -11,9 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "emulator_bounds.hpp"
+#include "dispatch/head_dim_padding.hpp"
 #include "emulator_fixtures.hpp"
 #include "fp4attn/direct_p.hpp"
 #include "fp4attn/error.hpp"
@@ -182,6 +184,36 @@ TEST(EmulatorForward, GqaEqualsRepeatedKeyValueHeads) {
     const ForwardResult m = forward(mha, x.q, k, v, o);
     EXPECT_EQ(a.o, m.o) << testing::describe(o);
     EXPECT_EQ(a.lse, m.lse) << testing::describe(o);
+  }
+}
+
+// Channels of zeros appended to Q, K and V change no bit of O's first D
+// columns or of the LSE, in every recipe (block scales and smooth_k's mean see
+// zeros; Q·Kᵀ adds exact zeros; V's extra columns are dropped) as long as the
+// softmax scale stays that of D. This is what lets a head dim the kernels lack
+// (D = 32, 96) run on the next one they have (src/dispatch/head_dim_padding.hpp).
+TEST(EmulatorForward, ZeroChannelsChangeNoBit) {
+  for (const auto& [d, d_pad] : {std::pair{96, 128}, std::pair{32, 64}}) {
+    const AttentionShape s{.B = 1, .Hq = 2, .Hkv = 1, .Sq = 70, .Sk = 150, .D = d};
+    AttentionShape sp = s;
+    sp.D = d_pad;
+    const Inputs x = testing::realistic_inputs(s, kTestSeed);
+    const auto pad = [&](const std::vector<float>& a) { return dispatch::append_zero_channels(a, d, d_pad); };
+    const std::vector<float> qp = pad(x.q), kp = pad(x.k), vp = pad(x.v);
+    for (const AttentionOptions& base : testing::sweep_configs()) {
+      AttentionOptions o = base;
+      o.mask = MaskKind::causal;
+      o.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const ForwardResult a = forward(s, x.q, x.k, x.v, o);
+      const ForwardResult p = forward(sp, qp, kp, vp, o);
+      std::size_t differ = 0;
+      for (std::size_t row = 0; row < a.o.size() / d; ++row)
+        for (int c = 0; c < d; ++c) differ += a.o[row * d + c] != p.o[row * d_pad + c];
+      EXPECT_EQ(differ, 0u) << "D " << d << " on " << d_pad << " " << testing::describe(o);
+      EXPECT_EQ(a.lse, p.lse) << "D " << d << " on " << d_pad << " " << testing::describe(o);
+      for (std::size_t row = 0; row < p.o.size() / d_pad; ++row)
+        for (int c = d; c < d_pad; ++c) ASSERT_EQ(p.o[row * d_pad + c], 0.0f) << testing::describe(o);
+    }
   }
 }
 

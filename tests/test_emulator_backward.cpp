@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <span>
+#include <utility>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "dispatch/head_dim_padding.hpp"
 #include "emulator_fixtures.hpp"
 #include "fp4attn/error.hpp"
 
@@ -153,6 +157,37 @@ TEST(EmulatorBackward, FullyMaskedRowsHaveZeroGradient) {
   for (std::int64_t i = 0; i < (s.Sq - s.Sk) * s.D; ++i) ASSERT_EQ(g.dq[i], 0.0f) << i;
   EXPECT_NE(g.dq[(s.Sq - s.Sk + 1) * s.D], 0.0f);
   for (float e : g.dk) ASSERT_TRUE(std::isfinite(e));
+}
+
+// The backward's twin of EmulatorForward.ZeroChannelsChangeNoBit: zero
+// channels appended to Q, K, V, O and dO change no bit of the first D columns
+// of dQ, dK and dV (and leave the extra columns zero), with the softmax scale
+// of D, for both recipes with a backward.
+TEST(EmulatorBackward, ZeroChannelsChangeNoBit) {
+  for (const auto& [d, d_pad] : {std::pair{96, 128}, std::pair{32, 64}}) {
+    const AttentionShape s{.B = 1, .Hq = 2, .Hkv = 1, .Sq = 70, .Sk = 150, .D = d};
+    const AttentionShape sp = dispatch::with_head_dim(s, d_pad);
+    const Inputs x = testing::realistic_inputs(s, kTestSeed);
+    const auto pad = [&](std::span<const float> a) { return dispatch::append_zero_channels(a, d, d_pad); };
+    std::vector<float> d_o(x.q.rbegin(), x.q.rend());
+    for (Recipe r : {Recipe::fp8, Recipe::mxfp4_train})
+      for (Target t : {Target::sm90, Target::sm100}) {
+        if (r == Recipe::fp8 && t == Target::sm100) continue;
+        AttentionOptions o;
+        o.recipe = r, o.target = t, o.mask = MaskKind::causal;
+        o.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+        const ForwardResult f = forward(s, x.q, x.k, x.v, o);
+        const BackwardResult a = backward(s, x.q, x.k, x.v, f.o, f.lse, d_o, o);
+        const ForwardResult fp = forward(sp, pad(x.q), pad(x.k), pad(x.v), o);
+        const BackwardResult b = backward(sp, pad(x.q), pad(x.k), pad(x.v), fp.o, fp.lse, pad(d_o), o);
+        EXPECT_EQ(a.dq, dispatch::first_channels(b.dq, d_pad, d)) << d << " " << to_string(r) << " " << to_string(t);
+        EXPECT_EQ(a.dk, dispatch::first_channels(b.dk, d_pad, d)) << d << " " << to_string(r) << " " << to_string(t);
+        EXPECT_EQ(a.dv, dispatch::first_channels(b.dv, d_pad, d)) << d << " " << to_string(r) << " " << to_string(t);
+        for (const std::vector<float>* g : {&b.dq, &b.dk, &b.dv})
+          for (std::size_t row = 0; row < g->size() / d_pad; ++row)
+            for (int c = d; c < d_pad; ++c) ASSERT_EQ((*g)[row * d_pad + c], 0.0f);
+      }
+  }
 }
 
 // mxfp4_train on target sm90 folds Q per query tile for the backward (the

@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 
+#include "dispatch/head_dim_padding.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/error.hpp"
 
@@ -139,7 +140,12 @@ TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
     EXPECT_TRUE(sm90_supports(s, opt)) << d;
   }
   s.D = 96;
-  EXPECT_FALSE(sm90_supports(s, opt));
+  EXPECT_FALSE(sm90_supports(s, opt));  // the kernels' own head dims; forward pads D = 96 to 128
+  EXPECT_EQ(dispatch::sm90_head_dim_for(32), 64);
+  EXPECT_EQ(dispatch::sm90_head_dim_for(64), 64);
+  EXPECT_EQ(dispatch::sm90_head_dim_for(96), 128);
+  EXPECT_EQ(dispatch::sm90_head_dim_for(128), 128);
+  EXPECT_EQ(dispatch::sm90_head_dim_for(160), 0);
   s.D = 64;
   opt.target = Target::sm100;
   EXPECT_FALSE(sm90_supports(s, opt));
@@ -215,9 +221,9 @@ TEST_F(Forward, NonFiniteInputIsNamed) {
 
 TEST_F(Forward, Sm90ExecutorRefusesWhatItCannotRun) {
   AttentionShape s = kShape;
-  s.D = 96;
-  std::vector<float> q96 = random_tensor(s.q_elems(), 4), kv96 = random_tensor(s.kv_elems(), 5);
-  EXPECT_EQ(error_of([&] { forward(s, q96, kv96, kv96, {}, Executor::sm90); }).first, "D");
+  s.D = 160;  // the emulator takes it; wider than every sm90 kernel
+  std::vector<float> q160 = random_tensor(s.q_elems(), 4), kv160 = random_tensor(s.kv_elems(), 5);
+  EXPECT_EQ(error_of([&] { forward(s, q160, kv160, kv160, {}, Executor::sm90); }).first, "D");
   AttentionOptions sm100;
   sm100.target = Target::sm100;
   EXPECT_EQ(error_of([&] { forward(kShape, q, k, v, sm100, Executor::sm90); }).first, "executor");

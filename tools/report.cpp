@@ -67,7 +67,7 @@ std::vector<Row> measure(const Problem& p, const Settings& settings) {
       opt.direct_p = direct_p;
       std::fprintf(stderr, "[%zu/%zu] %s direct_p=%s ...\n", rows.size() + 1, total, to_string(recipe).data(),
                    direct_p ? "on" : "off");
-      const bool gpu = sm90_available() && sm90_supports(p.shape, opt);
+      const bool gpu = sm90_runs(p.shape, opt);
       // The first call on a GPU pays for context creation and module loading.
       if (gpu) forward(p.shape, p.q, p.k, p.v, opt);
       const auto start = std::chrono::steady_clock::now();

@@ -45,6 +45,10 @@ bool emulator_supports_head_dim(std::int64_t d);
 // Whether the sm90 executor implements this (already validated) problem:
 // its target, recipe, tile sizes and head dim.
 bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt);
+// Whether forward's automatic choice runs this (validated) problem on the sm90
+// kernels: a Hopper GPU is present and they implement it, a head dim they lack
+// below 128 (32, 96) with zero channels appended up to the next one they have.
+bool sm90_runs(const AttentionShape& shape, const AttentionOptions& opt);
 
 // True when this library was built with the CUDA executors.
 bool cuda_built();

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "dispatch/head_dim_padding.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/error.hpp"
@@ -359,6 +360,9 @@ NB_MODULE(_ext, m) {
         "Enqueues the sm90 backward (recipes fp8, mxfp4_train) on device pointers (ints) and a CUDA stream "
         "handle; dq, dk, dv in the element type of the inputs. `saved`: what forward_device kept (0: none; "
         "q and k are then not read).");
+  m.def("sm90_head_dim_for", &fp4attn::dispatch::sm90_head_dim_for, nb::arg("d"),
+        "The sm90 kernels' head dim that runs head dim d (d itself, the next wider one, which the call pads to "
+        "with zero channels), or 0 when d is wider than all of them.");
   m.def("recipe_has_backward", [](fp4attn::Recipe r) { return fp4attn::spec_of(r).has_backward; });
   m.def("cuda_built", &fp4attn::cuda_built);
   m.def("sm90_available", &fp4attn::sm90_available);

@@ -7,7 +7,7 @@ Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
   compute-capability 9.0 GPU and the executor implements the call (recipes
   fp8, mxfp4_train, mxfp4 and nvfp4, Direct-P on or off, target sm90, D = 64
-  or 128):
+  or 128, and D = 32 or 96 with zero channels appended, see _padded_head_dim):
   the device path.
   The GPU quantizers read q, k and v where they are (any strides with D
   contiguous, both layouts, no copy), the kernel writes O and LSE into
@@ -19,7 +19,7 @@ Execution:
   would need a synchronisation): it makes every element of O and the LSE NaN.
 * Every other call goes through the host entry point: CPU tensors run on the
   emulator (or on the sm90 kernels when this build has them and a Hopper GPU
-  is present); other CUDA tensors (target sm100, other head dims, GPUs other
+  is present); other CUDA tensors (target sm100, head dims above 128, GPUs other
   than sm90, CPU-only builds) are COPIED TO THE HOST, run
   there, and the results copied back. That synchronises with the device and
   cannot be captured in a CUDA graph.
@@ -45,7 +45,8 @@ torch.compile(fullgraph=True) traces forward and backward. It runs:
 * on the device, zero copy, on the current stream and with no host
   synchronisation, where this build has the sm90 backward kernel
   (`_ext.backward_device`) and `_ext.device_backward_supported` accepts the
-  call (recipes fp8 and mxfp4_train, target sm90, D = 64 or 128);
+  call (recipes fp8 and mxfp4_train, target sm90, D = 64 or 128; 32 and 96
+  arrive padded);
   reproducible bit for bit except where the one pass is faster (D = 64, rows
   seeing at least 1024 keys on average) while
   torch.are_deterministic_algorithms_enabled() is off (DETERMINISTIC_BACKWARD
@@ -536,13 +537,45 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _padded_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings) -> int:
+    """The wider head dim the device path runs this call on, or 0 where it needs none or cannot.
+
+    The sm90 kernels exist for D = 64 and 128; D = 32 and 96 run on them with
+    zero channels appended to q, k and v, which changes no bit of O's D columns,
+    the LSE or the gradients (src/dispatch/head_dim_padding.hpp; the host entry
+    point does the same for CPU tensors). Decided from D, the device and the
+    options alone (a probe shape, as in _kept_bytes), so torch.compile's
+    symbolic sizes need no guard; the op validates the real call.
+    """
+    if q.device.type != "cuda" or not _ext.cuda_built() or any(x.dim() != 4 for x in (q, k, v)):
+        return 0
+    d = int(q.shape[-1])
+    if int(k.shape[-1]) != d or int(v.shape[-1]) != d:
+        return 0  # the op names the mismatch
+    d_run = _ext.sm90_head_dim_for(d)
+    if d_run in (0, d):
+        return 0
+    probe = _validate.Dims(B=1, Sq=_TOKEN_BLOCK, Sk=_TOKEN_BLOCK, Hq=1, Hkv=1, D=d_run)
+    return d_run if _uses_device_path(q, probe, _host.options(s)) else 0
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings, lse_returned: bool = True):
     """(O, LSE) through the custom op; O has q's shape, dtype and device.
 
     lse_returned=False promises that the caller drops the LSE, so the backward
     skips the LSE's gradient term (see the module docstring). A call that
     autograd will differentiate asks the forward to keep Q's and K's operands.
+    A head dim the kernels lack (32, 96) is padded with zero channels
+    (_padded_head_dim): one copy of q, k and v and of O, differentiable.
     """
     keep = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    o, lse, _kept = _attention_op(q, k, v, *s, lse_returned, keep)
-    return o, lse
+    d_run = _padded_head_dim(q, k, v, s)
+    if not d_run:
+        o, lse, _kept = _attention_op(q, k, v, *s, lse_returned, keep)
+        return o, lse
+    d = int(q.shape[-1])
+    if s.scale == 0.0:  # 1/sqrt(D) of the unpadded D, rounded as the library rounds it (float32)
+        s = s._replace(scale=float(np.float32(1.0) / np.sqrt(np.float32(d))))
+    padded = (torch.nn.functional.pad(x, (0, d_run - d)) for x in (q, k, v))
+    o, lse, _kept = _attention_op(*padded, *s, lse_returned, keep)
+    return o[..., :d].contiguous(), lse

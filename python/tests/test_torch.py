@@ -156,6 +156,41 @@ def test_device_path_matches_host_path(recipe, dtype, causal, D):
         torch.testing.assert_close(g.cpu(), e, rtol=0, atol=1e-6)
 
 
+def narrow_scale(D):
+    """1/sqrt(D) as the library rounds it (float32)."""
+    return float(np.float32(1.0) / np.sqrt(np.float32(D)))
+
+
+@needs_sm90
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4_train", "mxfp4", "nvfp4"])
+@pytest.mark.parametrize("D", [32, 96])
+def test_device_path_pads_head_dims_the_kernels_lack(recipe, D, monkeypatch):
+    # D = 32 and 96 run on the D = 64 / 128 kernels with zero channels
+    # appended: the same bits as the host path (which pads in C++) and as an
+    # explicitly padded call with the unpadded D's scale, and never a host copy.
+    q, k, v = (x.transpose(1, 2) for x in make_bhsd(15, 2, 4, 2, 200, 300, D, "cuda", torch.bfloat16))
+    expected = host_path(fp4attn.attention, q, k, v, causal=True, recipe=recipe, return_lse=True)
+    d_run = 64 if D == 32 else 128
+    padded = fp4attn.attention(*(F.pad(x, (0, d_run - D)) for x in (q, k, v)), causal=True, recipe=recipe,
+                               scale=narrow_scale(D), return_lse=True)
+
+    def no_host_copy(*args, **kwargs):
+        raise AssertionError("the call left the device")
+
+    monkeypatch.setattr(fp4attn.torch_ops._host, "attention", no_host_copy)
+    got = fp4attn.attention(q, k, v, causal=True, recipe=recipe, return_lse=True)
+    assert got[0].shape == q.shape and got[0].is_contiguous() and got[0].dtype == q.dtype
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e, rtol=0, atol=0)
+    torch.testing.assert_close(got[0], padded[0][..., :D], rtol=0, atol=0)
+    torch.testing.assert_close(got[1], padded[1], rtol=0, atol=0)
+    # sdpa's (B, H, S, D) views take the same path.
+    o = fp4attn.sdpa(*(x.transpose(1, 2) for x in (q, k, v)), recipe=recipe, enable_gqa=True)
+    o_padded = fp4attn.sdpa(*(F.pad(x.transpose(1, 2), (0, d_run - D)) for x in (q, k, v)), recipe=recipe,
+                            enable_gqa=True, scale=narrow_scale(D))
+    torch.testing.assert_close(o, o_padded[..., :D], rtol=0, atol=0)
+
+
 @needs_sm90
 @pytest.mark.parametrize("recipe", ["fp8", "mxfp4_train", "mxfp4", "nvfp4"])
 def test_device_path_matches_host_path_with_direct_p_off(recipe):

@@ -1,10 +1,12 @@
 // Backward entry point on host arrays: validate once, then the sm90 kernels
 // when this build has them, a Hopper GPU is present and they implement the
-// call (recipes fp8 and mxfp4_train, target sm90, E4M3 dS); the CPU
-// emulator's FP8 backward otherwise.
+// call (recipes fp8 and mxfp4_train, target sm90, E4M3 dS; head dims they
+// lack below 128 on the next width, head_dim_padding.hpp); the CPU emulator's
+// FP8 backward otherwise.
 #include <cmath>
 #include <string>
 
+#include "dispatch/head_dim_padding.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/emulator.hpp"
@@ -52,17 +54,25 @@ BackwardOutput backward(const AttentionShape& shape, std::span<const float> q, s
   require_finite(o, "o");
   require_finite(d_o, "d_o");
   check_lse(lse);
+  const std::int64_t d_run = dispatch::sm90_head_dim_for(shape.D);
+  const AttentionShape run_shape = dispatch::with_head_dim(shape, d_run);
+  const bool sm90_runs = d_run != 0 && dispatch::sm90_backward_supports(run_shape, opt);
   const auto run_sm90 = [&] {
     if (!cuda_built()) throw Error("executor", "this build has no CUDA executors");
     if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
-    if (!dispatch::sm90_backward_supports(shape, opt))
+    if (!sm90_runs)
       throw Error("executor", "the sm90 backward does not implement this call (it runs recipes fp8 and "
-                              "mxfp4_train, target sm90, 128-token tiles, D = 64 or 128, E4M3 dS)");
-    return dispatch::sm90_backward(shape, q, k, v, o, lse, d_o, opt);
+                              "mxfp4_train, target sm90, 128-token tiles, D ≤ 128, E4M3 dS)");
+    if (d_run == shape.D) return dispatch::sm90_backward(shape, q, k, v, o, lse, d_o, opt);
+    const auto pad = [&](std::span<const float> x) { return dispatch::append_zero_channels(x, shape.D, d_run); };
+    BackwardOutput out = dispatch::sm90_backward(run_shape, pad(q), pad(k), pad(v), pad(o), lse, pad(d_o),
+                                                 dispatch::with_scale_of(opt, shape.D));
+    for (std::vector<float>* g : {&out.dq, &out.dk, &out.dv}) *g = dispatch::first_channels(*g, d_run, shape.D);
+    return out;
   };
   switch (executor) {
     case Executor::automatic:
-      if (sm90_available() && dispatch::sm90_backward_supports(shape, opt)) return run_sm90();
+      if (sm90_available() && sm90_runs) return run_sm90();
       return run_emulator(shape, q, k, v, o, lse, d_o, opt);
     case Executor::sm90: return run_sm90();
     case Executor::emulator: return run_emulator(shape, q, k, v, o, lse, d_o, opt);

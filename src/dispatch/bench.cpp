@@ -16,7 +16,7 @@ Sm90Benchmark benchmark_sm90(const AttentionShape& shape, const BenchOptions& op
     std::string dims;
     for (int d : kSm90HeadDims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
     throw Error("D", "D=" + std::to_string(shape.D) + " is not supported by the sm90 executor (D must be one of " +
-                         dims + ")");
+                         dims + "; the benchmark times the kernels' own head dims, where forward pads 32 and 96)");
   }
   if (opt.reps < 1) throw Error("reps", "must be >= 1, got " + std::to_string(opt.reps));
   if (opt.warmup < 0) throw Error("warmup", "must be >= 0, got " + std::to_string(opt.warmup));

@@ -1,10 +1,12 @@
 // Executor choice: validate once, then run the sm90 kernels when this build has
-// them, a Hopper GPU is present and the problem is one they implement; the CPU
+// them, a Hopper GPU is present and the problem is one they implement (head
+// dims they lack below 128 on the next width, head_dim_padding.hpp); the CPU
 // emulator otherwise.
 #include <algorithm>
 #include <iterator>
 #include <string>
 
+#include "dispatch/head_dim_padding.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/emulator.hpp"
@@ -51,17 +53,30 @@ ForwardOutput run_sm90(const AttentionShape& shape, std::span<const float> q, st
   if (opt.target != Target::sm90)
     throw Error("executor", "the sm90 executor cannot run target " + std::string(to_string(opt.target)) +
                                 " (only the emulator models it)");
-  if (std::find(std::begin(kSm90HeadDims), std::end(kSm90HeadDims), shape.D) == std::end(kSm90HeadDims))
-    throw Error("D", "D=" + std::to_string(shape.D) + " is not supported by the sm90 executor (D must be one of " +
-                         sm90_head_dim_list() + ")");
+  const std::int64_t d_run = dispatch::sm90_head_dim_for(shape.D);
+  if (d_run == 0)
+    throw Error("D", "D=" + std::to_string(shape.D) + " is not supported by the sm90 executor (D must be at most " +
+                         std::to_string(std::end(kSm90HeadDims)[-1]) + "; its kernels run " + sm90_head_dim_list() +
+                         ", narrower head dims with zero channels appended)");
   if (!cuda_built()) throw Error("executor", "this build has no CUDA executors");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   // The recipe and tile checks are the executor's own (it names what it lacks);
   // non-finite input is reported by its GPU quantizer, naming the tensor.
-  return dispatch::sm90_forward(shape, q, k, v, opt);
+  if (d_run == shape.D) return dispatch::sm90_forward(shape, q, k, v, opt);
+  ForwardOutput out = dispatch::sm90_forward(
+      dispatch::with_head_dim(shape, d_run), dispatch::append_zero_channels(q, shape.D, d_run),
+      dispatch::append_zero_channels(k, shape.D, d_run), dispatch::append_zero_channels(v, shape.D, d_run),
+      dispatch::with_scale_of(opt, shape.D));
+  out.o = dispatch::first_channels(out.o, d_run, shape.D);
+  return out;
 }
 
 }  // namespace
+
+bool sm90_runs(const AttentionShape& shape, const AttentionOptions& opt) {
+  const std::int64_t d_run = dispatch::sm90_head_dim_for(shape.D);
+  return sm90_available() && d_run != 0 && sm90_supports(dispatch::with_head_dim(shape, d_run), opt);
+}
 
 ForwardOutput forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                       std::span<const float> v, const AttentionOptions& opt, Executor executor) {
@@ -69,7 +84,7 @@ ForwardOutput forward(const AttentionShape& shape, std::span<const float> q, std
   validate_sizes(shape, q.size(), k.size(), v.size());
   switch (executor) {
     case Executor::automatic:
-      if (sm90_available() && sm90_supports(shape, opt)) return run_sm90(shape, q, k, v, opt);
+      if (sm90_runs(shape, opt)) return run_sm90(shape, q, k, v, opt);
       return run_emulator(shape, q, k, v, opt);
     case Executor::sm90: return run_sm90(shape, q, k, v, opt);
     case Executor::emulator: return run_emulator(shape, q, k, v, opt);

@@ -1,0 +1,39 @@
+// Head dims the sm90 kernels lack, run on the next width they have.
+//
+// The kernels are instantiated for D = 64 and 128. Zero channels appended to
+// Q, K and V change no bit of O's first D columns or of the LSE in any recipe,
+// and no bit of dQ's, dK's and dV's first D columns in the backward, as long
+// as the softmax scale stays that of D (block amaxes and smooth_k's mean see
+// zeros, Q·Kᵀ and dO·Vᵀ add exact zeros, the extra columns are dropped;
+// EmulatorForward.ZeroChannelsChangeNoBit and the backward's twin check it).
+// So D = 32 runs on the D = 64 kernels and D = 96 on the D = 128 ones, at the
+// wider kernel's cost.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "fp4attn/recipe.hpp"
+#include "fp4attn/tensor.hpp"
+
+namespace fp4attn::dispatch {
+
+// The sm90 kernels' head dim that runs head dim d: d itself, the smallest
+// wider one, or 0 when d is wider than all of them.
+std::int64_t sm90_head_dim_for(std::int64_t d);
+
+// The same problem with `d_to` channels.
+AttentionShape with_head_dim(const AttentionShape& shape, std::int64_t d_to);
+
+// The options with softmax_scale resolved against the unpadded D (0 means
+// 1/sqrt(D), which the wider problem would read as 1/sqrt(d_to)).
+AttentionOptions with_scale_of(const AttentionOptions& opt, std::int64_t d);
+
+// Rows of d values to rows of d_to ≥ d, zeros appended.
+std::vector<float> append_zero_channels(std::span<const float> x, std::int64_t d, std::int64_t d_to);
+
+// Rows of d_from values to their first d.
+std::vector<float> first_channels(std::span<const float> x, std::int64_t d_from, std::int64_t d);
+
+}  // namespace fp4attn::dispatch
