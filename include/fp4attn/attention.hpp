@@ -42,12 +42,16 @@ inline constexpr int kMinHeadDim = 32;
 inline constexpr int kMaxHeadDim = 256;
 inline constexpr int kSm90HeadDims[] = {64, 128};
 bool emulator_supports_head_dim(std::int64_t d);
-// Whether the sm90 executor implements this (already validated) problem:
-// its target, recipe, tile sizes and head dim.
+// Whether the sm90 executor's forward implements this (already validated)
+// problem as it is: its target, recipe, tile sizes and head dim (the kernels'
+// own, and for recipe fp8 also 32 and 96, read with zero channels added).
 bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt);
+// Whether d is a head dim the sm90 kernels are instantiated for (kSm90HeadDims).
+bool sm90_kernel_head_dim(std::int64_t d);
 // Whether forward's automatic choice runs this (validated) problem on the sm90
-// kernels: a Hopper GPU is present and they implement it, a head dim they lack
-// below 128 (32, 96) with zero channels appended up to the next one they have.
+// kernels: a Hopper GPU is present and they implement it, where sm90_supports
+// does not, a head dim they lack below 128 (32, 96) with zero channels
+// appended to the inputs up to the next one they have.
 bool sm90_runs(const AttentionShape& shape, const AttentionOptions& opt);
 
 // True when this library was built with the CUDA executors.

@@ -7,7 +7,8 @@ Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
   compute-capability 9.0 GPU and the executor implements the call (recipes
   fp8, mxfp4_train, mxfp4 and nvfp4, Direct-P on or off, target sm90, D = 64
-  or 128, and D = 32 or 96 with zero channels appended, see _padded_head_dim):
+  or 128; D = 32 and 96 read as they are by recipe fp8's forward, with zero
+  channels appended to copies of q, k and v otherwise, see _padded_head_dim):
   the device path.
   The GPU quantizers read q, k and v where they are (any strides with D
   contiguous, both layouts, no copy), the kernel writes O and LSE into
@@ -537,26 +538,34 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _padded_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings) -> int:
+def _padded_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings, differentiable: bool) -> int:
     """The wider head dim the device path runs this call on, or 0 where it needs none or cannot.
 
-    The sm90 kernels exist for D = 64 and 128; D = 32 and 96 run on them with
-    zero channels appended to q, k and v, which changes no bit of O's D columns,
-    the LSE or the gradients (src/dispatch/head_dim_padding.hpp; the host entry
-    point does the same for CPU tensors). Decided from D, the device and the
-    options alone (a probe shape, as in _kept_bytes), so torch.compile's
-    symbolic sizes need no guard; the op validates the real call.
+    The sm90 kernels exist for D = 64 and 128. Recipe fp8's forward also reads
+    D = 32 and 96 as they are; the other recipes, and the backward, run those
+    on the next kernel with zero channels appended to q, k and v, which
+    changes no bit of O's D columns, the LSE or the gradients
+    (src/dispatch/head_dim_padding.hpp; the host entry point does the same for
+    CPU tensors). Decided from D, the device and the options alone (probe
+    shapes, as in _kept_bytes), so torch.compile's symbolic sizes need no
+    guard; the op validates the real call.
     """
     if q.device.type != "cuda" or not _ext.cuda_built() or any(x.dim() != 4 for x in (q, k, v)):
         return 0
     d = int(q.shape[-1])
     if int(k.shape[-1]) != d or int(v.shape[-1]) != d:
         return 0  # the op names the mismatch
-    d_run = _ext.sm90_head_dim_for(d)
-    if d_run in (0, d):
+    opt = _host.options(s)
+    backward = differentiable and _ext.recipe_has_backward(opt.recipe)
+
+    def device_runs(d_probe):
+        probe = _validate.Dims(B=1, Sq=_TOKEN_BLOCK, Sk=_TOKEN_BLOCK, Hq=1, Hkv=1, D=d_probe)
+        return _uses_device_path(q, probe, opt) and (not backward or _uses_device_backward(q, probe, opt))
+
+    if device_runs(d):
         return 0
-    probe = _validate.Dims(B=1, Sq=_TOKEN_BLOCK, Sk=_TOKEN_BLOCK, Hq=1, Hkv=1, D=d_run)
-    return d_run if _uses_device_path(q, probe, _host.options(s)) else 0
+    d_run = _ext.sm90_head_dim_for(d)
+    return d_run if d_run not in (0, d) and device_runs(d_run) else 0
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings, lse_returned: bool = True):
@@ -565,11 +574,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settin
     lse_returned=False promises that the caller drops the LSE, so the backward
     skips the LSE's gradient term (see the module docstring). A call that
     autograd will differentiate asks the forward to keep Q's and K's operands.
-    A head dim the kernels lack (32, 96) is padded with zero channels
-    (_padded_head_dim): one copy of q, k and v and one of O, differentiable.
+    A head dim the kernels lack (32, 96) is padded with zero channels where
+    the call needs it (_padded_head_dim): one copy of q, k and v and one of O,
+    differentiable.
     """
     keep = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    d_run = _padded_head_dim(q, k, v, s)
+    d_run = _padded_head_dim(q, k, v, s, keep)
     if not d_run:
         o, lse, _kept = _attention_op(q, k, v, *s, lse_returned, keep)
         return o, lse

@@ -12,11 +12,11 @@ Sm90Benchmark benchmark_sm90(const AttentionShape& shape, const BenchOptions& op
   AttentionOptions attention;
   attention.mask = opt.mask;
   validate(shape, attention);
-  if (!sm90_supports(shape, attention)) {
+  if (!sm90_supports(shape, attention) || !sm90_kernel_head_dim(shape.D)) {
     std::string dims;
     for (int d : kSm90HeadDims) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
     throw Error("D", "D=" + std::to_string(shape.D) + " is not supported by the sm90 executor (D must be one of " +
-                         dims + "; the benchmark times the kernels' own head dims, where forward pads 32 and 96)");
+                         dims + "; the benchmark times the kernels' own head dims)");
   }
   if (opt.reps < 1) throw Error("reps", "must be >= 1, got " + std::to_string(opt.reps));
   if (opt.warmup < 0) throw Error("warmup", "must be >= 0, got " + std::to_string(opt.warmup));

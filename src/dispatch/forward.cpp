@@ -62,7 +62,7 @@ ForwardOutput run_sm90(const AttentionShape& shape, std::span<const float> q, st
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   // The recipe and tile checks are the executor's own (it names what it lacks);
   // non-finite input is reported by its GPU quantizer, naming the tensor.
-  if (d_run == shape.D) return dispatch::sm90_forward(shape, q, k, v, opt);
+  if (d_run == shape.D || sm90_supports(shape, opt)) return dispatch::sm90_forward(shape, q, k, v, opt);
   ForwardOutput out = dispatch::sm90_forward(
       dispatch::with_head_dim(shape, d_run), dispatch::append_zero_channels(q, shape.D, d_run),
       dispatch::append_zero_channels(k, shape.D, d_run), dispatch::append_zero_channels(v, shape.D, d_run),
@@ -74,8 +74,9 @@ ForwardOutput run_sm90(const AttentionShape& shape, std::span<const float> q, st
 }  // namespace
 
 bool sm90_runs(const AttentionShape& shape, const AttentionOptions& opt) {
+  if (!sm90_available()) return false;
   const std::int64_t d_run = dispatch::sm90_head_dim_for(shape.D);
-  return sm90_available() && d_run != 0 && sm90_supports(dispatch::with_head_dim(shape, d_run), opt);
+  return sm90_supports(shape, opt) || (d_run != 0 && sm90_supports(dispatch::with_head_dim(shape, d_run), opt));
 }
 
 ForwardOutput forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,

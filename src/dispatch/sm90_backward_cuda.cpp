@@ -125,7 +125,8 @@ void quantize_mx_qk(const cuda_quantize::StridedInput& q, const cuda_quantize::S
 }  // namespace
 
 bool sm90_backward_supports(const AttentionShape& shape, const AttentionOptions& opt) {
-  return sm90_supports(shape, opt) && (opt.recipe == Recipe::fp8 || opt.recipe == Recipe::mxfp4_train) &&
+  return sm90_supports(shape, opt) && sm90_kernel_head_dim(shape.D) &&
+         (opt.recipe == Recipe::fp8 || opt.recipe == Recipe::mxfp4_train) &&
          opt.ds_format == GradFormat::e4m3;
 }
 

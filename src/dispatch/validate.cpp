@@ -81,7 +81,14 @@ bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt) {
   if (std::find(std::begin(kSm90Recipes), std::end(kSm90Recipes), opt.recipe) == std::end(kSm90Recipes))
     return false;
   if (opt.block_q != kSm90Tile || opt.block_k != kSm90Tile) return false;
-  return std::find(std::begin(kSm90HeadDims), std::end(kSm90HeadDims), shape.D) != std::end(kSm90HeadDims);
+  if (sm90_kernel_head_dim(shape.D)) return true;
+  // Recipe fp8's forward also reads D = 32 and 96 where they are, its tensor
+  // maps filling the kernels' missing channels with zeros (fp8_direct_p/launch_head_dim.cuh).
+  return opt.recipe == Recipe::fp8 && (shape.D == 32 || shape.D == 96);
+}
+
+bool sm90_kernel_head_dim(std::int64_t d) {
+  return std::find(std::begin(kSm90HeadDims), std::end(kSm90HeadDims), d) != std::end(kSm90HeadDims);
 }
 
 }  // namespace fp4attn

@@ -176,7 +176,13 @@ struct OnlineSoftmax {
   }
 };
 
-template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In>
+// kNarrowD: args.D is 32 or 96 on the 64- or 128-wide kernel. TMA fills the
+// missing channels of Q and K, and Vᵀ's missing rows, with zeros
+// (launch_head_dim.cuh), so they add exact zeros to every score; their O
+// columns are not stored (the TMA store's map is args.D wide, the threads'
+// store skips them). A separate instance, so that the kernels' own head dims
+// keep their code.
+template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD = false>
 __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt,
@@ -329,7 +335,8 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   // V's channel factors of this head; with three consumers found only when
   // loaded, so that the pointer is not held through the loop either.
   auto v_scale_of_head = [&] {
-    return args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * HeadDim;
+    if constexpr (kNarrowD) return args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * args.D;
+    else return args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * HeadDim;
   };
   const float* v_scale_early = kConsumers == 3 ? nullptr : v_scale_of_head();
   float2 vs[HeadDim / 8];  // this thread's columns 8j + col, + 1
@@ -339,7 +346,12 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     with_fragment([&](const Fragment& frag, const int (&row_abs)[2]) {
       const float* v_scale = kConsumers == 3 ? v_scale_of_head() : v_scale_early;
 #pragma unroll
-      for (int j = 0; j < HeadDim / 8; ++j) vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + frag.col);
+      for (int j = 0; j < HeadDim / 8; ++j) {
+        if constexpr (kNarrowD)  // the missing channels take channel D − 2's factor
+          vs[j] = *reinterpret_cast<const float2*>(v_scale + min(8 * j + frag.col, args.D - 2));
+        else
+          vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + frag.col);
+      }
       // Non-finite input (flagged by the quantizer, which ran earlier on the
       // stream) turns every output into NaN rather than numbers made from it.
       poisoned = args.nonfinite != nullptr && (args.nonfinite[0] | args.nonfinite[1] | args.nonfinite[2]) != 0;
@@ -519,7 +531,11 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
         __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
 #pragma unroll
         for (int j = 0; j < HeadDim / 8; ++j)
-          *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
+          if constexpr (kNarrowD) {
+            if (8 * j + frag.col < args.D) *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
+          } else {
+            *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
+          }
       }
       store_lse();
     }

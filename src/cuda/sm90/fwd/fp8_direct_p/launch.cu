@@ -34,14 +34,22 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if (!(a.softmax_scale > 0.0f)) throw Error("softmax_scale", "must be positive");
   if (a.q_scale_rows != 1 && a.q_scale_rows != kVtKeyAlign)
     throw Error("q_scale_rows", "must be 1 (MX Q folded per row) or 128 (the fp8 recipe's token block)");
-  if (a.D != 64 && a.D != 128)
-    throw Error("D", "the sm90 fp8 kernel supports D = 64 and 128, got " + std::to_string(a.D));
+  // D = 32 and 96 run on the 64- and 128-wide kernels from E4M3 in memory
+  // with FP8 P, recipe fp8 (zero channels by TMA, launch_head_dim.cuh).
+  const bool own_width = a.D == 64 || a.D == 128;
+  const bool fp8_p = a.p_code == PCode::direct_p || a.p_code == PCode::exp2_cvt;
+  if (!own_width && !((a.D == 32 || a.D == 96) && a.q_fp4 == nullptr && fp8_p))
+    throw Error("D", "the sm90 fp8 kernel supports D = 64 and 128 (32 and 96 from E4M3 in memory with FP8 P), got " +
+                         std::to_string(a.D));
+  if (!own_width && a.consumers == 3)
+    throw Error("consumers", "D = 32 runs on two consumer warpgroups");
+  const int head_dim = a.D <= 64 ? 64 : 128;
   if (a.consumers != 0 && a.consumers != 2 && a.consumers != 3)
     throw Error("consumers", "must be 0 (the launcher chooses), 2 or 3, got " + std::to_string(a.consumers));
-  if (a.consumers == 3 && (a.D != 64 || a.q_fp4 != nullptr))
-    throw Error("consumers", "three consumer warpgroups run at D = 64 from E4M3 in memory only");
+  if (a.consumers == 3 && (head_dim != 64 || a.q_fp4 != nullptr))
+    throw Error("consumers", "three consumer warpgroups run at D ≤ 64 from E4M3 in memory only");
   if (a.q_fp4 != nullptr) check_fp4_inputs(a);
-  if (a.D == 128) return forward_fp8_head_dim<128>(a, stream);
+  if (head_dim == 128) return forward_fp8_head_dim<128>(a, stream);
   forward_fp8_head_dim<64>(a, stream);
 }
 

@@ -28,11 +28,11 @@ inline bool o_rows_aligned(const Fp8ForwardArgs& a) {
   return bits % 16 == 0;
 }
 
-template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In>
+template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD = false>
 void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_vt,
                 cudaStream_t stream) {
   using Cfg = Fp8Config<HeadDim, kConsumers>;
-  auto* kernel = &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In>;
+  auto* kernel = &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In, kNarrowD>;
   constexpr int kSmem = smem_bytes<Cfg, kFp4In>();
   // FP4 P's fold table (p_operand.cuh) is static shared memory beside it.
   static_assert(kPCode != PCode::mxfp4_direct_p || kSmem + sizeof(PFoldTable) <= kSmemPerBlockLimit,
@@ -42,7 +42,7 @@ void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensor
   const bool o_by_tma = !kFp4In && o_rows_aligned(a);
   CUtensorMap tm_o{};
   if (o_by_tma)
-    tm_o = make_byte_tensor_map(a.o, {u64(HeadDim * 2), u64(a.Sq), u64(a.Hq), u64(a.B)},
+    tm_o = make_byte_tensor_map(a.o, {u64(a.D * 2), u64(a.Sq), u64(a.Hq), u64(a.B)},
                                 {u64(a.o_stride_s * 2), u64(a.o_stride_h * 2), u64(a.o_stride_b * 2)},
                                 {OStaging<Cfg>::kBoxRowBytes, Cfg::kRowsPerConsumer, 1, 1}, TmaSwizzle::b128, "o");
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(a, tm_q, tm_k, tm_vt, tm_o, o_by_tma);
@@ -53,22 +53,28 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
   return three_consumers_pay_off(a.B, a.Hq, a.Sq, a.mask != MaskKind::none, cuda_common::sm_count());
 }
 
-template <int HeadDim, int kConsumers, PCode kPCode>
+// The maps describe the operands as they are in memory, a.D channels; the
+// boxes are HeadDim wide. For a narrower head dim (a.D = 32 or 96 on the 64-
+// or 128-wide kernel) TMA fills the missing channels of Q and K, and Vᵀ's
+// missing rows, with zeros: they add exact zeros to every score and give O
+// columns that the TMA store (map a.D wide) clips and the threads' store skips
+// (kernel.cuh, kNarrowD).
+template <int HeadDim, int kConsumers, PCode kPCode, bool kNarrowD = false>
 void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
   using Cfg = Fp8Config<HeadDim, kConsumers>;
   constexpr TmaSwizzle kQk = HeadDim == 128 ? TmaSwizzle::b128 : TmaSwizzle::b64;
   const CUtensorMap tm_q = make_byte_tensor_map(
-      a.q, {u64(HeadDim), u64(a.Sq), u64(a.Hq), u64(a.B)}, {u64(a.q_stride_s), u64(a.q_stride_h), u64(a.q_stride_b)},
+      a.q, {u64(a.D), u64(a.Sq), u64(a.Hq), u64(a.B)}, {u64(a.q_stride_s), u64(a.q_stride_h), u64(a.q_stride_b)},
       {HeadDim, Cfg::kBlockQ, 1, 1}, kQk, "q");
   const CUtensorMap tm_k = make_byte_tensor_map(
-      a.k, {u64(HeadDim), u64(a.Sk), u64(a.Hkv), u64(a.B)}, {u64(a.k_stride_s), u64(a.k_stride_h), u64(a.k_stride_b)},
+      a.k, {u64(a.D), u64(a.Sk), u64(a.Hkv), u64(a.B)}, {u64(a.k_stride_s), u64(a.k_stride_h), u64(a.k_stride_b)},
       {HeadDim, Cfg::kBlockK, 1, 1}, kQk, "k");
   const std::int64_t vt_row = a.vt_keys;
   const CUtensorMap tm_vt = make_byte_tensor_map(
-      a.vt, {u64(a.vt_keys), u64(HeadDim), u64(a.Hkv), u64(a.B)},
-      {u64(vt_row), u64(vt_row * HeadDim), u64(vt_row * HeadDim * a.Hkv)}, {Cfg::kBlockK, HeadDim, 1, 1},
+      a.vt, {u64(a.vt_keys), u64(a.D), u64(a.Hkv), u64(a.B)},
+      {u64(vt_row), u64(vt_row * a.D), u64(vt_row * a.D * a.Hkv)}, {Cfg::kBlockK, HeadDim, 1, 1},
       TmaSwizzle::b128, "vt");
-  run_kernel<HeadDim, kConsumers, kPCode, false>(a, tm_q, tm_k, tm_vt, stream);
+  run_kernel<HeadDim, kConsumers, kPCode, false, kNarrowD>(a, tm_q, tm_k, tm_vt, stream);
 }
 
 // MXFP4 in memory: Q and K come by plain bulk copies (their maps are unused);
@@ -83,9 +89,12 @@ void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
   run_kernel<HeadDim, 2, kPCode, true>(a, CUtensorMap{}, CUtensorMap{}, tm_vt, stream);
 }
 
-// E4M3 Q, K and Vᵀ in memory; at D = 64 with two or three consumers.
+// E4M3 Q, K and Vᵀ in memory; at D = 64 with two or three consumers; a
+// narrower D (recipe fp8's P codes only, launch.cu) with two.
 template <int HeadDim, PCode kPCode>
 void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
+  if constexpr (kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt)
+    if (a.D != HeadDim) return launch<HeadDim, 2, kPCode, true>(a, stream);
   if constexpr (HeadDim == 64)
     if (a.consumers == 3 || (a.consumers == 0 && three_consumers(a))) return launch<64, 3, kPCode>(a, stream);
   launch<HeadDim, 2, kPCode>(a, stream);
