@@ -139,15 +139,16 @@ TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
     s.D = d;
     EXPECT_TRUE(sm90_supports(s, opt)) << d;
   }
-  s.D = 96;  // recipe fp8 reads it as it is (zero channels by TMA); the others get it padded by forward
+  s.D = 32;  // recipe fp8 reads it as it is (zero channels by TMA); the others get it padded by forward
   EXPECT_TRUE(sm90_supports(s, opt));
-  EXPECT_FALSE(sm90_kernel_head_dim(96));
-  s.D = 160;
-  EXPECT_FALSE(sm90_supports(s, opt));
-  s.D = 96;
+  EXPECT_FALSE(sm90_kernel_head_dim(32));
   opt.recipe = Recipe::mxfp4;
   EXPECT_FALSE(sm90_supports(s, opt));
   opt = {};
+  s.D = 96;  // padded by forward in every recipe (the FP8 quantizer takes powers of two)
+  EXPECT_FALSE(sm90_supports(s, opt));
+  s.D = 160;
+  EXPECT_FALSE(sm90_supports(s, opt));
   EXPECT_EQ(dispatch::sm90_head_dim_for(32), 64);
   EXPECT_EQ(dispatch::sm90_head_dim_for(64), 64);
   EXPECT_EQ(dispatch::sm90_head_dim_for(96), 128);

@@ -7,8 +7,8 @@ Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
   compute-capability 9.0 GPU and the executor implements the call (recipes
   fp8, mxfp4_train, mxfp4 and nvfp4, Direct-P on or off, target sm90, D = 64
-  or 128; D = 32 and 96 read as they are by recipe fp8's forward, with zero
-  channels appended to copies of q, k and v otherwise, see _padded_head_dim):
+  or 128; D = 32 read as it is by recipe fp8's forward; otherwise D = 32 and
+  96 with zero channels appended to copies of q, k and v, see _padded_head_dim):
   the device path.
   The GPU quantizers read q, k and v where they are (any strides with D
   contiguous, both layouts, no copy), the kernel writes O and LSE into
@@ -538,34 +538,52 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _padded_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings, differentiable: bool) -> int:
-    """The wider head dim the device path runs this call on, or 0 where it needs none or cannot.
+# The head dims the sm90 kernels are instantiated for (64, 128), read once:
+# calls at these need no padding decision, so nothing is asked of the library
+# while torch.compile traces them.
+_KERNEL_HEAD_DIMS = tuple(d for d in range(1, 257) if _ext.sm90_head_dim_for(d) == d)
+
+
+@torch.compiler.assume_constant_result
+def _narrow_head_dim_plan(d: int, device_index: int, s: _host.Settings, differentiable: bool) -> int:
+    """For a CUDA call at a head dim d the kernels lack: the wider head dim to pad to, or 0 (none needed or possible).
 
     The sm90 kernels exist for D = 64 and 128. Recipe fp8's forward also reads
-    D = 32 and 96 as they are; the other recipes, and the backward, run those
-    on the next kernel with zero channels appended to q, k and v, which
-    changes no bit of O's D columns, the LSE or the gradients
+    D = 32 as it is; the other recipes, D = 96, and the backward run on the
+    next kernel with zero channels appended to q, k and v, which changes no bit
+    of O's D columns, the LSE or the gradients
     (src/dispatch/head_dim_padding.hpp; the host entry point does the same for
-    CPU tensors). Decided from D, the device and the options alone (probe
-    shapes, as in _kept_bytes), so torch.compile's symbolic sizes need no
-    guard; the op validates the real call.
+    CPU tensors). Depends on d, the device and the options alone (probe
+    shapes, as in _kept_bytes), so torch.compile takes the answer as a
+    constant; the op validates the real call.
     """
-    if q.device.type != "cuda" or not _ext.cuda_built() or any(x.dim() != 4 for x in (q, k, v)):
+    if not _ext.cuda_built() or not _is_sm90(device_index):
         return 0
-    d = int(q.shape[-1])
-    if int(k.shape[-1]) != d or int(v.shape[-1]) != d:
-        return 0  # the op names the mismatch
     opt = _host.options(s)
     backward = differentiable and _ext.recipe_has_backward(opt.recipe)
 
     def device_runs(d_probe):
         probe = _validate.Dims(B=1, Sq=_TOKEN_BLOCK, Sk=_TOKEN_BLOCK, Hq=1, Hkv=1, D=d_probe)
-        return _uses_device_path(q, probe, opt) and (not backward or _uses_device_backward(q, probe, opt))
+        shape = _device_shape(probe)
+        if not _ext.device_forward_supported(shape, opt):
+            return False
+        return not backward or (hasattr(_ext, "backward_device") and _ext.device_backward_supported(shape, opt))
 
     if device_runs(d):
         return 0
     d_run = _ext.sm90_head_dim_for(d)
     return d_run if d_run not in (0, d) and device_runs(d_run) else 0
+
+
+def _padded_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings, differentiable: bool) -> int:
+    """The wider head dim the device path runs this call on (_narrow_head_dim_plan), or 0."""
+    if q.device.type != "cuda" or any(x.dim() != 4 for x in (q, k, v)):
+        return 0
+    d = int(q.shape[-1])
+    if d in _KERNEL_HEAD_DIMS or int(k.shape[-1]) != d or int(v.shape[-1]) != d:
+        return 0  # nothing to pad, or a mismatch that the op names
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return _narrow_head_dim_plan(d, index, s, differentiable)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings, lse_returned: bool = True):

@@ -89,6 +89,20 @@ def test_compile_fullgraph(device):
     torch.testing.assert_close(compiled(q, k, v), block(q, k, v), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("D", [32, 96])
+def test_compile_fullgraph_at_head_dims_the_kernels_lack(device, D):
+    # The padding decision of the device path (torch_ops._narrow_head_dim_plan) is a constant to torch.compile.
+    q, k, v = make_bhsd(5, 1, 2, 2, 64, 64, D, device)
+
+    def block(q, k, v):
+        return fp4attn.sdpa(q, k, v, is_causal=True) * 2.0
+
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    torch.testing.assert_close(compiled(q, k, v), block(q, k, v), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4"])
 def test_backward_of_inference_recipe_raises_clearly(recipe):
     q, k, v = (x.requires_grad_() for x in make_bhsd(6, 1, 2, 2, 32, 32, 64, "cpu"))

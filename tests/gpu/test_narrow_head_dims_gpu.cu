@@ -1,8 +1,8 @@
 // Head dims the sm90 kernels are not instantiated for (32, 96) through the
-// public entry points: recipe fp8's forward reads them as they are, its
-// tensor maps filling the missing channels with zeros; the other recipes and
-// the backward run them on the D = 64 and 128 kernels with zero channels
-// appended (src/dispatch/head_dim_padding.hpp). The result must be the
+// public entry points: recipe fp8's forward reads D = 32 as it is, its tensor
+// maps filling the missing channels with zeros; everything else runs on the
+// D = 64 and 128 kernels with zero channels appended
+// (src/dispatch/head_dim_padding.hpp). The result must be the
 // emulator's for the unpadded problem (the CPU tests show padding changes no
 // emulator bit), and bit for bit what the explicitly padded call gives, so
 // that the softmax scale of the unpadded D is the one applied.
