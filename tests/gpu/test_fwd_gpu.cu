@@ -230,6 +230,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{2, 4, 2, 200, 333, 32}, MaskKind::causal, true, true},
         Case{{1, 2, 1, 300, 150, 32}, MaskKind::causal, false, false},  // Sq > Sk: rows 0..149 fully masked
         Case{{2, 2, 2, 513, 1000, 32}, MaskKind::none, true, true},
+        Case{{2, 2, 2, 513, 1000, 32}, MaskKind::none, true, true, 1.0f, 3},
         Case{{1, 2, 2, 129, 257, 32}, MaskKind::causal_top_left, false, true}),
     case_name);
 

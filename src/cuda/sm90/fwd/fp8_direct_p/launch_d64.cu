@@ -10,6 +10,8 @@ extern template void launch<64, 3, PCode::direct_p>(const Fp8ForwardArgs&, cudaS
 extern template void launch<64, 3, PCode::exp2_cvt>(const Fp8ForwardArgs&, cudaStream_t);
 extern template void launch<64, 3, PCode::mxfp4_direct_p>(const Fp8ForwardArgs&, cudaStream_t);
 extern template void launch<64, 3, PCode::mxfp4_exp2>(const Fp8ForwardArgs&, cudaStream_t);
+extern template void launch<64, 3, PCode::direct_p, true>(const Fp8ForwardArgs&, cudaStream_t);
+extern template void launch<64, 3, PCode::exp2_cvt, true>(const Fp8ForwardArgs&, cudaStream_t);
 }  // namespace fp8_launch
 
 template void forward_fp8_head_dim<64>(const Fp8ForwardArgs&, cudaStream_t);

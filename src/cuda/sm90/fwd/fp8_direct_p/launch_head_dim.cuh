@@ -89,12 +89,15 @@ void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
   run_kernel<HeadDim, 2, kPCode, true>(a, CUtensorMap{}, CUtensorMap{}, tm_vt, stream);
 }
 
-// E4M3 Q, K and Vᵀ in memory; at D = 64 with two or three consumers; D = 32
-// (recipe fp8's P codes only, launch.cu) with two.
+// E4M3 Q, K and Vᵀ in memory; at D = 64 with two or three consumers, and so
+// D = 32 (recipe fp8's P codes only, launch.cu).
 template <int HeadDim, PCode kPCode>
 void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if constexpr (HeadDim == 64 && (kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt))
-    if (a.D != HeadDim) return launch<HeadDim, 2, kPCode, true>(a, stream);
+    if (a.D != HeadDim) {
+      if (a.consumers == 3 || (a.consumers == 0 && three_consumers(a))) return launch<64, 3, kPCode, true>(a, stream);
+      return launch<64, 2, kPCode, true>(a, stream);
+    }
   if constexpr (HeadDim == 64)
     if (a.consumers == 3 || (a.consumers == 0 && three_consumers(a))) return launch<64, 3, kPCode>(a, stream);
   launch<HeadDim, 2, kPCode>(a, stream);
