@@ -44,7 +44,7 @@ inline constexpr int kSm90HeadDims[] = {64, 128};
 bool emulator_supports_head_dim(std::int64_t d);
 // Whether the sm90 executor's forward implements this (already validated)
 // problem as it is: its target, recipe, tile sizes and head dim (the kernels'
-// own, and for recipe fp8 also 32, read with zero channels added).
+// own, and for recipe fp8 also 32 and 96, read with zero channels added).
 bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt);
 // Whether d is a head dim the sm90 kernels are instantiated for (kSm90HeadDims).
 bool sm90_kernel_head_dim(std::int64_t d);

@@ -82,10 +82,10 @@ bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt) {
     return false;
   if (opt.block_q != kSm90Tile || opt.block_k != kSm90Tile) return false;
   if (sm90_kernel_head_dim(shape.D)) return true;
-  // Recipe fp8's forward also reads D = 32 where it is, its tensor maps filling
-  // the 64-wide kernel's missing channels with zeros (fp8_direct_p/launch_head_dim.cuh).
-  // D = 96 would need the FP8 quantizer at a D that is no power of two.
-  return opt.recipe == Recipe::fp8 && shape.D == 32;
+  // Recipe fp8's forward also reads D = 32 and 96 where they are, its tensor
+  // maps filling the 64- and 128-wide kernels' missing channels with zeros
+  // (fp8_direct_p/launch_head_dim.cuh).
+  return opt.recipe == Recipe::fp8 && (shape.D == 32 || shape.D == 96);
 }
 
 bool sm90_kernel_head_dim(std::int64_t d) {

@@ -298,6 +298,10 @@ TEST(GpuQuantizeFp8, MatchesCpuQuantizerBitForBit) {
   check_random_case<__half>({2, 2, 2, 130, 257, 16}, false, kAlignedPad, true, "fp16");
   check_random_case<float>({1, 2, 2, 200, 131, 128}, true, kAlignedPad, true, "fp32");
   check_random_case<float>({2, 4, 1, 250, 300, 64}, false, kOddPad, false, "fp32");
+  // D = 96 on the lanes of 128: the padded lanes read zeros and write nothing.
+  check_random_case<__nv_bfloat16>({2, 4, 2, 300, 257, 96}, true, kDense, true, "bf16");
+  check_random_case<__half>({1, 3, 1, 129, 385, 96}, false, kOddPad, false, "fp16");
+  check_random_case<float>({1, 2, 2, 200, 131, 96}, true, kAlignedPad, true, "fp32");
 }
 
 // Many blocks (2560 quantize CTAs, 512 statistics chunks), with K's mean and
@@ -685,8 +689,14 @@ TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
     return std::string("nothing");
   };
   cq::StridedInput wide_q = dev_in.q.view, wide_k = dev_in.k.view, wide_v = dev_in.v.view;
-  wide_q.D = wide_k.D = wide_v.D = 96;  // not a power of two
+  wide_q.D = wide_k.D = wide_v.D = 48;  // neither a power of two nor 96
   EXPECT_EQ(argument_of_error(wide_q, wide_k, wide_v, dev.bufs), "D");
+  // D = 96 quantizes the forward's operands only: not the backward's transposed copies.
+  cq::StridedInput q96 = dev_in.q.view, k96 = dev_in.k.view, v96 = dev_in.v.view;
+  q96.D = k96.D = v96.D = 96;
+  cq::Fp8Buffers with_qt = dev.bufs;
+  with_qt.qt = dev.vt.ptr;
+  EXPECT_EQ(argument_of_error(q96, k96, v96, with_qt), "D");
   cq::StridedInput half_v = dev_in.v.view;
   half_v.type = cq::ElementType::f16;
   EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, half_v, dev.bufs), "dtype");

@@ -57,6 +57,9 @@ static_assert(kSequenceMeanChunk == kTokenBlock, "a statistics CTA sums exactly 
 inline constexpr int kWarpSize = 32;
 inline constexpr int kMaxHeadDim = 128;
 inline constexpr int kMinHeadDim = 2 * kSegment;  // the narrowest layout the lane arithmetic covers
+// The one head dim that is no power of two, quantized on the lanes of the
+// next one (fp8_quantize_kernel's kPaddedLanes).
+inline constexpr int kPaddedHeadDim = 96;
 inline constexpr std::uint32_t kMagnitudeMask = 0x7FFFFFFFu;
 inline constexpr std::uint32_t kInfBits = 0x7F800000u;  // |x| bits at or above this: Inf or NaN
 inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
@@ -241,16 +244,19 @@ static_assert(quads_restate_vt_key_of_slot(), "quad_base and quad_offset must gi
 struct ThreadItems {
   int column;           // segment column g: channels [8g, 8g + 8)
   int first_d;          // 8g
+  bool present;         // 8g < D (false only on padded lanes, fp8_quantize_kernel's kPaddedLanes)
   int quad[kMaxItems];  // quad of item r
   int base[kMaxItems];  // quad_base of item r
 };
 
-// With quantize_threads(D) threads, item r of thread t is t + r · blockDim.x.
-template <class T>
+// With quantize_threads(D) threads, item r of thread t is t + r · blockDim.x
+// (D rounded up to a power of two with kPaddedLanes).
+template <bool kPaddedLanes, class T>
 __device__ __forceinline__ ThreadItems thread_items(const Job<T>& job) {
   ThreadItems items;
   items.column = static_cast<int>(threadIdx.x) & ((1 << job.seg_shift) - 1);
   items.first_d = kSegment * items.column;
+  items.present = !kPaddedLanes || items.first_d < job.D;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) {
     const int item = static_cast<int>(threadIdx.x + r * blockDim.x);
@@ -304,6 +310,13 @@ __device__ __forceinline__ void load_item(const ThreadItems& items, const InputV
 template <L2Reuse R, class T>
 __device__ __forceinline__ void load_block(const ThreadItems& items, const InputView<T>& in, int b, int h, int s0,
                                            int S, bool whole, Block<T>& c) {
+  if (!items.present) {  // a padded lane: zeros, as the missing channels would be
+#pragma unroll
+    for (int r = 0; r < kMaxItems; ++r)
+#pragma unroll
+      for (int i = 0; i < kQuadTokens; ++i) zero_segment(c.seg[r][i]);
+    return;
+  }
   const T* first = in.segment(b, s0, h, items.first_d);
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) load_item<R>(items, in, first, r, s0, S, whole, c.seg[r]);
@@ -369,8 +382,10 @@ __device__ __forceinline__ std::uint32_t segments_magnitude(const Block<T>& c) {
 // pitch kVtPitchWords) to `rows`, one 128-byte run per row `pitch` bytes
 // apart. Each thread stores 16 bytes of one row per store (rows are 16-byte
 // aligned: the host checks the buffer, and pitches are multiples of 128).
+// kLimitRows: only rows below `limit` (the lanes were padded past D).
+template <bool kLimitRows = false>
 __device__ __forceinline__ void store_transposed_block(const std::uint32_t* tile, std::uint8_t* rows,
-                                                       std::int64_t pitch) {
+                                                       std::int64_t pitch, int limit = 0) {
   constexpr int kChunksPerRow = kTokenBlock / 16;
   const int chunk = static_cast<int>(threadIdx.x) % kChunksPerRow;
   // quantize_threads(D) = 2·D threads, kChunksPerRow to a row: D / 4 rows a pass.
@@ -379,6 +394,7 @@ __device__ __forceinline__ void store_transposed_block(const std::uint32_t* tile
 #pragma unroll
   for (int k = 0; k < kPasses; ++k) {
     const int d = static_cast<int>(threadIdx.x) / kChunksPerRow + k * (static_cast<int>(blockDim.x) / kChunksPerRow);
+    if (kLimitRows && d >= limit) continue;
     const std::uint32_t* from = tile + d * kVtPitchWords + 4 * chunk;
     __stcs(reinterpret_cast<uint4*>(rows + static_cast<std::int64_t>(d) * pitch) + chunk,
            make_uint4(from[0], from[1], from[2], from[3]));
@@ -486,7 +502,7 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
     std::uint8_t* row = first + items.base[r] * token_bytes;
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i)
-      if (whole || item_token(items, r, i, s0, S) >= 0)
+      if (items.present && (whole || item_token(items, r, i, s0, S) >= 0))
         __stcs(reinterpret_cast<uint2*>(row + quad_offset(i) * token_bytes), make_uint2(words[r][i][0], words[r][i][1]));
   }
   if (transposed != nullptr) {
@@ -514,7 +530,8 @@ __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& it
   load_block<L2Reuse::last>(items, job.k, b, h, s0, job.Sk, whole, c);
   statistics_ready();
   float mean[kSegment] = {};
-  if (job.smooth_k) load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
+  if (job.smooth_k && items.present)
+    load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   std::uint32_t words[kMaxItems][kQuadTokens][2];
   quantize_token_block(job, items, c, job.smooth_k, mean, b, h, blk, job.Sk, job.Hkv, job.k_blocks, whole, job.out.k,
                        job.out.k_scale, job.out.nonfinite + kK, kBackwardOperands ? job.out.kt : nullptr, warp_max,
@@ -523,7 +540,7 @@ __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& it
 
 // V block: codes of v / scale[d], staged as Vᵀ words (a quad's four keys of
 // one channel) and written out one 128-key row per channel.
-template <class T>
+template <bool kPaddedLanes, class T>
 __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& items, int b, int h, int blk,
                                         std::uint32_t* tile) {
   const int j = b * job.Hkv + h;
@@ -533,7 +550,12 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
   load_block<L2Reuse::last>(items, job.v, b, h, s0, job.Sk, whole, c);
   statistics_ready();
   float scale[kSegment];
-  load_channels(job.out.v_scale + static_cast<std::int64_t>(j) * job.D + items.first_d, scale);
+  if (items.present) {
+    load_channels(job.out.v_scale + static_cast<std::int64_t>(j) * job.D + items.first_d, scale);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kSegment; ++e) scale[e] = 1.0f;  // a padded lane: zeros code to 0, rows not stored
+  }
   // Per channel only the scale and its reciprocal stay live; the bracket's
   // two factors are made in the rare branch that needs them.
   float recip[kSegment];
@@ -564,8 +586,9 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
   }
   __syncthreads();
   // Each channel's 128 keys are a 128-byte run of its Vᵀ row.
-  store_transposed_block(
-      tile, job.out.vt + static_cast<std::int64_t>(j) * job.D * job.out.vt_keys + blk * kTokenBlock, job.out.vt_keys);
+  store_transposed_block<kPaddedLanes>(
+      tile, job.out.vt + static_cast<std::int64_t>(j) * job.D * job.out.vt_keys + blk * kTokenBlock, job.out.vt_keys,
+      job.D);
 }
 
 // Sum over the D / 8 consecutive lanes that hold one token's segments (one
@@ -624,7 +647,7 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   // Before the codes, so that nothing but the block is live across it.
   if (kBackwardOperands && job.dot_out != nullptr) q_row_dot(job, items, c, b, h, s0);
   float mean[kSegment] = {};
-  if (job.smooth_k) {
+  if (job.smooth_k && items.present) {
     const int j = b * job.Hkv + kv_head;
     load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   }
@@ -673,11 +696,16 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
 // kBackwardOperands: the backward's extra outputs (Qᵀ, Kᵀ, the row dot) are
 // compiled in; the forward's calls run the instantiation without them (with
 // them their quantize kernel measured 1.4–2.7 % slower).
-template <class T, bool kBackwardOperands>
+// kPaddedLanes: D is no power of two (96); the CTA has the lanes of the next
+// one (job.seg_shift), and lanes whose channels lie past D read zeros and
+// write nothing, so that a token's lanes still sit in one warp for the
+// shuffles. The forward's operands only (the host refuses the backward's).
+template <class T, bool kBackwardOperands, bool kPaddedLanes = false>
 __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_kernel(const __grid_constant__ Job<T> job) {
+  static_assert(!(kBackwardOperands && kPaddedLanes), "the backward's operands take powers of two");
   __shared__ std::uint32_t warp_max[kWarps];
   __shared__ std::uint32_t vt_tile[kMaxHeadDim * kVtPitchWords];
-  const ThreadItems items = thread_items(job);
+  const ThreadItems items = thread_items<kPaddedLanes>(job);
   const int kv_blocks = job.B * job.Hkv * job.k_blocks;
   std::uint32_t u = blockIdx.x;
   // K and V: the reverse of the statistics kernel's (b, chunk, h) order.
@@ -699,7 +727,7 @@ __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_
   if (job.out.vt != nullptr) {
     if (u < static_cast<std::uint32_t>(kv_blocks)) {
       kv_place(u, b, h, blk);
-      v_block(job, items, b, h, blk, vt_tile);
+      v_block<kPaddedLanes>(job, items, b, h, blk, vt_tile);
       return;
     }
     u -= kv_blocks;
