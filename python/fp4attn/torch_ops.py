@@ -7,8 +7,8 @@ Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
   compute-capability 9.0 GPU and the executor implements the call (recipes
   fp8, mxfp4_train, mxfp4 and nvfp4, Direct-P on or off, target sm90, D = 64
-  or 128; D = 32 read as it is by recipe fp8's forward; otherwise D = 32 and
-  96 with zero channels appended to copies of q, k and v, see _padded_head_dim):
+  or 128; D = 32 and 96 read as they are by recipe fp8's forward, and with
+  zero channels appended to copies of q, k and v otherwise, see _padded_head_dim):
   the device path.
   The GPU quantizers read q, k and v where they are (any strides with D
   contiguous, both layouts, no copy), the kernel writes O and LSE into
@@ -549,7 +549,7 @@ def _narrow_head_dim_plans(device_index: int, s: _host.Settings, differentiable:
     """For each narrow head dim d, the wider one the device path pads a CUDA call to (0: none needed or possible).
 
     The sm90 kernels exist for D = 64 and 128. Recipe fp8's forward also reads
-    D = 32 as it is; the other recipes, D = 96, and the backward run on the
+    D = 32 and 96 as they are; the other recipes and the backward run on the
     next kernel with zero channels appended to q, k and v, which changes no bit
     of O's D columns, the LSE or the gradients
     (src/dispatch/head_dim_padding.hpp; the host entry point does the same for
