@@ -193,12 +193,13 @@ TEST(EmulatorForward, GqaEqualsRepeatedKeyValueHeads) {
 // softmax scale stays that of D. This is what lets a head dim the kernels lack
 // (D = 32, 96) run on the next one they have (src/dispatch/head_dim_padding.hpp).
 TEST(EmulatorForward, ZeroChannelsChangeNoBit) {
-  for (const auto& [d, d_pad] : {std::pair{96, 128}, std::pair{32, 64}}) {
+  // 80 and 48 are no multiples of 32: the emulator pads them itself (to 96, 64).
+  for (const auto& [d, d_pad] : {std::pair{96, 128}, std::pair{32, 64}, std::pair{80, 128}, std::pair{48, 64}}) {
     const AttentionShape s{.B = 1, .Hq = 2, .Hkv = 1, .Sq = 70, .Sk = 150, .D = d};
     AttentionShape sp = s;
     sp.D = d_pad;
     const Inputs x = testing::realistic_inputs(s, kTestSeed);
-    const auto pad = [&](const std::vector<float>& a) { return dispatch::append_zero_channels(a, d, d_pad); };
+    const auto pad = [&](const std::vector<float>& a) { return append_zero_channels(a, d, d_pad); };
     const std::vector<float> qp = pad(x.q), kp = pad(x.k), vp = pad(x.v);
     for (const AttentionOptions& base : testing::sweep_configs()) {
       AttentionOptions o = base;

@@ -35,22 +35,24 @@ void validate(const AttentionShape& shape, const AttentionOptions& opt);
 // Throws fp4attn::Error when q, k or v has the wrong element count for `shape`.
 void validate_sizes(const AttentionShape& shape, std::size_t q_size, std::size_t k_size, std::size_t v_size);
 
-// Head dims: the emulator takes any multiple of 32 in [32, 256] (its scale
-// blocks are 32 wide); the sm90 kernels are instantiated for these only.
-inline constexpr int kHeadDimStep = 32;
-inline constexpr int kMinHeadDim = 32;
+// Head dims: any multiple of 16 in [16, 256]. The emulator runs one that is no
+// multiple of 32 (its scale blocks' width) with zero channels appended up to
+// one; the sm90 kernels are instantiated for kSm90HeadDims, and run narrower
+// head dims with zero channels too (sm90_supports, sm90_runs).
+inline constexpr int kHeadDimStep = 16;
+inline constexpr int kMinHeadDim = 16;
 inline constexpr int kMaxHeadDim = 256;
 inline constexpr int kSm90HeadDims[] = {64, 128};
 bool emulator_supports_head_dim(std::int64_t d);
 // Whether the sm90 executor's forward implements this (already validated)
 // problem as it is: its target, recipe, tile sizes and head dim (the kernels'
-// own, and for recipe fp8 also 32 and 96, read with zero channels added).
+// own, and for recipe fp8 any narrower one, read with zero channels added).
 bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt);
 // Whether d is a head dim the sm90 kernels are instantiated for (kSm90HeadDims).
 bool sm90_kernel_head_dim(std::int64_t d);
 // Whether forward's automatic choice runs this (validated) problem on the sm90
 // kernels: a Hopper GPU is present and they implement it, where sm90_supports
-// does not, a head dim they lack below 128 (32, 96) with zero channels
+// does not, a head dim they lack below 128 (16, 32, 48, 80, 96, 112) with zero channels
 // appended to the inputs up to the next one they have.
 bool sm90_runs(const AttentionShape& shape, const AttentionOptions& opt);
 

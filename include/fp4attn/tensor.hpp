@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace fp4attn {
@@ -27,6 +28,14 @@ struct AttentionShape {
 void check_shape(const AttentionShape& shape);
 // Throws fp4attn::Error naming `name` when a tensor's element count is not the shape's.
 void check_element_count(std::size_t actual, std::int64_t expected, const char* name);
+
+// Rows of d values (a tensor whose last dim is d) to rows of d_to ≥ d, zeros
+// appended: a head dim run on a wider one. Zero channels change no bit of O's
+// first d columns, the LSE or the gradients, given the softmax scale of d
+// (tests EmulatorForward.ZeroChannelsChangeNoBit and its backward twin).
+std::vector<float> append_zero_channels(std::span<const float> x, std::int64_t d, std::int64_t d_to);
+// Rows of d_from values to their first d.
+std::vector<float> first_channels(std::span<const float> x, std::int64_t d_from, std::int64_t d);
 
 // Index into a contiguous (B, S, H, D) tensor.
 inline std::int64_t bshd_index(std::int64_t S, std::int64_t H, std::int64_t D, std::int64_t b, std::int64_t s,

@@ -539,9 +539,9 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # Head dims up to 128 the sm90 kernels are not instantiated for and the
-# library accepts (32, 96), read once, so that nothing is asked of the library
+# library accepts (16, 32, 48, 80, 96, 112), read once, so that nothing is asked of the library
 # while torch.compile traces a call at the kernels' own head dims.
-_NARROW_HEAD_DIMS = tuple(d for d in range(32, 129, 32) if _ext.sm90_head_dim_for(d) != d)
+_NARROW_HEAD_DIMS = tuple(d for d in range(16, 129, 16) if _ext.sm90_head_dim_for(d) != d)
 
 
 @torch.compiler.assume_constant_result

@@ -250,9 +250,9 @@ def test_device_backward_matches_the_emulator(rng, recipe, dtype, causal):
 
 @needs_device_backward
 @pytest.mark.parametrize("recipe", TRAINABLE)
-@pytest.mark.parametrize("D", [32, 96])
+@pytest.mark.parametrize("D", [32, 80, 96])
 def test_device_backward_of_padded_head_dims(rng, recipe, D):
-    # D = 32 / 96 run on the D = 64 / 128 kernels with zero channels appended
+    # D = 32 / 80 / 96 run on the D = 64 / 128 kernels with zero channels appended
     # (torch_ops._padded_head_dim): the gradients are those of an explicitly
     # padded call with the unpadded D's scale, bit for bit, and within the
     # device backward's bounds of the emulator's at D itself.
@@ -260,7 +260,7 @@ def test_device_backward_of_padded_head_dims(rng, recipe, D):
     out, lse = fp4attn.attention(q, k, v, causal=True, recipe=recipe, return_lse=True)
     out.backward(d_o)
     got = grads(q, k, v)
-    d_run = 64 if D == 32 else 128
+    d_run = 64 if D <= 64 else 128
     scale = float(np.float32(1.0) / np.sqrt(np.float32(D)))
     padded = [torch.nn.functional.pad(x.detach(), (0, d_run - D)).requires_grad_() for x in (q, k, v)]
     out_p = fp4attn.attention(*padded, causal=True, recipe=recipe, scale=scale)

@@ -90,7 +90,7 @@ def test_compile_fullgraph(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("D", [32, 96])
+@pytest.mark.parametrize("D", [32, 80, 96])
 def test_compile_fullgraph_at_head_dims_the_kernels_lack(device, D):
     # The padding decision of the device path (torch_ops._narrow_head_dim_plan) is a constant to torch.compile.
     q, k, v = make_bhsd(5, 1, 2, 2, 64, 64, D, device)
@@ -177,14 +177,14 @@ def narrow_scale(D):
 
 @needs_sm90
 @pytest.mark.parametrize("recipe", ["fp8", "mxfp4_train", "mxfp4", "nvfp4"])
-@pytest.mark.parametrize("D", [32, 96])
+@pytest.mark.parametrize("D", [32, 80, 96])
 def test_device_path_pads_head_dims_the_kernels_lack(recipe, D, monkeypatch):
-    # D = 32 and 96 run on the D = 64 / 128 kernels with zero channels
+    # D = 32, 80 and 96 run on the D = 64 / 128 kernels with zero channels
     # appended: the same bits as the host path (which pads in C++) and as an
     # explicitly padded call with the unpadded D's scale, and never a host copy.
     q, k, v = (x.transpose(1, 2) for x in make_bhsd(15, 2, 4, 2, 200, 300, D, "cuda", torch.bfloat16))
     expected = host_path(fp4attn.attention, q, k, v, causal=True, recipe=recipe, return_lse=True)
-    d_run = 64 if D == 32 else 128
+    d_run = 64 if D <= 64 else 128
     padded = fp4attn.attention(*(F.pad(x, (0, d_run - D)) for x in (q, k, v)), causal=True, recipe=recipe,
                                scale=narrow_scale(D), return_lse=True)
 
@@ -299,13 +299,13 @@ def test_compile_fullgraph_reduce_overhead():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_fallback_to_host_path():
-    # D = 32 is not an sm90 head dim: the op copies to the host, runs there and copies back.
-    q, k, v = make_bhsd(17, 1, 2, 2, 64, 64, 32, "cuda")
+    # D = 160 is wider than every sm90 kernel: the op copies to the host, runs there and copies back.
+    q, k, v = make_bhsd(17, 1, 2, 2, 64, 64, 160, "cuda")
     out = fp4attn.sdpa(q, k, v)
     assert out.device == q.device and out.dtype == q.dtype
     torch.testing.assert_close(out.cpu(), fp4attn.sdpa(q.cpu(), k.cpu(), v.cpu()), rtol=0, atol=0)
     with pytest.raises(ValueError, match="^D: "):
-        fp4attn.sdpa(*make_bhsd(17, 1, 2, 2, 64, 64, 48, "cuda"))
+        fp4attn.sdpa(*make_bhsd(17, 1, 2, 2, 64, 64, 40, "cuda"))
 
 
 @pytest.mark.skipif(not fp4attn._ext.cuda_built(), reason="a CPU-only build keeps no operands")

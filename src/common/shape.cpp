@@ -1,5 +1,7 @@
 // The shape checks every executor shares: sizes positive, heads grouped,
 // element counts matching. One copy, so every entry point words them alike.
+// Also the zero channels that run a head dim on a wider one.
+#include <algorithm>
 #include <string>
 
 #include "fp4attn/error.hpp"
@@ -29,6 +31,22 @@ void check_shape(const AttentionShape& shape) {
 void check_element_count(std::size_t actual, std::int64_t expected, const char* name) {
   if (actual != static_cast<std::size_t>(expected))
     throw Error(name, "has " + std::to_string(actual) + " elements, the shape needs " + std::to_string(expected));
+}
+
+std::vector<float> append_zero_channels(std::span<const float> x, std::int64_t d, std::int64_t d_to) {
+  const std::size_t rows = x.size() / static_cast<std::size_t>(d);
+  std::vector<float> out(rows * static_cast<std::size_t>(d_to), 0.0f);
+  for (std::size_t r = 0; r < rows; ++r)
+    std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(r * d), d, out.begin() + static_cast<std::ptrdiff_t>(r * d_to));
+  return out;
+}
+
+std::vector<float> first_channels(std::span<const float> x, std::int64_t d_from, std::int64_t d) {
+  const std::size_t rows = x.size() / static_cast<std::size_t>(d_from);
+  std::vector<float> out(rows * static_cast<std::size_t>(d));
+  for (std::size_t r = 0; r < rows; ++r)
+    std::copy_n(x.begin() + static_cast<std::ptrdiff_t>(r * d_from), d, out.begin() + static_cast<std::ptrdiff_t>(r * d));
+  return out;
 }
 
 }  // namespace fp4attn

@@ -64,10 +64,10 @@ BackwardOutput backward(const AttentionShape& shape, std::span<const float> q, s
       throw Error("executor", "the sm90 backward does not implement this call (it runs recipes fp8 and "
                               "mxfp4_train, target sm90, 128-token tiles, D ≤ 128, E4M3 dS)");
     if (d_run == shape.D) return dispatch::sm90_backward(shape, q, k, v, o, lse, d_o, opt);
-    const auto pad = [&](std::span<const float> x) { return dispatch::append_zero_channels(x, shape.D, d_run); };
+    const auto pad = [&](std::span<const float> x) { return append_zero_channels(x, shape.D, d_run); };
     BackwardOutput out = dispatch::sm90_backward(run_shape, pad(q), pad(k), pad(v), pad(o), lse, pad(d_o),
                                                  dispatch::with_scale_of(opt, shape.D));
-    for (std::vector<float>* g : {&out.dq, &out.dk, &out.dv}) *g = dispatch::first_channels(*g, d_run, shape.D);
+    for (std::vector<float>* g : {&out.dq, &out.dk, &out.dv}) *g = first_channels(*g, d_run, shape.D);
     return out;
   };
   switch (executor) {

@@ -64,10 +64,10 @@ ForwardOutput run_sm90(const AttentionShape& shape, std::span<const float> q, st
   // non-finite input is reported by its GPU quantizer, naming the tensor.
   if (d_run == shape.D || sm90_supports(shape, opt)) return dispatch::sm90_forward(shape, q, k, v, opt);
   ForwardOutput out = dispatch::sm90_forward(
-      dispatch::with_head_dim(shape, d_run), dispatch::append_zero_channels(q, shape.D, d_run),
-      dispatch::append_zero_channels(k, shape.D, d_run), dispatch::append_zero_channels(v, shape.D, d_run),
+      dispatch::with_head_dim(shape, d_run), append_zero_channels(q, shape.D, d_run),
+      append_zero_channels(k, shape.D, d_run), append_zero_channels(v, shape.D, d_run),
       dispatch::with_scale_of(opt, shape.D));
-  out.o = dispatch::first_channels(out.o, d_run, shape.D);
+  out.o = first_channels(out.o, d_run, shape.D);
   return out;
 }
 

@@ -11,8 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
-#include <vector>
 
 #include "fp4attn/recipe.hpp"
 #include "fp4attn/tensor.hpp"
@@ -30,10 +28,6 @@ AttentionShape with_head_dim(const AttentionShape& shape, std::int64_t d_to);
 // 1/sqrt(D), which the wider problem would read as 1/sqrt(d_to)).
 AttentionOptions with_scale_of(const AttentionOptions& opt, std::int64_t d);
 
-// Rows of d values to rows of d_to ≥ d, zeros appended.
-std::vector<float> append_zero_channels(std::span<const float> x, std::int64_t d, std::int64_t d_to);
-
-// Rows of d_from values to their first d.
-std::vector<float> first_channels(std::span<const float> x, std::int64_t d_from, std::int64_t d);
+// append_zero_channels and first_channels (fp4attn/tensor.hpp) do the rest.
 
 }  // namespace fp4attn::dispatch

@@ -43,7 +43,7 @@ void require_tile(int value, const char* name) {
 void validate(const AttentionShape& shape, const AttentionOptions& opt) {
   check_shape(shape);
   if (!emulator_supports_head_dim(shape.D))
-    throw Error("D", "D=" + std::to_string(shape.D) + " is not supported: the emulator needs a multiple of " +
+    throw Error("D", "D=" + std::to_string(shape.D) + " is not supported: D must be a multiple of " +
                          std::to_string(kHeadDimStep) + " in [" + std::to_string(kMinHeadDim) + ", " +
                          std::to_string(kMaxHeadDim) + "]");
   // Element counts and the score matrix must be representable, or every
@@ -82,10 +82,10 @@ bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt) {
     return false;
   if (opt.block_q != kSm90Tile || opt.block_k != kSm90Tile) return false;
   if (sm90_kernel_head_dim(shape.D)) return true;
-  // Recipe fp8's forward also reads D = 32 and 96 where they are, its tensor
-  // maps filling the 64- and 128-wide kernels' missing channels with zeros
-  // (fp8_direct_p/launch_head_dim.cuh).
-  return opt.recipe == Recipe::fp8 && (shape.D == 32 || shape.D == 96);
+  // Recipe fp8's forward also reads narrower head dims where they are, its
+  // tensor maps filling the 64- or 128-wide kernel's missing channels with
+  // zeros (fp8_direct_p/launch_head_dim.cuh).
+  return opt.recipe == Recipe::fp8 && shape.D <= std::end(kSm90HeadDims)[-1];
 }
 
 bool sm90_kernel_head_dim(std::int64_t d) {

@@ -38,6 +38,11 @@ inline std::int64_t visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk
 }
 
 // softmax_scale 0 means 1/sqrt(D), the usual attention temperature.
+// The emulator's unit along D: MXFP4 Q and K blocks and the FP8 tensor core's
+// k32 steps. forward and backward on host arrays run any other D with zero
+// channels appended up to a multiple of it.
+inline constexpr std::int64_t kChannelBlock = 32;
+
 inline float resolve_softmax_scale(float softmax_scale, std::int64_t D) {
   return softmax_scale != 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
 }

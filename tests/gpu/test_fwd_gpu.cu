@@ -226,7 +226,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f, 3},
         Case{{1, 2, 1, 300, 150, 64}, MaskKind::causal, true, true, 1.0f, 3},    // Sq > Sk: rows 0..149 fully masked
         Case{{1, 2, 1, 500, 100, 64}, MaskKind::causal, false, true, 1.0f, 3},  // first CTA: no visible key
-        // D = 32 and 96, read with zero channels by TMA on the 64- and 128-wide kernels.
+        // Narrower head dims, read with zero channels by TMA on the 64- and 128-wide kernels.
+        Case{{1, 4, 2, 300, 333, 80}, MaskKind::causal, true, true},
+        Case{{2, 2, 2, 513, 400, 48}, MaskKind::none, true, true},
+        Case{{1, 2, 2, 200, 200, 16}, MaskKind::causal, false, true},
         Case{{2, 4, 2, 200, 333, 96}, MaskKind::causal, true, true},
         Case{{1, 2, 1, 300, 150, 96}, MaskKind::causal, false, false},  // Sq > Sk: rows 0..149 fully masked
         Case{{2, 2, 2, 513, 1000, 96}, MaskKind::none, true, true},

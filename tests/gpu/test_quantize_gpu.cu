@@ -298,8 +298,10 @@ TEST(GpuQuantizeFp8, MatchesCpuQuantizerBitForBit) {
   check_random_case<__half>({2, 2, 2, 130, 257, 16}, false, kAlignedPad, true, "fp16");
   check_random_case<float>({1, 2, 2, 200, 131, 128}, true, kAlignedPad, true, "fp32");
   check_random_case<float>({2, 4, 1, 250, 300, 64}, false, kOddPad, false, "fp32");
-  // D = 96 on the lanes of 128: the padded lanes read zeros and write nothing.
+  // D = 96, 80 on the lanes of 128, 48 on those of 64: the padded lanes read zeros and write nothing.
   check_random_case<__nv_bfloat16>({2, 4, 2, 300, 257, 96}, true, kDense, true, "bf16");
+  check_random_case<__nv_bfloat16>({1, 2, 2, 200, 300, 80}, true, kOddPad, false, "bf16");
+  check_random_case<__half>({2, 2, 1, 130, 129, 48}, true, kDense, true, "fp16");
   check_random_case<__half>({1, 3, 1, 129, 385, 96}, false, kOddPad, false, "fp16");
   check_random_case<float>({1, 2, 2, 200, 131, 96}, true, kAlignedPad, true, "fp32");
 }

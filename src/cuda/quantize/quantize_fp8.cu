@@ -137,11 +137,10 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
   check_shape(q, "q");
   check_shape(k, "k");
   check_shape(v, "v");
-  // A power of two from kMinHeadDim, or 96 (on the lanes of 128).
-  if (q.D != k.D || k.D != v.D || q.D < kMinHeadDim || q.D > kMaxHeadDim ||
-      !(std::has_single_bit(static_cast<std::uint64_t>(q.D)) || q.D == kPaddedHeadDim))
-    throw Error("D", "must match across q, k, v and be a power of two in [" + std::to_string(kMinHeadDim) + ", " +
-                         std::to_string(kMaxHeadDim) + "] or " + std::to_string(kPaddedHeadDim) + ", got " +
+  // A multiple of kSegment; one that is no power of two on the lanes of the next.
+  if (q.D != k.D || k.D != v.D || q.D < kMinHeadDim || q.D > kMaxHeadDim || q.D % kSegment != 0)
+    throw Error("D", "must match across q, k, v and be a multiple of " + std::to_string(kSegment) + " in [" +
+                         std::to_string(kMinHeadDim) + ", " + std::to_string(kMaxHeadDim) + "], got " +
                          std::to_string(q.D));
   if (!std::has_single_bit(static_cast<std::uint64_t>(q.D)) &&
       (out.qt != nullptr || out.kt != nullptr || q_row_dot.out != nullptr))

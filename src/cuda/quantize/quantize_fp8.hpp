@@ -78,8 +78,8 @@ std::int64_t padded_keys(std::int64_t Sk);
 std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t Sk, std::int64_t D);
 
 // Quantizes q, k, v into `out` on `stream` (asynchronous). q is (B, Sq, Hq, D),
-// k and v (B, Sk, Hkv, D), all of one element type, D 96 (not with the
-// backward's operands) or a power of two in
+// k and v (B, Sk, Hkv, D), all of one element type, D a multiple of 8 (a
+// power of two with the backward's operands) in
 // [16, 128], Hq a multiple of Hkv. With smooth_k, K's per-(b, h, d) mean is
 // subtracted first and out.lse_shift receives the LSE correction for
 // `softmax_scale`. With out.q and out.k both null only V is quantized (Vᵀ and

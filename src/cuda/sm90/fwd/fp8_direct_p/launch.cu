@@ -34,13 +34,14 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if (!(a.softmax_scale > 0.0f)) throw Error("softmax_scale", "must be positive");
   if (a.q_scale_rows != 1 && a.q_scale_rows != kVtKeyAlign)
     throw Error("q_scale_rows", "must be 1 (MX Q folded per row) or 128 (the fp8 recipe's token block)");
-  // D = 32 and 96 run on the 64- and 128-wide kernels from E4M3 in memory
-  // with FP8 P, recipe fp8 (zero channels by TMA, launch_head_dim.cuh).
+  // Narrower head dims (multiples of 16: TMA rows of 16-byte multiples) run
+  // on the 64- or 128-wide kernel from E4M3 in memory with FP8 P, recipe fp8
+  // (zero channels by TMA, launch_head_dim.cuh).
   const bool own_width = a.D == 64 || a.D == 128;
   const bool fp8_p = a.p_code == PCode::direct_p || a.p_code == PCode::exp2_cvt;
-  if (!own_width && !((a.D == 32 || a.D == 96) && a.q_fp4 == nullptr && fp8_p))
-    throw Error("D", "the sm90 fp8 kernel supports D = 64 and 128 (32 and 96 from E4M3 in memory with FP8 P), got " +
-                         std::to_string(a.D));
+  if (!own_width && !(a.D > 0 && a.D < 128 && a.D % 16 == 0 && a.q_fp4 == nullptr && fp8_p))
+    throw Error("D", "the sm90 fp8 kernel supports D = 64 and 128 (other multiples of 16 below 128 from E4M3 in "
+                     "memory with FP8 P), got " + std::to_string(a.D));
   const int head_dim = a.D <= 64 ? 64 : 128;
   if (a.consumers != 0 && a.consumers != 2 && a.consumers != 3)
     throw Error("consumers", "must be 0 (the launcher chooses), 2 or 3, got " + std::to_string(a.consumers));

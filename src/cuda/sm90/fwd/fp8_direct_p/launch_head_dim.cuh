@@ -54,8 +54,9 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
 }
 
 // The maps describe the operands as they are in memory, a.D channels; the
-// boxes are HeadDim wide. For a narrower head dim (a.D = 32 or 96 on the 64-
-// or 128-wide kernel) TMA fills the missing channels of Q and K, and Vᵀ's
+// boxes are HeadDim wide. For a narrower head dim (a multiple of 16, e.g. 32
+// on the 64-wide kernel, 96 on the 128-wide one) TMA fills the missing
+// channels of Q and K, and Vᵀ's
 // missing rows, with zeros: they add exact zeros to every score and give O
 // columns that the TMA store (map a.D wide) clips and the threads' store skips
 // (kernel.cuh, kNarrowD).
@@ -90,7 +91,8 @@ void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
 }
 
 // E4M3 Q, K and Vᵀ in memory; at D = 64 with two or three consumers, and so
-// D = 32; D = 96 on the 128-wide kernel (recipe fp8's P codes only, launch.cu).
+// narrower head dims on it; those above 64 on the 128-wide kernel (recipe
+// fp8's P codes only, launch.cu).
 template <int HeadDim, PCode kPCode>
 void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if constexpr (kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt)
