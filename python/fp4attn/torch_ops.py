@@ -7,8 +7,9 @@ Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
   compute-capability 9.0 GPU and the executor implements the call (recipes
   fp8, mxfp4_train, mxfp4 and nvfp4, Direct-P on or off, target sm90, D = 64
-  or 128; D = 32 and 96 read as they are by recipe fp8's forward, and with
-  zero channels appended to copies of q, k and v otherwise, see _padded_head_dim):
+  or 128; other multiples of 16 below 128 read as they are by recipe fp8's
+  forward, and with zero channels appended to copies of q, k and v otherwise,
+  see _padded_head_dim):
   the device path.
   The GPU quantizers read q, k and v where they are (any strides with D
   contiguous, both layouts, no copy), the kernel writes O and LSE into
@@ -46,8 +47,8 @@ torch.compile(fullgraph=True) traces forward and backward. It runs:
 * on the device, zero copy, on the current stream and with no host
   synchronisation, where this build has the sm90 backward kernel
   (`_ext.backward_device`) and `_ext.device_backward_supported` accepts the
-  call (recipes fp8 and mxfp4_train, target sm90, D = 64 or 128; 32 and 96
-  arrive padded);
+  call (recipes fp8 and mxfp4_train, target sm90, D = 64 or 128; narrower
+  head dims arrive padded);
   reproducible bit for bit except where the one pass is faster (D = 64, rows
   seeing at least 1024 keys on average) while
   torch.are_deterministic_algorithms_enabled() is off (DETERMINISTIC_BACKWARD
@@ -549,7 +550,7 @@ def _narrow_head_dim_plans(device_index: int, s: _host.Settings, differentiable:
     """For each narrow head dim d, the wider one the device path pads a CUDA call to (0: none needed or possible).
 
     The sm90 kernels exist for D = 64 and 128. Recipe fp8's forward also reads
-    D = 32 and 96 as they are; the other recipes and the backward run on the
+    the narrower head dims as they are; the other recipes and the backward run on the
     next kernel with zero channels appended to q, k and v, which changes no bit
     of O's D columns, the LSE or the gradients
     (src/dispatch/head_dim_padding.hpp; the host entry point does the same for
@@ -600,7 +601,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settin
     lse_returned=False promises that the caller drops the LSE, so the backward
     skips the LSE's gradient term (see the module docstring). A call that
     autograd will differentiate asks the forward to keep Q's and K's operands.
-    A head dim the kernels lack (32, 96) is padded with zero channels where
+    A head dim the kernels lack (16 … 112) is padded with zero channels where
     the call needs it (_padded_head_dim): one copy of q, k and v and one of O,
     differentiable.
     """

@@ -6,8 +6,9 @@
 // as the softmax scale stays that of D (block amaxes and smooth_k's mean see
 // zeros, Q·Kᵀ and dO·Vᵀ add exact zeros, the extra columns are dropped;
 // EmulatorForward.ZeroChannelsChangeNoBit and the backward's twin check it).
-// So D = 32 runs on the D = 64 kernels and D = 96 on the D = 128 ones, at the
-// wider kernel's cost.
+// So D = 16, 32 and 48 run on the D = 64 kernels and 80, 96 and 112 on the
+// D = 128 ones, at the wider kernel's cost (recipe fp8's forward without
+// copies: sm90_supports).
 #pragma once
 
 #include <cstdint>

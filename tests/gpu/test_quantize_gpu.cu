@@ -691,7 +691,7 @@ TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
     return std::string("nothing");
   };
   cq::StridedInput wide_q = dev_in.q.view, wide_k = dev_in.k.view, wide_v = dev_in.v.view;
-  wide_q.D = wide_k.D = wide_v.D = 48;  // neither a power of two nor 96
+  wide_q.D = wide_k.D = wide_v.D = 44;  // no multiple of 8
   EXPECT_EQ(argument_of_error(wide_q, wide_k, wide_v, dev.bufs), "D");
   // D = 96 quantizes the forward's operands only: not the backward's transposed copies.
   cq::StridedInput q96 = dev_in.q.view, k96 = dev_in.k.view, v96 = dev_in.v.view;
