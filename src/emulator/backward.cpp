@@ -275,20 +275,13 @@ BackwardResult backward(const AttentionShape& shape, std::span<const float> q, s
                         std::span<const float> v, std::span<const float> o, std::span<const float> lse,
                         std::span<const float> d_o, const AttentionOptions& opt) {
   if (shape.D % kChannelBlock != 0) {
-    // As forward: zero channels up to a multiple of 32, at the softmax scale of D.
-    check_shape(shape);
-    check_element_count(q.size(), shape.q_elems(), "q");
-    check_element_count(k.size(), shape.kv_elems(), "k");
-    check_element_count(v.size(), shape.kv_elems(), "v");
+    // As forward: padded up to the scale blocks, at the softmax scale of D.
+    const ChannelPadded p = channel_padded(shape, opt, q, k, v);
     check_element_count(o.size(), shape.q_elems(), "o");
     check_element_count(d_o.size(), shape.q_elems(), "d_o");
-    AttentionShape padded = shape;
-    padded.D = (shape.D + kChannelBlock - 1) / kChannelBlock * kChannelBlock;
-    AttentionOptions scaled = opt;
-    scaled.softmax_scale = resolve_softmax_scale(opt.softmax_scale, shape.D);
-    const auto pad = [&](std::span<const float> x) { return append_zero_channels(x, shape.D, padded.D); };
-    BackwardResult r = backward(padded, pad(q), pad(k), pad(v), pad(o), lse, pad(d_o), scaled);
-    for (std::vector<float>* g : {&r.dq, &r.dk, &r.dv}) *g = first_channels(*g, padded.D, shape.D);
+    const auto pad = [&](std::span<const float> x) { return append_zero_channels(x, shape.D, p.shape.D); };
+    BackwardResult r = backward(p.shape, pad(q), pad(k), pad(v), pad(o), lse, pad(d_o), p.opt);
+    for (std::vector<float>* g : {&r.dq, &r.dk, &r.dv}) *g = first_channels(*g, p.shape.D, shape.D);
     return r;
   }
   check_problem(shape, opt);

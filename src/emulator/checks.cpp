@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "emulator/numerics.hpp"
 #include "emulator/p_row.hpp"
 #include "fp4attn/error.hpp"
 #include "fp4attn/quantize.hpp"
@@ -20,6 +21,18 @@ void check_problem(const AttentionShape& shape, const AttentionOptions& opt) {
   if (opt.dq_ds_rows <= 0) throw Error("dq_ds_rows", "must be positive, got " + std::to_string(opt.dq_ds_rows));
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0.0f)
     throw Error("softmax_scale", "must be finite and non-negative (0 means 1/sqrt(D))");
+}
+
+ChannelPadded channel_padded(const AttentionShape& shape, const AttentionOptions& opt, std::span<const float> q,
+                             std::span<const float> k, std::span<const float> v) {
+  check_shape(shape);
+  check_element_count(q.size(), shape.q_elems(), "q");
+  check_element_count(k.size(), shape.kv_elems(), "k");
+  check_element_count(v.size(), shape.kv_elems(), "v");
+  ChannelPadded p{shape, opt};
+  p.shape.D = (shape.D + kChannelBlock - 1) / kChannelBlock * kChannelBlock;
+  p.opt.softmax_scale = resolve_softmax_scale(opt.softmax_scale, shape.D);
+  return p;
 }
 
 }  // namespace fp4attn::emulator

@@ -274,20 +274,11 @@ ForwardResult forward(const AttentionShape& shape, const QuantizedInputs& in, co
 ForwardResult forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                       std::span<const float> v, const AttentionOptions& opt) {
   if (shape.D % kChannelBlock == 0) return forward(shape, quantize_inputs(shape, q, k, v, opt), opt);
-  // Scale blocks run 32 channels along D: a D that is no multiple of 32 is
-  // the problem with zero channels appended up to one, at the softmax scale
-  // of D (append_zero_channels says why no bit changes).
-  check_shape(shape);
-  check_element_count(q.size(), shape.q_elems(), "q");
-  check_element_count(k.size(), shape.kv_elems(), "k");
-  check_element_count(v.size(), shape.kv_elems(), "v");
-  AttentionShape padded = shape;
-  padded.D = (shape.D + kChannelBlock - 1) / kChannelBlock * kChannelBlock;
-  AttentionOptions o = opt;
-  o.softmax_scale = resolve_softmax_scale(opt.softmax_scale, shape.D);
-  ForwardResult r = forward(padded, append_zero_channels(q, shape.D, padded.D),
-                            append_zero_channels(k, shape.D, padded.D), append_zero_channels(v, shape.D, padded.D), o);
-  r.o = first_channels(r.o, padded.D, shape.D);
+  // Scale blocks run 32 channels along D: another D runs padded up to them.
+  const ChannelPadded p = channel_padded(shape, opt, q, k, v);
+  const auto pad = [&](std::span<const float> x) { return append_zero_channels(x, shape.D, p.shape.D); };
+  ForwardResult r = forward(p.shape, pad(q), pad(k), pad(v), p.opt);
+  r.o = first_channels(r.o, p.shape.D, shape.D);
   return r;
 }
 
