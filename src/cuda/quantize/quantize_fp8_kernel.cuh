@@ -57,8 +57,6 @@ static_assert(kSequenceMeanChunk == kTokenBlock, "a statistics CTA sums exactly 
 inline constexpr int kWarpSize = 32;
 inline constexpr int kMaxHeadDim = 128;
 inline constexpr int kMinHeadDim = 2 * kSegment;  // the narrowest layout the lane arithmetic covers
-// A head dim that is no power of two (a multiple of kSegment) is quantized on
-// the lanes of the next one (fp8_quantize_kernel's kPaddedLanes).
 inline constexpr std::uint32_t kMagnitudeMask = 0x7FFFFFFFu;
 inline constexpr std::uint32_t kInfBits = 0x7F800000u;  // |x| bits at or above this: Inf or NaN
 inline constexpr std::uint32_t kFullWarp = 0xFFFFFFFFu;
@@ -695,10 +693,11 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
 // kBackwardOperands: the backward's extra outputs (Qᵀ, Kᵀ, the row dot) are
 // compiled in; the forward's calls run the instantiation without them (with
 // them their quantize kernel measured 1.4–2.7 % slower).
-// kPaddedLanes: D is no power of two (48, 80, 96, 112); the CTA has the lanes of the next
-// one (job.seg_shift), and lanes whose channels lie past D read zeros and
-// write nothing, so that a token's lanes still sit in one warp for the
-// shuffles. The forward's operands only (the host refuses the backward's).
+// kPaddedLanes: D is a multiple of kSegment but no power of two (48, 80, 96,
+// 112); the CTA has the lanes of the next power of two (job.seg_shift), and
+// lanes whose channels lie past D read zeros and write nothing, so that a
+// token's lanes still sit in one warp for the shuffles. The forward's
+// operands only (the host refuses the backward's).
 template <class T, bool kBackwardOperands, bool kPaddedLanes = false>
 __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_kernel(const __grid_constant__ Job<T> job) {
   static_assert(!(kBackwardOperands && kPaddedLanes), "the backward's operands take powers of two");

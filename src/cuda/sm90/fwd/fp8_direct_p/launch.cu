@@ -46,7 +46,7 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if (a.consumers != 0 && a.consumers != 2 && a.consumers != 3)
     throw Error("consumers", "must be 0 (the launcher chooses), 2 or 3, got " + std::to_string(a.consumers));
   if (a.consumers == 3 && (head_dim != 64 || a.q_fp4 != nullptr))
-    throw Error("consumers", "three consumer warpgroups run at D = 64 (and 32) from E4M3 in memory only");
+    throw Error("consumers", "three consumer warpgroups run at D ≤ 64 from E4M3 in memory only");
   if (a.q_fp4 != nullptr) check_fp4_inputs(a);
   if (head_dim == 128) return forward_fp8_head_dim<128>(a, stream);
   forward_fp8_head_dim<64>(a, stream);

@@ -11,7 +11,7 @@ template void launch<64, 3, PCode::direct_p>(const Fp8ForwardArgs&, cudaStream_t
 template void launch<64, 3, PCode::exp2_cvt>(const Fp8ForwardArgs&, cudaStream_t);
 template void launch<64, 3, PCode::mxfp4_direct_p>(const Fp8ForwardArgs&, cudaStream_t);
 template void launch<64, 3, PCode::mxfp4_exp2>(const Fp8ForwardArgs&, cudaStream_t);
-template void launch<64, 3, PCode::direct_p, true>(const Fp8ForwardArgs&, cudaStream_t);  // D = 32
+template void launch<64, 3, PCode::direct_p, true>(const Fp8ForwardArgs&, cudaStream_t);  // D = 16, 32, 48
 template void launch<64, 3, PCode::exp2_cvt, true>(const Fp8ForwardArgs&, cudaStream_t);
 
 }  // namespace fp4attn::sm90::fwd::fp8_launch
