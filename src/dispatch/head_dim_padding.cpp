@@ -1,7 +1,6 @@
 #include "dispatch/head_dim_padding.hpp"
 
-#include <cmath>
-
+#include "emulator/numerics.hpp"
 #include "fp4attn/attention.hpp"
 
 namespace fp4attn::dispatch {
@@ -20,8 +19,7 @@ AttentionShape with_head_dim(const AttentionShape& shape, std::int64_t d_to) {
 
 AttentionOptions with_scale_of(const AttentionOptions& opt, std::int64_t d) {
   AttentionOptions o = opt;
-  // The emulator's and the kernels' default, in float (resolve_softmax_scale).
-  if (o.softmax_scale == 0.0f) o.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  o.softmax_scale = emulator::resolve_softmax_scale(opt.softmax_scale, d);  // the kernels' default too
   return o;
 }
 
