@@ -53,6 +53,10 @@ if has_stage sanitize; then
   small+=':Shapes/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_smoothk_exp2'
   # a head dim the kernels lack: the FP8 quantizer's padded lanes and the kernel's zero channels by TMA
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq4_Hkv2_Sq300_Sk333_D80_causal_directp_smoothk'
+  # D = 256: two CTAs per query block (each half of O), Q and K in two panels;
+  # D = 160 on that kernel with zero channels
+  small+=':Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D256_causal_directp_smoothk'
+  small+=':Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq4_Hkv2_Sq300_Sk333_D160_causal_directp_smoothk'
   # the backward's preparation: transposed codes and the row dot from the FP8
   # quantizer, transposed folded codes from the MX fold
   small+=':GpuQuantizeFp8.TransposedCodesAreTheCodesTransposed:GpuQuantizeFp8.RowDotIsTheSumOfProductsInItsOrder'

@@ -147,8 +147,16 @@ TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
   opt = {};
   s.D = 96;  // read as it is by recipe fp8 too
   EXPECT_TRUE(sm90_supports(s, opt));
-  s.D = 160;
-  EXPECT_FALSE(sm90_supports(s, opt));
+  for (int d : {144, 160, 192, 240, 256}) {  // recipe fp8's forward on the 256-wide kernel
+    s.D = d;
+    EXPECT_TRUE(sm90_supports(s, opt)) << d;
+    EXPECT_FALSE(sm90_kernel_head_dim(d)) << d;  // no backward, no other recipe there
+  }
+  for (Recipe r : {Recipe::mxfp4, Recipe::mxfp4_train, Recipe::nvfp4}) {
+    opt.recipe = r;
+    EXPECT_FALSE(sm90_supports(s, opt)) << to_string(r);
+  }
+  opt = {};
   EXPECT_EQ(dispatch::sm90_head_dim_for(32), 64);
   EXPECT_EQ(dispatch::sm90_head_dim_for(64), 64);
   EXPECT_EQ(dispatch::sm90_head_dim_for(96), 128);
@@ -229,9 +237,14 @@ TEST_F(Forward, NonFiniteInputIsNamed) {
 
 TEST_F(Forward, Sm90ExecutorRefusesWhatItCannotRun) {
   AttentionShape s = kShape;
-  s.D = 160;  // the emulator takes it; wider than every sm90 kernel
+  s.D = 160;  // the emulator takes it; above 128 the sm90 executor has recipe fp8's forward only
   std::vector<float> q160 = random_tensor(s.q_elems(), 4), kv160 = random_tensor(s.kv_elems(), 5);
-  EXPECT_EQ(error_of([&] { forward(s, q160, kv160, kv160, {}, Executor::sm90); }).first, "D");
+  AttentionOptions mxfp4;
+  mxfp4.recipe = Recipe::mxfp4;
+  EXPECT_EQ(error_of([&] { forward(s, q160, kv160, kv160, mxfp4, Executor::sm90); }).first, "D");
+  if (!sm90_available()) {  // recipe fp8 passes the head-dim check and needs the GPU
+    EXPECT_EQ(error_of([&] { forward(s, q160, kv160, kv160, {}, Executor::sm90); }).first, "executor");
+  }
   AttentionOptions sm100;
   sm100.target = Target::sm100;
   EXPECT_EQ(error_of([&] { forward(kShape, q, k, v, sm100, Executor::sm90); }).first, "executor");

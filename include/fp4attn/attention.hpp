@@ -43,10 +43,14 @@ inline constexpr int kHeadDimStep = 16;
 inline constexpr int kMinHeadDim = 16;
 inline constexpr int kMaxHeadDim = 256;
 inline constexpr int kSm90HeadDims[] = {64, 128};
+// Recipe fp8's forward also has a kernel for D = 256, on which it reads the
+// head dims above 128 (its other calls and the backward stay on the emulator).
+inline constexpr int kSm90Fp8ForwardMaxHeadDim = 256;
 bool emulator_supports_head_dim(std::int64_t d);
 // Whether the sm90 executor's forward implements this (already validated)
 // problem as it is: its target, recipe, tile sizes and head dim (the kernels'
-// own, and for recipe fp8 any narrower one, read with zero channels added).
+// own, and for recipe fp8 every other one up to kSm90Fp8ForwardMaxHeadDim,
+// read with zero channels added).
 bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt);
 // Whether d is a head dim the sm90 kernels are instantiated for (kSm90HeadDims).
 bool sm90_kernel_head_dim(std::int64_t d);

@@ -21,8 +21,8 @@ Execution:
   would need a synchronisation): it makes every element of O and the LSE NaN.
 * Every other call goes through the host entry point: CPU tensors run on the
   emulator (or on the sm90 kernels when this build has them and a Hopper GPU
-  is present); other CUDA tensors (target sm100, head dims above 128, GPUs other
-  than sm90, CPU-only builds) are COPIED TO THE HOST, run
+  is present); other CUDA tensors (target sm100, head dims above 128 except
+  recipe fp8's forward, GPUs other than sm90, CPU-only builds) are COPIED TO THE HOST, run
   there, and the results copied back. That synchronises with the device and
   cannot be captured in a CUDA graph.
 

@@ -82,10 +82,11 @@ bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt) {
     return false;
   if (opt.block_q != kSm90Tile || opt.block_k != kSm90Tile) return false;
   if (sm90_kernel_head_dim(shape.D)) return true;
-  // Recipe fp8's forward also reads narrower head dims where they are, its
-  // tensor maps filling the 64- or 128-wide kernel's missing channels with
-  // zeros (fp8_direct_p/launch_head_dim.cuh).
-  return opt.recipe == Recipe::fp8 && shape.D <= std::end(kSm90HeadDims)[-1];
+  // Recipe fp8's forward also reads every other head dim where it is, its
+  // tensor maps filling the 64-, 128- or 256-wide kernel's missing channels
+  // with zeros (fp8_direct_p/launch_head_dim.cuh); the 256-wide kernel runs
+  // D = 144 … 256 (kSm90Fp8ForwardMaxHeadDim).
+  return opt.recipe == Recipe::fp8 && shape.D <= kSm90Fp8ForwardMaxHeadDim;
 }
 
 bool sm90_kernel_head_dim(std::int64_t d) {

@@ -237,7 +237,19 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 1, 300, 150, 32}, MaskKind::causal, false, false},  // Sq > Sk: rows 0..149 fully masked
         Case{{2, 2, 2, 513, 1000, 32}, MaskKind::none, true, true},
         Case{{2, 2, 2, 513, 1000, 32}, MaskKind::none, true, true, 1.0f, 3},
-        Case{{1, 2, 2, 129, 257, 32}, MaskKind::causal_top_left, false, true}),
+        Case{{1, 2, 2, 129, 257, 32}, MaskKind::causal_top_left, false, true},
+        // D = 256 and the head dims above 128 read with zero channels: two CTAs
+        // per query block, each computing S in full and storing half of O.
+        Case{{1, 2, 2, 128, 128, 256}, MaskKind::none, true, true},
+        Case{{2, 4, 2, 200, 333, 256}, MaskKind::causal, true, true},
+        Case{{2, 4, 2, 200, 333, 256}, MaskKind::causal, false, true},
+        Case{{1, 2, 1, 300, 150, 256}, MaskKind::causal, true, false},  // Sq > Sk: rows 0..149 fully masked
+        Case{{2, 2, 2, 513, 1000, 256}, MaskKind::none, false, true},
+        Case{{1, 2, 2, 256, 512, 256}, MaskKind::none, true, true, 8.0f},
+        Case{{1, 2, 2, 129, 257, 256}, MaskKind::causal_top_left, true, true},
+        Case{{1, 4, 2, 300, 333, 160}, MaskKind::causal, true, true},
+        Case{{2, 2, 2, 513, 400, 192}, MaskKind::none, true, true},
+        Case{{1, 2, 2, 200, 200, 224}, MaskKind::causal, false, true}),
     case_name);
 
 // Scores of a set sign (set_score_signs): whole tiles of a row, and so
@@ -250,7 +262,8 @@ TEST(GpuForwardFp8, ScoresOfEitherSignMatchEmulator) {
   for (const Case& c : {Case{{1, 2, 2, 384, 640, 128}, MaskKind::none, true, false},
                         Case{{1, 2, 1, 384, 640, 128}, MaskKind::causal, true, true},
                         Case{{1, 2, 2, 384, 640, 64}, MaskKind::causal, false, false},
-                        Case{{1, 2, 2, 450, 700, 64}, MaskKind::none, true, false, 1.0f, 3}})
+                        Case{{1, 2, 2, 450, 700, 64}, MaskKind::none, true, false, 1.0f, 3},
+                        Case{{1, 2, 1, 384, 640, 256}, MaskKind::causal, true, false}})
     expect_case_matches_emulator(c, /*o_skew=*/0, /*signed_scores=*/true);
 }
 
@@ -261,7 +274,9 @@ TEST(GpuForwardFp8, UnalignedOutputRowsMatchEmulator) {
   for (const Case& c : {Case{{1, 3, 1, 200, 333, 128}, MaskKind::causal, true, true},
                         Case{{2, 2, 2, 513, 300, 64}, MaskKind::none, true, false, 1.0f, 3},
                         Case{{2, 2, 2, 130, 300, 32}, MaskKind::none, false, true},  // stores skip the zero channels
-                        Case{{1, 3, 1, 200, 333, 96}, MaskKind::causal, true, true}})
+                        Case{{1, 3, 1, 200, 333, 96}, MaskKind::causal, true, true},
+                        Case{{1, 3, 1, 200, 333, 256}, MaskKind::causal, true, true},  // each CTA its half
+                        Case{{2, 2, 2, 130, 300, 176}, MaskKind::none, false, true}})
     expect_case_matches_emulator(c, /*o_skew=*/2);
 }
 

@@ -1,7 +1,8 @@
 // Head dims the sm90 kernels are not instantiated for (multiples of 16 below
-// 128: 32, 48, 80, 96 here) through the public entry points: recipe fp8's
-// forward reads them as they are, its tensor maps filling the missing channels
-// with zeros; everything else runs on the D = 64 and 128 kernels with zero
+// 128: 32, 48, 80, 96 here; above it 160 and 192) through the public entry
+// points: recipe fp8's forward reads them as they are, its tensor maps filling
+// the missing channels with zeros (those above 128 on its 256-wide kernel);
+// everything else below 128 runs on the D = 64 and 128 kernels with zero
 // channels appended (src/dispatch/head_dim_padding.hpp). The result must be the
 // emulator's for the unpadded problem (the CPU tests show padding changes no
 // emulator bit), and bit for bit what the explicitly padded call gives, so
@@ -78,6 +79,34 @@ TEST(GpuNarrowHeadDims, ForwardMatchesEmulatorAndThePaddedCall) {
     }
 }
 
+// Recipe fp8's forward above 128: on the 256-wide kernel, whose two CTAs per
+// query block each store half of O's columns (and the first the LSE).
+TEST(GpuNarrowHeadDims, Fp8ForwardAbove128MatchesEmulatorAndThePaddedCall) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (std::int64_t d : {160, 192, 240})
+    for (MaskKind mask : {MaskKind::causal, MaskKind::none}) {
+      constexpr std::int64_t kWide = kSm90Fp8ForwardMaxHeadDim;
+      const AttentionShape s{2, 4, 2, 190, 260, d};
+      const std::uint32_t seed = gpu_test::fresh_seed();
+      std::mt19937 rng(seed);
+      const Inputs x = random_inputs(s, rng);
+      AttentionOptions opt;
+      opt.mask = mask;
+      const std::string where = "D " + std::to_string(d) + (mask == MaskKind::none ? " noncausal" : " causal") + " seed " +
+                                std::to_string(seed);
+      const ForwardOutput got = forward(s, x.q, x.k, x.v, opt, Executor::sm90);
+      ASSERT_EQ(got.executor, Executor::sm90) << where;
+      gpu_test::expect_forward_matches_emulator(got.o, got.lse, emulator::forward(s, x.q, x.k, x.v, opt), "above 128",
+                                                where);
+      AttentionOptions scaled = opt;
+      scaled.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const ForwardOutput padded = forward(dispatch::with_head_dim(s, kWide), pad(x.q, d, kWide), pad(x.k, d, kWide),
+                                           pad(x.v, d, kWide), scaled, Executor::sm90);
+      EXPECT_EQ(got.o, first_channels(padded.o, kWide, d)) << where;
+      EXPECT_EQ(got.lse, padded.lse) << where;
+    }
+}
+
 TEST(GpuNarrowHeadDims, BackwardMatchesEmulatorAndThePaddedCall) {
   FP4ATTN_REQUIRE_HOPPER();
   for (const auto& [d, d_run] : {std::pair<std::int64_t, std::int64_t>{96, 128}, {32, 64}, {80, 128}})
@@ -115,19 +144,23 @@ TEST(GpuNarrowHeadDims, BackwardMatchesEmulatorAndThePaddedCall) {
     }
 }
 
-// Wider than every kernel: the sm90 executor names D; automatic runs the emulator.
-TEST(GpuNarrowHeadDims, WiderHeadDimsStayOnTheEmulator) {
+// Above 128 only recipe fp8's forward has a kernel: for the other recipes the
+// sm90 executor names D and automatic runs the emulator.
+TEST(GpuNarrowHeadDims, OtherRecipesAbove128StayOnTheEmulator) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 2, 2, 64, 64, 160};
   std::mt19937 rng(gpu_test::fresh_seed());
   const Inputs x = random_inputs(s, rng);
+  AttentionOptions opt;
+  opt.recipe = Recipe::mxfp4;
   try {
-    forward(s, x.q, x.k, x.v, {}, Executor::sm90);
-    FAIL() << "D = 160 ran on the sm90 executor";
+    forward(s, x.q, x.k, x.v, opt, Executor::sm90);
+    FAIL() << "recipe mxfp4 at D = 160 ran on the sm90 executor";
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "D");
   }
-  EXPECT_EQ(forward(s, x.q, x.k, x.v, {}).executor, Executor::emulator);
+  EXPECT_EQ(forward(s, x.q, x.k, x.v, opt).executor, Executor::emulator);
+  EXPECT_EQ(forward(s, x.q, x.k, x.v, {}).executor, Executor::sm90);  // recipe fp8
 }
 
 }  // namespace

@@ -304,6 +304,13 @@ TEST(GpuQuantizeFp8, MatchesCpuQuantizerBitForBit) {
   check_random_case<__half>({2, 2, 1, 130, 129, 48}, true, kDense, true, "fp16");
   check_random_case<__half>({1, 3, 1, 129, 385, 96}, false, kOddPad, false, "fp16");
   check_random_case<float>({1, 2, 2, 200, 131, 96}, true, kAlignedPad, true, "fp32");
+  // D above 128 on the wide instance's 512 lanes (a token's 32 segments fill a
+  // warp): 256 itself, and 160, 192 with the lanes past D padded.
+  check_random_case<__nv_bfloat16>({2, 4, 2, 300, 257, 256}, true, kDense, true, "bf16");
+  check_random_case<__nv_bfloat16>({1, 2, 2, 200, 300, 160}, true, kOddPad, false, "bf16");
+  check_random_case<__half>({1, 3, 1, 129, 385, 192}, false, kAlignedPad, true, "fp16");
+  check_random_case<float>({1, 2, 2, 200, 131, 256}, true, kOddPad, true, "fp32");
+  check_random_case<float>({2, 2, 1, 77, 140, 224}, false, kDense, false, "fp32");
 }
 
 // Many blocks (2560 quantize CTAs, 512 statistics chunks), with K's mean and
@@ -699,6 +706,12 @@ TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
   cq::Fp8Buffers with_qt = dev.bufs;
   with_qt.qt = dev.vt.ptr;
   EXPECT_EQ(argument_of_error(q96, k96, v96, with_qt), "D");
+  cq::StridedInput q256 = dev_in.q.view, k256 = dev_in.k.view, v256 = dev_in.v.view;  // nor above 128
+  q256.D = k256.D = v256.D = 256;
+  EXPECT_EQ(argument_of_error(q256, k256, v256, with_qt), "D");
+  cq::StridedInput q272 = dev_in.q.view, k272 = dev_in.k.view, v272 = dev_in.v.view;  // nor any op above 256
+  q272.D = k272.D = v272.D = 272;
+  EXPECT_EQ(argument_of_error(q272, k272, v272, dev.bufs), "D");
   cq::StridedInput half_v = dev_in.v.view;
   half_v.type = cq::ElementType::f16;
   EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, half_v, dev.bufs), "dtype");

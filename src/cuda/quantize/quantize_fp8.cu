@@ -50,8 +50,8 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   job.dot_out = row_dot.out, job.dot_pitch = row_dot.pitch;
   job.B = static_cast<int>(q.B), job.Hq = static_cast<int>(q.H), job.Hkv = static_cast<int>(k.H);
   job.Sq = static_cast<int>(q.S), job.Sk = static_cast<int>(k.S), job.D = static_cast<int>(q.D);
-  // The quantize CTA's lanes: D's, or the next power of two's (96: 128) with
-  // the lanes past D padded (fp8_quantize_kernel's kPaddedLanes).
+  // The quantize CTA's lanes: D's, or the next power of two's (96: 128, 160:
+  // 256) with the lanes past D padded (fp8_quantize_kernel's kPaddedLanes).
   const int lane_d = static_cast<int>(std::bit_ceil(static_cast<std::uint64_t>(q.D)));
   job.seg_shift = std::countr_zero(static_cast<unsigned>(lane_d / kSegment));
   job.q_blocks = static_cast<int>(blocks_of(q.S)), job.k_blocks = static_cast<int>(blocks_of(k.S));
@@ -103,7 +103,8 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   // plainly, since the caller's work before it may write its input.
   const bool backward_operands = out.qt != nullptr || out.kt != nullptr || row_dot.out != nullptr;
   const bool padded_lanes = lane_d != job.D;  // never with backward_operands (quantize_fp8 checks)
-  launch_kernel(padded_lanes        ? fp8_quantize_kernel<T, false, true>
+  launch_kernel(lane_d > kMaxHeadDim ? fp8_quantize_kernel<T, false, true, kWideHeadDim>
+                : padded_lanes       ? fp8_quantize_kernel<T, false, true>
                 : backward_operands ? fp8_quantize_kernel<T, true>
                                     : fp8_quantize_kernel<T, false>,
                 dim3(static_cast<unsigned>(blocks)), static_cast<unsigned>(quantize_threads(lane_d)), 0, stream,
@@ -138,13 +139,14 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
   check_shape(k, "k");
   check_shape(v, "v");
   // A multiple of kSegment; one that is no power of two on the lanes of the next.
-  if (q.D != k.D || k.D != v.D || q.D < kMinHeadDim || q.D > kMaxHeadDim || q.D % kSegment != 0)
+  if (q.D != k.D || k.D != v.D || q.D < kMinHeadDim || q.D > kWideHeadDim || q.D % kSegment != 0)
     throw Error("D", "must match across q, k, v and be a multiple of " + std::to_string(kSegment) + " in [" +
-                         std::to_string(kMinHeadDim) + ", " + std::to_string(kMaxHeadDim) + "], got " +
+                         std::to_string(kMinHeadDim) + ", " + std::to_string(kWideHeadDim) + "], got " +
                          std::to_string(q.D));
-  if (!std::has_single_bit(static_cast<std::uint64_t>(q.D)) &&
+  if ((!std::has_single_bit(static_cast<std::uint64_t>(q.D)) || q.D > kMaxHeadDim) &&
       (out.qt != nullptr || out.kt != nullptr || q_row_dot.out != nullptr))
-    throw Error("D", "the backward's operands (Qᵀ, Kᵀ, the row dot) need a power of two, got " + std::to_string(q.D));
+    throw Error("D", "the backward's operands (Qᵀ, Kᵀ, the row dot) need a power of two up to " +
+                         std::to_string(kMaxHeadDim) + ", got " + std::to_string(q.D));
   if (k.B != q.B || v.B != q.B || k.S != v.S || k.H != v.H) throw Error("k", "q, k and v shapes disagree");
   if (q.H % k.H != 0) throw Error("Hq", "must be a multiple of Hkv");
   if (q.type != k.type || k.type != v.type) throw Error("dtype", "q, k and v must share one element type");

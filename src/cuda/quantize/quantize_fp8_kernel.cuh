@@ -38,6 +38,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -55,7 +56,8 @@ namespace fp4attn::cuda_quantize {
 static_assert(kSequenceMeanChunk == kTokenBlock, "a statistics CTA sums exactly one chunk of the mean");
 
 inline constexpr int kWarpSize = 32;
-inline constexpr int kMaxHeadDim = 128;
+inline constexpr int kMaxHeadDim = 128;    // the lanes of the quantize kernel's common instances
+inline constexpr int kWideHeadDim = 256;   // its wide instance's (D above kMaxHeadDim, forward operands only)
 inline constexpr int kMinHeadDim = 2 * kSegment;  // the narrowest layout the lane arithmetic covers
 inline constexpr std::uint32_t kMagnitudeMask = 0x7FFFFFFFu;
 inline constexpr std::uint32_t kInfBits = 0x7F800000u;  // |x| bits at or above this: Inf or NaN
@@ -98,6 +100,10 @@ inline constexpr int kVtPitchWords = kQuadsPerBlock + 1;  // the pad word spread
 // (perf log q3).
 template <class T>
 inline constexpr int kQuantizeCtasPerSm = sizeof(T) == 2 ? 3 : 2;
+// The wide instance's CTAs have 512 threads, one per SM: two would leave
+// 64 registers a thread, and 16-bit blocks spill 64 bytes there (ptxas -v).
+template <class T, int kLanes>
+inline constexpr int kQuantizeCtasFor = kLanes == kMaxHeadDim ? kQuantizeCtasPerSm<T> : 1;
 
 static_assert(kMaxItems * kThreads == kQuadsPerBlock * (kMaxHeadDim / kSegment), "items must tile the block");
 static_assert(kThreads % (kMaxHeadDim / kSegment) == 0, "a thread keeps one segment column for every item");
@@ -106,6 +112,7 @@ static_assert(kThreads % (kMaxHeadDim / kSegment) == 0, "a thread keeps one segm
 __host__ __device__ constexpr int quantize_threads(int D) { return kQuadsPerBlock * (D / kSegment) / kMaxItems; }
 static_assert(quantize_threads(kMaxHeadDim) == kThreads && quantize_threads(16) == kWarpSize,
               "whole warps from D = 16 to 128");
+static_assert(quantize_threads(kWideHeadDim) <= 1024, "the wide instance's CTA");
 
 // Device view of Fp8Buffers::workspace (layout in quantize_fp8.cu).
 struct Workspace {
@@ -332,14 +339,15 @@ __device__ __forceinline__ void load_channels(const float* from, float (&out)[kS
 }
 
 // Max over the CTA; `warp_max` is free (every earlier read of it is behind a barrier).
-__device__ __forceinline__ std::uint32_t block_max(std::uint32_t v, std::uint32_t (&warp_max)[kWarps]) {
+template <int kCtaWarps>
+__device__ __forceinline__ std::uint32_t block_max(std::uint32_t v, std::uint32_t (&warp_max)[kCtaWarps]) {
   v = __reduce_max_sync(kFullWarp, v);
   if (threadIdx.x % kWarpSize == 0) warp_max[threadIdx.x / kWarpSize] = v;
   __syncthreads();
   const int warps = static_cast<int>(blockDim.x) / kWarpSize;
   std::uint32_t m = warp_max[0];
 #pragma unroll
-  for (int w = 1; w < kWarps; ++w)
+  for (int w = 1; w < kCtaWarps; ++w)
     if (w < warps) m = max(m, warp_max[w]);
   return m;
 }
@@ -427,12 +435,12 @@ __device__ __forceinline__ void store_transposed_codes(const ThreadItems& items,
 // `smoothed` (K with smooth_k). Writes the codes and the block's scale,
 // flags a non-finite block, and returns the scale; `words` receives this
 // thread's codes (8 per token, channel 8g in the low byte).
-template <class T>
+template <int kCtaWarps, class T>
 __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const ThreadItems& items, Block<T>& c,
                                                       bool smoothed, const float (&mean)[kSegment], int b, int h,
                                                       int blk, int S, int H, int blocks, bool whole,
                                                       std::uint8_t* codes, float* scales, int* nonfinite,
-                                                      std::uint8_t* transposed, std::uint32_t (&warp_max)[kWarps],
+                                                      std::uint8_t* transposed, std::uint32_t (&warp_max)[kCtaWarps],
                                                       std::uint32_t* tile,
                                                       std::uint32_t (&words)[kMaxItems][kQuadTokens][2]) {
   const int s0 = blk * kTokenBlock;
@@ -517,9 +525,9 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
 __device__ __forceinline__ void statistics_ready() { cudaGridDependencySynchronize(); }
 
 // K block: (k − mean when smooth_k) → codes and block scale.
-template <bool kBackwardOperands, class T>
+template <bool kBackwardOperands, int kCtaWarps, class T>
 __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& items, int b, int h, int blk,
-                                        std::uint32_t (&warp_max)[kWarps], std::uint32_t* tile) {
+                                        std::uint32_t (&warp_max)[kCtaWarps], std::uint32_t* tile) {
   const int j = b * job.Hkv + h;
   const int s0 = blk * kTokenBlock;
   const bool whole = whole_block(job.k, s0, job.Sk);
@@ -589,11 +597,14 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
 }
 
 // Sum over the D / 8 consecutive lanes that hold one token's segments (one
-// shuffle level for all of a thread's tokens at a time).
+// shuffle level for all of a thread's tokens at a time): at most four levels
+// on the common instances' lanes, five on the wide one's (a whole warp).
+template <int kLanes>
 __device__ __forceinline__ void sum_over_token_lanes(int seg_shift, float (&x)[kMaxItems][kQuadTokens]) {
-  static_assert(kMaxHeadDim / kSegment == 1 << 4, "at most four shuffle levels");
+  constexpr int kLevels = std::countr_zero(static_cast<unsigned>(kLanes / kSegment));
+  static_assert(kLanes / kSegment == 1 << kLevels && kLanes / kSegment <= kWarpSize, "a token's lanes in one warp");
 #pragma unroll
-  for (int level = 0; level < 4; ++level) {
+  for (int level = 0; level < kLevels; ++level) {
     if ((2 << level) > (1 << seg_shift)) break;
 #pragma unroll
     for (int r = 0; r < kMaxItems; ++r)
@@ -622,7 +633,7 @@ __device__ __forceinline__ void q_row_dot(const Job<T>& job, const ThreadItems& 
       for (int e = 0; e < kSegment; ++e) dot[r][i] = fmaf(element(c.seg[r][i], e), element(w[i], e), dot[r][i]);
     }
   }
-  sum_over_token_lanes(job.seg_shift, dot);
+  sum_over_token_lanes<kMaxHeadDim>(job.seg_shift, dot);
   if (items.column != 0) return;
   float* out = job.dot_out + (static_cast<std::int64_t>(b) * job.Hq + h) * job.dot_pitch + s0;
 #pragma unroll
@@ -633,9 +644,9 @@ __device__ __forceinline__ void q_row_dot(const Job<T>& job, const ThreadItems& 
 
 // Q block: codes and block scale; with smooth_k also the LSE correction
 // softmax_scale · Σ_d q_deq[d] · k_mean[d] of each token.
-template <bool kBackwardOperands, class T>
+template <bool kBackwardOperands, int kLanes, int kCtaWarps, class T>
 __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& items, int b, int h, int kv_head,
-                                        int blk, std::uint32_t (&warp_max)[kWarps], std::uint32_t* tile) {
+                                        int blk, std::uint32_t (&warp_max)[kCtaWarps], std::uint32_t* tile) {
   const int s0 = blk * kTokenBlock;
   const bool whole = whole_block(job.q, s0, job.Sq);
   Block<T> c;
@@ -672,7 +683,7 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
         dot[r][i] = fmaf(qd.y, mean[2 * p + 1], dot[r][i]);
       }
     }
-  sum_over_token_lanes(job.seg_shift, dot);
+  sum_over_token_lanes<kLanes>(job.seg_shift, dot);
   if (items.column != 0) return;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
@@ -698,11 +709,16 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
 // lanes whose channels lie past D read zeros and write nothing, so that a
 // token's lanes still sit in one warp for the shuffles. The forward's
 // operands only (the host refuses the backward's).
-template <class T, bool kBackwardOperands, bool kPaddedLanes = false>
-__global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_kernel(const __grid_constant__ Job<T> job) {
+// kLanes: the widest lane layout of the instance, kMaxHeadDim, or
+// kWideHeadDim for D above it (512 threads; padded lanes for D < 256).
+template <class T, bool kBackwardOperands, bool kPaddedLanes = false, int kLanes = kMaxHeadDim>
+__global__ void __launch_bounds__(quantize_threads(kLanes), kQuantizeCtasFor<T, kLanes>)
+    fp8_quantize_kernel(const __grid_constant__ Job<T> job) {
   static_assert(!(kBackwardOperands && kPaddedLanes), "the backward's operands take powers of two");
-  __shared__ std::uint32_t warp_max[kWarps];
-  __shared__ std::uint32_t vt_tile[kMaxHeadDim * kVtPitchWords];
+  static_assert(kLanes == kMaxHeadDim || (kLanes == kWideHeadDim && !kBackwardOperands && kPaddedLanes),
+                "the wide instance codes the forward's operands of any D above kMaxHeadDim");
+  __shared__ std::uint32_t warp_max[quantize_threads(kLanes) / kWarpSize];
+  __shared__ std::uint32_t vt_tile[kLanes * kVtPitchWords];
   const ThreadItems items = thread_items<kPaddedLanes>(job);
   const int kv_blocks = job.B * job.Hkv * job.k_blocks;
   std::uint32_t u = blockIdx.x;
@@ -740,7 +756,7 @@ __global__ void __launch_bounds__(kThreads, kQuantizeCtasPerSm<T>) fp8_quantize_
   }
   const std::uint32_t bh = job.by_q_blocks.quotient(u), bq = job.by_hq.quotient(bh);
   h = static_cast<int>(job.by_hq.remainder(bh, bq));
-  q_block<kBackwardOperands>(job, items, static_cast<int>(bq), h, static_cast<int>(job.by_group.quotient(h)),
+  q_block<kBackwardOperands, kLanes>(job, items, static_cast<int>(bq), h, static_cast<int>(job.by_group.quotient(h)),
           static_cast<int>(job.by_q_blocks.remainder(u, bh)), warp_max, vt_tile);
 }
 

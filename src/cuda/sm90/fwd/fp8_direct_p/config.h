@@ -16,12 +16,22 @@ namespace fp4attn::sm90::fwd {
 // a D = 64 tile has half the tensor work of D = 128 but not a shorter
 // softmax, so with two consumers the tensor core idles 64 % of the time
 // (NOTES.md, "D = 64") and a third softmax stream fills part of it.
+//
+// D = 256 (recipe fp8, E4M3 in memory): a consumer's fp32 O at 256 columns
+// (128 registers) beside the fresh PV tile that DESIGN §3.4 adds to it (132)
+// exceeds the 240 registers, so O is split by columns: two CTAs per query
+// block, each computing the whole S = Q·Kᵀ over 256 channels and its own
+// 128 columns of O (kOSplits). The second QKᵀ is the price: 1.5 times the
+// tensor work of the useful product, at D = 128's registers.
 template <int HeadDim, int Consumers = 2>
 struct Fp8Config {
-  static_assert(HeadDim == 64 || HeadDim == 128, "head dims 64 and 128 are implemented");
+  static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head dims 64, 128 and 256 are implemented");
   static_assert(Consumers == 2 || (Consumers == 3 && HeadDim == 64), "three consumers fit the registers at D = 64 only");
-  static constexpr int kHeadDim = HeadDim;
+  static constexpr int kHeadDim = HeadDim;  // Q·Kᵀ's reduction
   static constexpr int kConsumers = Consumers;
+  // O's columns one CTA computes, and the CTAs that share a query block.
+  static constexpr int kOColumns = HeadDim < 128 ? HeadDim : 128;
+  static constexpr int kOSplits = HeadDim / kOColumns;
   // A consumer warpgroup owns 64 query rows (the M of every wgmma), so a
   // consumer's S tile is one m64n128 product. The keys of a tile are the FP8
   // recipe's K scale block (DESIGN §2): each tile's K scale is one scalar.
@@ -41,26 +51,33 @@ struct Fp8Config {
 
   // K-major rows of Q and K are HeadDim bytes: 128 B rows use the 128-byte
   // swizzle, 64 B rows the 64-byte one. Vᵀ rows are kBlockK = 128 keys = 128 B.
-  static constexpr Swizzle kQkSwizzle = HeadDim == 128 ? Swizzle::b128 : Swizzle::b64;
+  // A swizzle atom is at most 128 B wide, so at D = 256 Q and K lie in two
+  // panels of 128 channels, each a tile of 128-byte rows (kQkPanels).
+  static constexpr int kQkPanelBytes = HeadDim < 128 ? HeadDim : 128;
+  static constexpr int kQkPanels = HeadDim / kQkPanelBytes;
+  static constexpr Swizzle kQkSwizzle = kQkPanelBytes == 128 ? Swizzle::b128 : Swizzle::b64;
   static constexpr Swizzle kVSwizzle = Swizzle::b128;
-  static_assert(swizzle_row_bytes(kQkSwizzle) == HeadDim, "one Q/K row must be one swizzle atom");
+  static_assert(swizzle_row_bytes(kQkSwizzle) == kQkPanelBytes, "one Q/K panel row must be one swizzle atom");
   static_assert(swizzle_row_bytes(kVSwizzle) == kBlockK, "one Vᵀ row must be one swizzle atom");
 
   static constexpr int kQBytes = kBlockQ * HeadDim;
-  static constexpr int kQConsumerBytes = kRowsPerConsumer * HeadDim;
+  static constexpr int kQPanelBytes = kBlockQ * kQkPanelBytes;
+  static constexpr int kQConsumerBytes = kRowsPerConsumer * kQkPanelBytes;  // a consumer's rows in each panel
   static constexpr int kKBytes = kBlockK * HeadDim;
-  static constexpr int kVBytes = HeadDim * kBlockK;
+  static constexpr int kKPanelBytes = kBlockK * kQkPanelBytes;
+  static constexpr int kVBytes = kOColumns * kBlockK;  // the Vᵀ rows of this CTA's O columns
   // Eight rows of E4M3 ones follow each Vᵀ tile: PV runs with N = D + 8 and
   // its last eight columns are the row sums of P, summed by the tensor core
   // (no decode of P on the CUDA cores). Written once; TMA never touches them.
   static constexpr int kOnesRows = 8;
   static constexpr int kOnesBytes = kOnesRows * kBlockK;
   static constexpr int kVStageBytes = kVBytes + kOnesBytes;
-  static constexpr int kPvN = HeadDim + kOnesRows;
+  static constexpr int kPvN = kOColumns + kOnesRows;
   // Stages of the K/V ring. Each tensor-core turn of a consumer reads two
   // tiles (V of tile n − 1 for PV, K of tile n for QKᵀ), so two more stages
-  // keep loads landing about two tiles ahead of use.
-  static constexpr int kStages = 4;
+  // keep loads landing about two tiles ahead of use. At D = 256 (64 KB of K
+  // and Vᵀ a stage with O's staging) three fit; its turns are longer.
+  static constexpr int kStages = HeadDim == 256 ? 3 : 4;
   static constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 B
   static_assert(kQConsumerBytes % kSwizzleAlign == 0 && kKBytes % kSwizzleAlign == 0 &&
                     kVStageBytes % kSwizzleAlign == 0 && kOnesBytes == kSwizzleAlign,
@@ -68,10 +85,11 @@ struct Fp8Config {
 
   // wgmma k32 steps: QKᵀ reduces over D, PV over the 128 keys of a tile.
   static constexpr int kQkSteps = HeadDim / 32;
+  static constexpr int kQkStepsPerPanel = kQkPanelBytes / 32;
   static constexpr int kPvSteps = kBlockK / 32;
   // fp32 accumulator registers per thread: 64 rows × N columns over 128 threads.
   static constexpr int kSRegs = kRowsPerConsumer * kBlockK / kWarpgroupThreads;
-  static constexpr int kORegs = kRowsPerConsumer * HeadDim / kWarpgroupThreads;
+  static constexpr int kORegs = kRowsPerConsumer * kOColumns / kWarpgroupThreads;
   static constexpr int kPvRegs = kRowsPerConsumer * kPvN / kWarpgroupThreads;  // O's columns, then the row sums
 
   // 8-column groups of O updated after S = Q·Kᵀ is complete rather than
@@ -80,7 +98,7 @@ struct Fp8Config {
   // since the shorter issue block of v11, 4 of 16 (2 of 8 at D = 64)
   // measured best of 2, 4, 6 and 10. With three consumers 4 of 8 beat 2 and
   // 8 by 3–4 % (v13b), and ptxas spills half as much (32 against 68 bytes).
-  static constexpr int kOGroupsAfterS = kConsumers == 3 ? 4 : HeadDim / 8 * 2 / 8;
+  static constexpr int kOGroupsAfterS = kConsumers == 3 ? 4 : kOColumns / 8 * 2 / 8;
 
   // setmaxnreg split: the producer only issues TMA; a consumer holds, at its
   // peak, O, the PV tile in flight, S and P: at D = 128 that is 64 + 68 + 64
@@ -115,6 +133,7 @@ template <class Cfg>
 struct Fp4Staging {
   static constexpr int kStages = 3;
   static constexpr int kQBytes = Cfg::kBlockQ * Cfg::kHeadDim / 2;
+  static_assert(Cfg::kOSplits == 1, "the expansion fills whole Q and K rows of one panel");
   static constexpr int kKBytes = Cfg::kBlockK * Cfg::kHeadDim / 2;
   static constexpr int kVBytes = Cfg::kHeadDim * Cfg::kBlockK / 2;  // D rows of 64 bytes (128 keys)
   alignas(128) std::uint8_t q[kQBytes];
@@ -133,7 +152,7 @@ struct NoFp4Staging {};
 template <class Cfg>
 struct OStaging {
   static constexpr int kBoxRowBytes = 128;
-  static constexpr int kBoxes = Cfg::kHeadDim * 2 / kBoxRowBytes;
+  static constexpr int kBoxes = Cfg::kOColumns * 2 / kBoxRowBytes;
   static constexpr int kBoxBytes = Cfg::kRowsPerConsumer * kBoxRowBytes;
   alignas(1024) std::uint8_t rows[Cfg::kConsumers][kBoxes * kBoxBytes];
 };
@@ -167,5 +186,6 @@ static_assert(smem_bytes<Fp8Config<64>, false>() <= kSmemPerBlockLimit, "D=64 sh
 static_assert(smem_bytes<Fp8Config<128>, true>() <= kSmemPerBlockLimit, "D=128 FP4 staging over budget");
 static_assert(smem_bytes<Fp8Config<64>, true>() <= kSmemPerBlockLimit, "D=64 FP4 staging over budget");
 static_assert(smem_bytes<Fp8Config<64, 3>, false>() <= kSmemPerBlockLimit, "D=64, 3 consumers: over budget");
+static_assert(smem_bytes<Fp8Config<256>, false>() <= kSmemPerBlockLimit, "D=256 shared memory over budget");
 
 }  // namespace fp4attn::sm90::fwd

@@ -1,7 +1,8 @@
 // FP8 attention forward with Direct-P for sm_90a (recipe fp8, DESIGN §4).
 //
 // One CTA computes 128 query rows of one (batch, query head) (192 with three
-// consumers, D = 64; launch_head_dim.cuh picks):
+// consumers, D = 64; launch_head_dim.cuh picks); at D = 256 half of their O
+// columns, beside the CTA that computes the other half (Fp8Config::kOSplits):
 //
 //   producer warpgroup (one thread issues, the rest idle at 24 registers)
 //     TMA Q[128 × D] once                                    → q_full
@@ -70,13 +71,22 @@ struct StageDescriptors {
   FP4ATTN_DEVICE_INLINE std::uint64_t v(unsigned stage) const { return desc_advance(v0, stage * kVStride); }
 };
 
+// Descriptor offset (16-byte units) of Q·Kᵀ's k32 step t in a tile of
+// `panel_bytes` per panel: 32 bytes along the row inside a panel, then the
+// next panel (D = 256).
+template <class Cfg>
+FP4ATTN_DEVICE_INLINE constexpr std::uint32_t qk_step_offset(int t, int panel_bytes) {
+  return t / Cfg::kQkStepsPerPanel * (panel_bytes / 16) + t % Cfg::kQkStepsPerPanel * kDescK32Step;
+}
+
 // S = Q·Kᵀ for one consumer's 64 rows and one K tile, into a fresh fp32 tile.
 template <class Cfg>
 FP4ATTN_DEVICE_INLINE void issue_qk(float (&s)[Cfg::kSRegs], std::uint64_t desc_q, std::uint64_t desc_k) {
   wgmma_m64n128k32_ss_init(s, desc_q, desc_k);
 #pragma unroll
   for (int t = 1; t < Cfg::kQkSteps; ++t)
-    wgmma_m64n128k32_ss(s, desc_advance(desc_q, t * kDescK32Step), desc_advance(desc_k, t * kDescK32Step));
+    wgmma_m64n128k32_ss(s, desc_advance(desc_q, qk_step_offset<Cfg>(t, Cfg::kQPanelBytes)),
+                        desc_advance(desc_k, qk_step_offset<Cfg>(t, Cfg::kKPanelBytes)));
 }
 
 // PV = P·[V | 1] for one tile: B has the D rows of Vᵀ and, right after them
@@ -88,7 +98,7 @@ FP4ATTN_DEVICE_INLINE void issue_qk(float (&s)[Cfg::kSRegs], std::uint64_t desc_
 template <class Cfg>
 FP4ATTN_DEVICE_INLINE void issue_pv(float (&pv)[Cfg::kPvRegs], const std::uint32_t (&p)[Cfg::kPvSteps][4],
                                     std::uint64_t desc_v) {
-  if constexpr (Cfg::kHeadDim == 128) {
+  if constexpr (Cfg::kOColumns == 128) {
     wgmma_m64n136k32_rs_init(pv, p[0], desc_v);
 #pragma unroll
     for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n136k32_rs(pv, p[t], desc_advance(desc_v, t * kDescK32Step));
@@ -189,6 +199,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
                        const __grid_constant__ CUtensorMap tm_o, bool o_by_tma) {
   using Cfg = Fp8Config<HeadDim, kConsumers>;
   static_assert(!kFp4In || kConsumers == 2, "the MXFP4 expansion fills 128 query rows, one per producer thread");
+  static_assert(!kFp4In || Cfg::kOSplits == 1, "the MXFP4 expansion fills one panel of Q and K");
   constexpr int kOGroupsBeforeS = Cfg::kORegs / 4 - Cfg::kOGroupsAfterS;
   // log2 of the factor P's codes carry: 2^8, for E4M3 P (2^(u + 8)) and FP4
   // P (q·2^(E + 8), kPRowExponent) alike.
@@ -197,8 +208,11 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   auto& smem = *reinterpret_cast<SharedStorage<Cfg, kFp4In>*>(
       (reinterpret_cast<std::uintptr_t>(smem_raw) + Cfg::kSwizzleAlign - 1) & ~std::uintptr_t{Cfg::kSwizzleAlign - 1});
 
-  // Causal grids run their longest CTAs (last query blocks) first.
-  const int q_block = args.mask == MaskKind::none ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+  // Causal grids run their longest CTAs (last query blocks) first. At D = 256
+  // the kOSplits CTAs of a query block are neighbours (the same Q and K tiles).
+  const int q_tile = args.mask == MaskKind::none ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
+  const int q_block = q_tile / Cfg::kOSplits;
+  const int o_split = q_tile % Cfg::kOSplits;  // which kOColumns of O (and rows of Vᵀ) this CTA takes
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (args.Hq / args.Hkv);
   const int q0 = q_block * Cfg::kBlockQ;
@@ -257,20 +271,27 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
     set_max_registers_dec<Cfg::kProducerRegs>();
     if (threadIdx.x != 0) return;
     timeline::mark(timeline::kProducer, timeline::kProducerStart);
-    const std::int32_t q_coord[4] = {0, q0, head, batch};
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                          &smem.q_full, Cfg::kQBytes);
-    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.q, &tm_q, q_coord,
-                                    &smem.q_full);
+#pragma unroll
+    for (int panel = 0; panel < Cfg::kQkPanels; ++panel) {
+      const std::int32_t q_coord[4] = {panel * Cfg::kQkPanelBytes, q0, head, batch};
+      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                      smem.q + panel * Cfg::kQPanelBytes, &tm_q, q_coord, &smem.q_full);
+    }
     for (int n = 0; n < k_tiles; ++n) {
       const int stage = n % Cfg::kStages;
       wait_barrier(&smem.kv_empty[stage], ((n / Cfg::kStages) & 1) ^ 1);
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                            &smem.kv_full[stage], Cfg::kKBytes + Cfg::kVBytes);
-      const std::int32_t k_coord[4] = {0, n * Cfg::kBlockK, kv_head, batch};
-      const std::int32_t v_coord[4] = {n * Cfg::kBlockK, 0, kv_head, batch};
-      cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.k[stage], &tm_k, k_coord,
-                                      &smem.kv_full[stage]);
+#pragma unroll
+      for (int panel = 0; panel < Cfg::kQkPanels; ++panel) {
+        const std::int32_t k_coord[4] = {panel * Cfg::kQkPanelBytes, n * Cfg::kBlockK, kv_head, batch};
+        cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
+                                        smem.k[stage] + panel * Cfg::kKPanelBytes, &tm_k, k_coord,
+                                        &smem.kv_full[stage]);
+      }
+      const std::int32_t v_coord[4] = {n * Cfg::kBlockK, o_split * Cfg::kOColumns, kv_head, batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v[stage], &tm_vt,
                                       v_coord, &smem.kv_full[stage]);
     }
@@ -334,23 +355,25 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
   // non-finite check waited for these loads at the end of every CTA).
   // V's channel factors of this head; with three consumers found only when
   // loaded, so that the pointer is not held through the loop either.
+  // (At D = 256 the factors of this CTA's columns, o_split · kOColumns on.)
   auto v_scale_of_head = [&] {
     if constexpr (kNarrowD) return args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * args.D;
     else return args.v_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * HeadDim;
   };
   const float* v_scale_early = kConsumers == 3 ? nullptr : v_scale_of_head();
-  float2 vs[HeadDim / 8];  // this thread's columns 8j + col, + 1
+  const int first_column = o_split * Cfg::kOColumns;
+  float2 vs[Cfg::kOColumns / 8];  // this thread's columns first_column + 8j + col, + 1
   float lse_shift[2] = {0.0f, 0.0f};
   bool poisoned = false;
   auto load_epilogue_inputs = [&] {
     with_fragment([&](const Fragment& frag, const int (&row_abs)[2]) {
       const float* v_scale = kConsumers == 3 ? v_scale_of_head() : v_scale_early;
 #pragma unroll
-      for (int j = 0; j < HeadDim / 8; ++j) {
+      for (int j = 0; j < Cfg::kOColumns / 8; ++j) {
         if constexpr (kNarrowD)  // the missing channels take channel D − 2's factor
-          vs[j] = *reinterpret_cast<const float2*>(v_scale + min(8 * j + frag.col, args.D - 2));
+          vs[j] = *reinterpret_cast<const float2*>(v_scale + min(first_column + 8 * j + frag.col, args.D - 2));
         else
-          vs[j] = *reinterpret_cast<const float2*>(v_scale + 8 * j + frag.col);
+          vs[j] = *reinterpret_cast<const float2*>(v_scale + first_column + 8 * j + frag.col);
       }
       // Non-finite input (flagged by the quantizer, which ran earlier on the
       // stream) turns every output into NaN rather than numbers made from it.
@@ -467,10 +490,10 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
       return __floats2bfloat162_rn(o[4 * j + 2 * r] * inv_sum[r] * vs[j].x,
                                    o[4 * j + 2 * r + 1] * inv_sum[r] * vs[j].y);
     };
-    auto store_lse = [&] {
+    auto store_lse = [&] {  // by the first of a query block's kOSplits CTAs
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if (frag.col == 0 && row_abs[r] < args.Sq) {
+        if (frag.col == 0 && row_abs[r] < args.Sq && o_split == 0) {
           const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
           args.lse[lse_index] =
               empty[r] ? neg_inf() : (softmax.m[r] + log2f(row_sum[r]) - kPOffset) * kLn2 + lse_shift[r];
@@ -510,7 +533,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
         if (issuer) {
 #pragma unroll
           for (int box = 0; box < Stage::kBoxes; ++box) {
-            const std::int32_t coord[4] = {box * Stage::kBoxRowBytes, first_row, head, batch};
+            const std::int32_t coord[4] = {2 * first_column + box * Stage::kBoxRowBytes, first_row, head, batch};
             cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &tm_o, coord,
                                             stage + box * Stage::kBoxBytes);
           }
@@ -524,15 +547,17 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
       }
     }
     if (!stored) {
-      auto* out = static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h;
+      auto* out =
+          static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h + first_column;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (row_abs[r] >= args.Sq) continue;
         __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
 #pragma unroll
-        for (int j = 0; j < HeadDim / 8; ++j)
+        for (int j = 0; j < Cfg::kOColumns / 8; ++j)
           if constexpr (kNarrowD) {
-            if (8 * j + frag.col < args.D) *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
+            if (first_column + 8 * j + frag.col < args.D)
+              *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
           } else {
             *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j + frag.col) = o_pair(j, r);
           }

@@ -1,6 +1,6 @@
 // Host side of the FP8 forward's launch for one head dimension: tensor maps,
 // grid and shared memory (launch_head_dim.hpp). Included by launch_d64.cu,
-// launch_d64_three.cu and launch_d128.cu only. Arguments were checked by
+// launch_d64_three.cu, launch_d128.cu and launch_d256.cu only. Arguments were checked by
 // forward_fp8 (launch.cu).
 #pragma once
 
@@ -38,7 +38,7 @@ void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensor
   static_assert(kPCode != PCode::mxfp4_direct_p || kSmem + sizeof(PFoldTable) <= kSmemPerBlockLimit,
                 "shared memory with FP4 P's fold table over budget");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
-  const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
+  const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ * Cfg::kOSplits, a.Hq, a.B);
   const bool o_by_tma = !kFp4In && o_rows_aligned(a);
   CUtensorMap tm_o{};
   if (o_by_tma)
@@ -54,26 +54,26 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
 }
 
 // The maps describe the operands as they are in memory, a.D channels; the
-// boxes are HeadDim wide. For a narrower head dim (a multiple of 16, e.g. 32
-// on the 64-wide kernel, 96 on the 128-wide one) TMA fills the missing
-// channels of Q and K, and Vᵀ's
-// missing rows, with zeros: they add exact zeros to every score and give O
-// columns that the TMA store (map a.D wide) clips and the threads' store skips
-// (kernel.cuh, kNarrowD).
+// boxes are one panel of Q and K (HeadDim wide, 128 at D = 256) and the CTA's
+// kOColumns rows of Vᵀ. For a narrower head dim (a multiple of 16, e.g. 32
+// on the 64-wide kernel, 96 on the 128-wide one, 160 on the 256-wide one) TMA
+// fills the missing channels of Q and K, and Vᵀ's missing rows, with zeros:
+// they add exact zeros to every score and give O columns that the TMA store
+// (map a.D wide) clips and the threads' store skips (kernel.cuh, kNarrowD).
 template <int HeadDim, int kConsumers, PCode kPCode, bool kNarrowD = false>
 void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
   using Cfg = Fp8Config<HeadDim, kConsumers>;
-  constexpr TmaSwizzle kQk = HeadDim == 128 ? TmaSwizzle::b128 : TmaSwizzle::b64;
+  constexpr TmaSwizzle kQk = Cfg::kQkPanelBytes == 128 ? TmaSwizzle::b128 : TmaSwizzle::b64;
   const CUtensorMap tm_q = make_byte_tensor_map(
       a.q, {u64(a.D), u64(a.Sq), u64(a.Hq), u64(a.B)}, {u64(a.q_stride_s), u64(a.q_stride_h), u64(a.q_stride_b)},
-      {HeadDim, Cfg::kBlockQ, 1, 1}, kQk, "q");
+      {Cfg::kQkPanelBytes, Cfg::kBlockQ, 1, 1}, kQk, "q");
   const CUtensorMap tm_k = make_byte_tensor_map(
       a.k, {u64(a.D), u64(a.Sk), u64(a.Hkv), u64(a.B)}, {u64(a.k_stride_s), u64(a.k_stride_h), u64(a.k_stride_b)},
-      {HeadDim, Cfg::kBlockK, 1, 1}, kQk, "k");
+      {Cfg::kQkPanelBytes, Cfg::kBlockK, 1, 1}, kQk, "k");
   const std::int64_t vt_row = a.vt_keys;
   const CUtensorMap tm_vt = make_byte_tensor_map(
       a.vt, {u64(a.vt_keys), u64(a.D), u64(a.Hkv), u64(a.B)},
-      {u64(vt_row), u64(vt_row * a.D), u64(vt_row * a.D * a.Hkv)}, {Cfg::kBlockK, HeadDim, 1, 1},
+      {u64(vt_row), u64(vt_row * a.D), u64(vt_row * a.D * a.Hkv)}, {Cfg::kBlockK, Cfg::kOColumns, 1, 1},
       TmaSwizzle::b128, "vt");
   run_kernel<HeadDim, kConsumers, kPCode, false, kNarrowD>(a, tm_q, tm_k, tm_vt, stream);
 }
@@ -107,20 +107,26 @@ void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
 }
 
 // Every kernel of one head dimension: MXFP4 operands (recipe mxfp4 expanded
-// in the kernel) or E4M3 ones, by the P code.
+// in the kernel) or E4M3 ones, by the P code. At D = 256 recipe fp8's P
+// codes from E4M3 in memory only (launch.cu checks).
 template <int HeadDim>
 void launch_head_dim(const Fp8ForwardArgs& a, cudaStream_t stream) {
-  if (a.q_fp4 != nullptr) {
-    if (a.p_code == PCode::mxfp4_direct_p) return launch_fp4<HeadDim, PCode::mxfp4_direct_p>(a, stream);
-    return launch_fp4<HeadDim, PCode::mxfp4_exp2>(a, stream);
+  if constexpr (HeadDim == 256) {
+    if (a.p_code == PCode::direct_p) return launch_e4m3_inputs<HeadDim, PCode::direct_p>(a, stream);
+    return launch_e4m3_inputs<HeadDim, PCode::exp2_cvt>(a, stream);
+  } else {
+    if (a.q_fp4 != nullptr) {
+      if (a.p_code == PCode::mxfp4_direct_p) return launch_fp4<HeadDim, PCode::mxfp4_direct_p>(a, stream);
+      return launch_fp4<HeadDim, PCode::mxfp4_exp2>(a, stream);
+    }
+    switch (a.p_code) {
+      case PCode::direct_p: return launch_e4m3_inputs<HeadDim, PCode::direct_p>(a, stream);
+      case PCode::exp2_cvt: return launch_e4m3_inputs<HeadDim, PCode::exp2_cvt>(a, stream);
+      case PCode::mxfp4_direct_p: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_direct_p>(a, stream);
+      case PCode::mxfp4_exp2: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_exp2>(a, stream);
+    }
+    throw Error("p_code", "unknown P code");
   }
-  switch (a.p_code) {
-    case PCode::direct_p: return launch_e4m3_inputs<HeadDim, PCode::direct_p>(a, stream);
-    case PCode::exp2_cvt: return launch_e4m3_inputs<HeadDim, PCode::exp2_cvt>(a, stream);
-    case PCode::mxfp4_direct_p: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_direct_p>(a, stream);
-    case PCode::mxfp4_exp2: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_exp2>(a, stream);
-  }
-  throw Error("p_code", "unknown P code");
 }
 
 }  // namespace fp4attn::sm90::fwd::fp8_launch
