@@ -5,7 +5,7 @@
         --launch-skip 2 --launch-count 1 -o OUT/prof python3 bench/profile_fwd.py --lib build/libfp4attn_capi.so
 
 Recipe fp8 on pre-quantized random inputs through bench_fwd.py's plan (Direct-P
-unless --exp2), B·S = 32k tokens, H = 16 at D = 128 and 32 at D = 64.
+unless --exp2), B·S = 32k tokens, H · D = 2048 (H = 16 at D = 128).
 --recipe mxfp4 / mxfp4_train goes through bench_fwd_mx.py's plan (D = 128);
 --prepare times the preparation (quantizers, fold) instead of the kernel, e.g.
 `ncu --metrics gpu__time_duration.sum` lists each of its kernels.
@@ -36,7 +36,7 @@ def main() -> None:
                     help="mxfp4: the kernel reads MXFP4 and expands it (Fp4Expansion::in_kernel)")
     args = ap.parse_args()
     lib, ll3 = load_lib(args.lib)
-    H = 16 if args.D == 128 else 32
+    H = 2048 // args.D  # the grid's H·D = 2048
     B = 32768 // args.S
     torch.manual_seed(1)
     sets = [tuple(torch.randn(B, args.S, H, args.D, device="cuda", dtype=torch.bfloat16) for _ in range(3))]

@@ -100,10 +100,12 @@ inline constexpr int kVtPitchWords = kQuadsPerBlock + 1;  // the pad word spread
 // (perf log q3).
 template <class T>
 inline constexpr int kQuantizeCtasPerSm = sizeof(T) == 2 ? 3 : 2;
-// The wide instance's CTAs have 512 threads, one per SM: two would leave
-// 64 registers a thread, and 16-bit blocks spill 64 bytes there (ptxas -v).
+// The wide instance's CTAs have 512 threads. Two per SM leave 64 registers
+// a thread, where 16-bit blocks spill 64 bytes (ptxas -v), and still ran
+// 15–20 % faster than one CTA at 128 registers without spills (docs/perf-log.md,
+// d256); fp32 blocks take one CTA's 128.
 template <class T, int kLanes>
-inline constexpr int kQuantizeCtasFor = kLanes == kMaxHeadDim ? kQuantizeCtasPerSm<T> : 1;
+inline constexpr int kQuantizeCtasFor = kLanes == kMaxHeadDim ? kQuantizeCtasPerSm<T> : sizeof(T) == 2 ? 2 : 1;
 
 static_assert(kMaxItems * kThreads == kQuadsPerBlock * (kMaxHeadDim / kSegment), "items must tile the block");
 static_assert(kThreads % (kMaxHeadDim / kSegment) == 0, "a thread keeps one segment column for every item");
