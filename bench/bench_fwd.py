@@ -207,8 +207,9 @@ def plot(rows, path, gpu):
     series = [("fwd", "fp4attn", True, "fp8 Direct-P (fwd)"), ("fwd", "fp4attn", False, "fp8 exp2 (fwd)"),
               ("fwd_e2e", "fp4attn", True, "fp8 Direct-P (e2e from bf16)"), ("fwd", "cudnn_bf16", False, "cuDNN BF16"),
               ("fwd", "fa2_bf16", False, "FA2 BF16")]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
-    for ax, (D, causal) in zip(axes.flat, [(128, False), (128, True), (64, False), (64, True)]):
+    dims = sorted({r["D"] for r in rows}, key=lambda d: (d != 128, d))  # D = 128 first, as the grid
+    fig, axes = plt.subplots(len(dims), 2, figsize=(11, 4 * len(dims)), sharex=True, squeeze=False)
+    for ax, (D, causal) in zip(axes.flat, [(d, c) for d in dims for c in (False, True)]):
         for op, impl, dp, label in series:
             pts = sorted((r["Sq"], r["tflops"]) for r in rows
                          if r["op"] == op and r["impl"] == impl and r["direct_p"] == dp and r["D"] == D

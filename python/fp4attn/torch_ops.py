@@ -549,7 +549,8 @@ _NARROW_HEAD_DIMS = tuple(d for d in range(16, 129, 16) if _ext.sm90_head_dim_fo
 def _narrow_head_dim_plans(device_index: int, s: _host.Settings, differentiable: bool) -> tuple:
     """For each narrow head dim d, the wider one the device path pads a CUDA call to (0: none needed or possible).
 
-    The sm90 kernels exist for D = 64 and 128. Recipe fp8's forward also reads
+    The sm90 kernels exist for D = 64 and 128 (recipe fp8's forward also for
+    256, on which it reads 144 … 240). Recipe fp8's forward also reads
     the narrower head dims as they are; the other recipes and the backward run on the
     next kernel with zero channels appended to q, k and v, which changes no bit
     of O's D columns, the LSE or the gradients
