@@ -49,6 +49,7 @@ if has_stage sanitize; then
   small+=':MxShapes/GpuBackwardGrid.MatchesEmulatorAndReference/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk_f32_mxfp4train'
   # recipe mxfp4 through the fold pass and through the in-kernel MXFP4 expansion
   small+=':Shapes/GpuForwardMxGrid.MatchesEmulator/mxfp4_B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk'
+  small+=':Shapes/GpuForwardMxGrid.MatchesEmulator/mxfp4_B2_Hq4_Hkv2_Sq200_Sk333_D256_causal_directp_smoothk'
   # recipe nvfp4's exp2 baseline
   small+=':Shapes/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_smoothk_exp2'
   # a head dim the kernels lack: the FP8 quantizer's padded lanes and the kernel's zero channels by TMA

@@ -152,16 +152,26 @@ TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
     EXPECT_TRUE(sm90_supports(s, opt)) << d;
     EXPECT_FALSE(sm90_kernel_head_dim(d)) << d;  // no backward, no other recipe there
   }
+  s.D = 160;  // padded to 256 for recipe mxfp4 (by forward); no kernel for the others
   for (Recipe r : {Recipe::mxfp4, Recipe::mxfp4_train, Recipe::nvfp4}) {
     opt.recipe = r;
     EXPECT_FALSE(sm90_supports(s, opt)) << to_string(r);
   }
+  s.D = 256;  // recipe mxfp4 folds into E4M3 for the same kernel; the others have none there
+  for (Recipe r : {Recipe::mxfp4_train, Recipe::nvfp4}) {
+    opt.recipe = r;
+    EXPECT_FALSE(sm90_supports(s, opt)) << to_string(r);
+  }
+  opt.recipe = Recipe::mxfp4;
+  EXPECT_TRUE(sm90_supports(s, opt));
   opt = {};
   EXPECT_EQ(dispatch::sm90_head_dim_for(32), 64);
   EXPECT_EQ(dispatch::sm90_head_dim_for(64), 64);
   EXPECT_EQ(dispatch::sm90_head_dim_for(96), 128);
   EXPECT_EQ(dispatch::sm90_head_dim_for(128), 128);
-  EXPECT_EQ(dispatch::sm90_head_dim_for(160), 0);
+  EXPECT_EQ(dispatch::sm90_head_dim_for(160), 256);
+  EXPECT_EQ(dispatch::sm90_head_dim_for(256), 256);
+  EXPECT_EQ(dispatch::sm90_head_dim_for(272), 0);
   s.D = 64;
   opt.target = Target::sm100;
   EXPECT_FALSE(sm90_supports(s, opt));
@@ -237,11 +247,11 @@ TEST_F(Forward, NonFiniteInputIsNamed) {
 
 TEST_F(Forward, Sm90ExecutorRefusesWhatItCannotRun) {
   AttentionShape s = kShape;
-  s.D = 160;  // the emulator takes it; above 128 the sm90 executor has recipe fp8's forward only
+  s.D = 160;  // the emulator takes it; above 128 the sm90 executor has recipes fp8's and mxfp4's forward only
   std::vector<float> q160 = random_tensor(s.q_elems(), 4), kv160 = random_tensor(s.kv_elems(), 5);
-  AttentionOptions mxfp4;
-  mxfp4.recipe = Recipe::mxfp4;
-  EXPECT_EQ(error_of([&] { forward(s, q160, kv160, kv160, mxfp4, Executor::sm90); }).first, "D");
+  AttentionOptions nvfp4;
+  nvfp4.recipe = Recipe::nvfp4;
+  EXPECT_EQ(error_of([&] { forward(s, q160, kv160, kv160, nvfp4, Executor::sm90); }).first, "D");
   if (!sm90_available()) {  // recipe fp8 passes the head-dim check and needs the GPU
     EXPECT_EQ(error_of([&] { forward(s, q160, kv160, kv160, {}, Executor::sm90); }).first, "executor");
   }

@@ -22,7 +22,7 @@ Execution:
 * Every other call goes through the host entry point: CPU tensors run on the
   emulator (or on the sm90 kernels when this build has them and a Hopper GPU
   is present); other CUDA tensors (target sm100, head dims above 128 except
-  recipe fp8's forward, GPUs other than sm90, CPU-only builds) are COPIED TO THE HOST, run
+  recipes fp8's and mxfp4's forward, GPUs other than sm90, CPU-only builds) are COPIED TO THE HOST, run
   there, and the results copied back. That synchronises with the device and
   cannot be captured in a CUDA graph.
 
@@ -539,18 +539,18 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-# Head dims up to 128 the sm90 kernels are not instantiated for and the
-# library accepts (16, 32, 48, 80, 96, 112), read once, so that nothing is asked of the library
+# Head dims the sm90 kernels are not instantiated for and the library accepts
+# (16, 32, 48, 80, 96, 112 and 144 … 240), read once, so that nothing is asked of the library
 # while torch.compile traces a call at the kernels' own head dims.
-_NARROW_HEAD_DIMS = tuple(d for d in range(16, 129, 16) if _ext.sm90_head_dim_for(d) != d)
+_NARROW_HEAD_DIMS = tuple(d for d in range(16, 257, 16) if _ext.sm90_head_dim_for(d) != d)
 
 
 @torch.compiler.assume_constant_result
 def _narrow_head_dim_plans(device_index: int, s: _host.Settings, differentiable: bool) -> tuple:
     """For each narrow head dim d, the wider one the device path pads a CUDA call to (0: none needed or possible).
 
-    The sm90 kernels exist for D = 64 and 128 (recipe fp8's forward also for
-    256, on which it reads 144 … 240). Recipe fp8's forward also reads
+    The sm90 kernels exist for D = 64 and 128, the FP8 forward's also for 256
+    (recipes fp8 and mxfp4). Recipe fp8's forward reads
     the narrower head dims as they are; the other recipes and the backward run on the
     next kernel with zero channels appended to q, k and v, which changes no bit
     of O's D columns, the LSE or the gradients
@@ -602,7 +602,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settin
     lse_returned=False promises that the caller drops the LSE, so the backward
     skips the LSE's gradient term (see the module docstring). A call that
     autograd will differentiate asks the forward to keep Q's and K's operands.
-    A head dim the kernels lack (16 … 112) is padded with zero channels where
+    A head dim the kernels lack (16 … 112, 144 … 240) is padded with zero channels where
     the call needs it (_padded_head_dim): one copy of q, k and v and one of O,
     differentiable.
     """

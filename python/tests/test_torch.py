@@ -206,25 +206,29 @@ def test_device_path_pads_head_dims_the_kernels_lack(recipe, D, monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4"])
 @pytest.mark.parametrize("D", [160, 256])
-def test_device_path_runs_recipe_fp8_forward_above_128(D, monkeypatch):
-    # Recipe fp8's forward has a 256-wide kernel (160 read on it with zero
-    # channels): the same bits as the host path, never a host copy; its
-    # gradients come from the host path (no backward kernel above 128).
+def test_device_path_runs_forward_above_128(recipe, D, monkeypatch):
+    # The FP8 kernel has a 256-wide instance: recipe fp8 reads D = 160 on it
+    # with zero channels by TMA, recipe mxfp4 gets a padded copy. The same
+    # bits as the host path, never a host copy; recipe fp8's gradients come
+    # from the host path (no backward kernel above 128).
     q, k, v = (x.transpose(1, 2) for x in make_bhsd(16, 2, 4, 2, 200, 300, D, "cuda", torch.bfloat16))
-    expected = host_path(fp4attn.attention, q, k, v, causal=True, return_lse=True)
-    q_ref, k_ref, v_ref = (x.detach().cpu().requires_grad_() for x in (q, k, v))
-    fp4attn.attention(q_ref, k_ref, v_ref, causal=True).float().square().sum().backward()
+    expected = host_path(fp4attn.attention, q, k, v, causal=True, recipe=recipe, return_lse=True)
     host_attention = fp4attn.torch_ops._host.attention
 
     def no_host_copy(*args, **kwargs):
         raise AssertionError("the call left the device")
 
     monkeypatch.setattr(fp4attn.torch_ops._host, "attention", no_host_copy)
-    got = fp4attn.attention(q, k, v, causal=True, return_lse=True)
+    got = fp4attn.attention(q, k, v, causal=True, recipe=recipe, return_lse=True)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g.cpu(), e, rtol=0, atol=0)
     monkeypatch.setattr(fp4attn.torch_ops._host, "attention", host_attention)
+    if recipe != "fp8":
+        return
+    q_ref, k_ref, v_ref = (x.detach().cpu().requires_grad_() for x in (q, k, v))
+    fp4attn.attention(q_ref, k_ref, v_ref, causal=True).float().square().sum().backward()
     q_dev, k_dev, v_dev = (x.detach().requires_grad_() for x in (q, k, v))
     fp4attn.attention(q_dev, k_dev, v_dev, causal=True).float().square().sum().backward()
     for g, e in zip((q_dev.grad, k_dev.grad, v_dev.grad), (q_ref.grad, k_ref.grad, v_ref.grad)):
@@ -325,11 +329,11 @@ def test_compile_fullgraph_reduce_overhead():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_fallback_to_host_path():
-    # Recipe mxfp4 at D = 160 has no sm90 kernel: the op copies to the host, runs there and copies back.
+    # Recipe nvfp4 at D = 160 has no sm90 kernel: the op copies to the host, runs there and copies back.
     q, k, v = make_bhsd(17, 1, 2, 2, 64, 64, 160, "cuda")
-    out = fp4attn.sdpa(q, k, v, recipe="mxfp4")
+    out = fp4attn.sdpa(q, k, v, recipe="nvfp4")
     assert out.device == q.device and out.dtype == q.dtype
-    torch.testing.assert_close(out.cpu(), fp4attn.sdpa(q.cpu(), k.cpu(), v.cpu(), recipe="mxfp4"), rtol=0, atol=0)
+    torch.testing.assert_close(out.cpu(), fp4attn.sdpa(q.cpu(), k.cpu(), v.cpu(), recipe="nvfp4"), rtol=0, atol=0)
     with pytest.raises(ValueError, match="^D: "):
         fp4attn.sdpa(*make_bhsd(17, 1, 2, 2, 64, 64, 40, "cuda"))
 

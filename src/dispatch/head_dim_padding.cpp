@@ -8,7 +8,7 @@ namespace fp4attn::dispatch {
 std::int64_t sm90_head_dim_for(std::int64_t d) {
   for (int w : kSm90HeadDims)  // ascending
     if (d <= w) return w;
-  return 0;
+  return d <= kSm90Fp8ForwardMaxHeadDim ? kSm90Fp8ForwardMaxHeadDim : 0;
 }
 
 AttentionShape with_head_dim(const AttentionShape& shape, std::int64_t d_to) {

@@ -1,6 +1,8 @@
 // Head dims the sm90 kernels lack, run on the next width they have.
 //
-// The kernels are instantiated for D = 64 and 128. Zero channels appended to
+// The kernels are instantiated for D = 64 and 128, the FP8 forward's also for
+// 256 (recipes fp8 and mxfp4; sm90_supports says which call runs where).
+// Zero channels appended to
 // Q, K and V change no bit of O's first D columns or of the LSE in any recipe,
 // and no bit of dQ's, dK's and dV's first D columns in the backward, as long
 // as the softmax scale stays that of D (block amaxes and smooth_k's mean see
@@ -19,7 +21,8 @@
 namespace fp4attn::dispatch {
 
 // The sm90 kernels' head dim that runs head dim d: d itself, the smallest
-// wider one, or 0 when d is wider than all of them.
+// wider one (256 above 128: the FP8 forward's, which not every call has),
+// or 0 when d is wider than all of them.
 std::int64_t sm90_head_dim_for(std::int64_t d);
 
 // The same problem with `d_to` channels.

@@ -144,22 +144,52 @@ TEST(GpuNarrowHeadDims, BackwardMatchesEmulatorAndThePaddedCall) {
     }
 }
 
-// Above 128 only recipe fp8's forward has a kernel: for the other recipes the
-// sm90 executor names D and automatic runs the emulator.
+// Recipe mxfp4 above 128: folded into E4M3 for the 256-wide kernel, its
+// narrower head dims with zero channels appended to copies.
+TEST(GpuNarrowHeadDims, Mxfp4Above128MatchesEmulatorAndThePaddedCall) {
+  FP4ATTN_REQUIRE_HOPPER();
+  for (std::int64_t d : {256, 192, 160}) {
+    constexpr std::int64_t kWide = kSm90Fp8ForwardMaxHeadDim;
+    const AttentionShape s{2, 4, 2, 190, 260, d};
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    const Inputs x = random_inputs(s, rng);
+    AttentionOptions opt;
+    opt.recipe = Recipe::mxfp4;
+    opt.mask = d == 192 ? MaskKind::none : MaskKind::causal;
+    const std::string where = "D " + std::to_string(d) + " seed " + std::to_string(seed);
+    const ForwardOutput got = forward(s, x.q, x.k, x.v, opt, Executor::sm90);
+    ASSERT_EQ(got.executor, Executor::sm90) << where;
+    gpu_test::expect_forward_matches_emulator(got.o, got.lse, emulator::forward(s, x.q, x.k, x.v, opt), "mxfp4 wide",
+                                              where);
+    if (d == kWide) continue;
+    AttentionOptions scaled = opt;
+    scaled.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const ForwardOutput padded = forward(dispatch::with_head_dim(s, kWide), pad(x.q, d, kWide), pad(x.k, d, kWide),
+                                         pad(x.v, d, kWide), scaled, Executor::sm90);
+    EXPECT_EQ(got.o, first_channels(padded.o, kWide, d)) << where;
+    EXPECT_EQ(got.lse, padded.lse) << where;
+  }
+}
+
+// Above 128 only the FP8 kernel's forward for recipes fp8 and mxfp4 exists:
+// for the others the sm90 executor names D and automatic runs the emulator.
 TEST(GpuNarrowHeadDims, OtherRecipesAbove128StayOnTheEmulator) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 2, 2, 64, 64, 160};
   std::mt19937 rng(gpu_test::fresh_seed());
   const Inputs x = random_inputs(s, rng);
-  AttentionOptions opt;
-  opt.recipe = Recipe::mxfp4;
-  try {
-    forward(s, x.q, x.k, x.v, opt, Executor::sm90);
-    FAIL() << "recipe mxfp4 at D = 160 ran on the sm90 executor";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "D");
+  for (Recipe recipe : {Recipe::nvfp4, Recipe::mxfp4_train}) {
+    AttentionOptions opt;
+    opt.recipe = recipe;
+    try {
+      forward(s, x.q, x.k, x.v, opt, Executor::sm90);
+      FAIL() << to_string(recipe) << " at D = 160 ran on the sm90 executor";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "D") << to_string(recipe);
+    }
+    EXPECT_EQ(forward(s, x.q, x.k, x.v, opt).executor, Executor::emulator) << to_string(recipe);
   }
-  EXPECT_EQ(forward(s, x.q, x.k, x.v, opt).executor, Executor::emulator);
   EXPECT_EQ(forward(s, x.q, x.k, x.v, {}).executor, Executor::sm90);  // recipe fp8
 }
 

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kFoldThreads) fold_qk_kernel(const std::uint8_
                                                                std::uint8_t* __restrict__ out_t, std::int64_t padded) {
   static_assert(kRowsPerCta == kTransposedTileTokens && kTransposeStoreThreads<128> <= kFoldThreads,
                 "one transposed tile per CTA");
-  __shared__ alignas(16) std::uint8_t tile[kRowsPerCta * 128];  // D ≤ 128
+  __shared__ alignas(16) std::uint8_t tile[kRowsPerCta * 128];  // D ≤ 128 with out_t (check_head_dim)
   __shared__ int row_exp[kRowsPerCta];
   __shared__ int scratch[kFoldThreads / 32];
   const int s0 = blockIdx.x * kRowsPerCta, h = blockIdx.y, b = blockIdx.z;
@@ -216,15 +216,20 @@ __global__ void __launch_bounds__(kFoldThreads) lse_shift_kernel(const std::uint
   lse_shift[row] = __fmul_rn(softmax_scale, dot);
 }
 
-void check_head_dim(std::int64_t D) {
-  if (D != 64 && D != 128) throw Error("D", "the MX fold serves the sm90 kernel's head dims 64 and 128");
+// The FP8 forward kernel's head dims; 256 (recipe mxfp4's forward on the
+// 256-wide kernel) without the backward's transposed copy, whose staging
+// tile holds 128 channels.
+void check_head_dim(std::int64_t D, bool transposed = false) {
+  if (D != 64 && D != 128 && (D != 256 || transposed))
+    throw Error("D", "the MX fold serves the sm90 kernel's head dims 64 and 128, and 256 without the transposed "
+                     "copy, got " + std::to_string(D));
 }
 
 }  // namespace
 
 void fold_mx_qk(const Fp4Output& in, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D, int fold_rows,
                 std::uint8_t* e4m3, float* factor, cudaStream_t stream, std::uint8_t* e4m3_t) {
-  check_head_dim(D);
+  check_head_dim(D, e4m3_t != nullptr);
   if (fold_rows != 1 && fold_rows != kRowsPerCta) throw Error("fold_rows", "must be 1 (Q) or 128 (K)");
   if (e4m3_t != nullptr && (e4m3 == nullptr || reinterpret_cast<std::uintptr_t>(e4m3_t) % 16 != 0))
     throw Error("e4m3_t", "needs the row-major codes too and 16-byte alignment");
@@ -258,7 +263,7 @@ void mx_lse_shift(const Fp4Output& q, std::int64_t B, std::int64_t Sq, std::int6
   if (Sq <= 0) return;
   const dim3 grid(static_cast<unsigned>((Sq + kRowsPerCta - 1) / kRowsPerCta), static_cast<unsigned>(Hq),
                   static_cast<unsigned>(B));
-  const auto kernel = D == 128 ? &lse_shift_kernel<128> : &lse_shift_kernel<64>;
+  const auto kernel = D == 256 ? &lse_shift_kernel<256> : D == 128 ? &lse_shift_kernel<128> : &lse_shift_kernel<64>;
   kernel<<<grid, kFoldThreads, 0, stream>>>(q.codes, q.scales, static_cast<int>(Sq), static_cast<int>(Hq),
                                             static_cast<int>(Hkv), k_mean, softmax_scale, lse_shift);
   check_cuda(cudaGetLastError(), "lse_shift_kernel launch");
