@@ -152,18 +152,18 @@ TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
     EXPECT_TRUE(sm90_supports(s, opt)) << d;
     EXPECT_FALSE(sm90_kernel_head_dim(d)) << d;  // no backward, no other recipe there
   }
-  s.D = 160;  // padded to 256 for recipe mxfp4 (by forward); no kernel for the others
+  s.D = 160;  // padded to 256 for the MX recipes (by forward); no kernel for nvfp4
   for (Recipe r : {Recipe::mxfp4, Recipe::mxfp4_train, Recipe::nvfp4}) {
     opt.recipe = r;
     EXPECT_FALSE(sm90_supports(s, opt)) << to_string(r);
   }
-  s.D = 256;  // recipe mxfp4 folds into E4M3 for the same kernel; the others have none there
-  for (Recipe r : {Recipe::mxfp4_train, Recipe::nvfp4}) {
+  s.D = 256;  // the MX recipes fold into E4M3 for the same kernel; nvfp4 has none there
+  opt.recipe = Recipe::nvfp4;
+  EXPECT_FALSE(sm90_supports(s, opt));
+  for (Recipe r : {Recipe::mxfp4, Recipe::mxfp4_train}) {
     opt.recipe = r;
-    EXPECT_FALSE(sm90_supports(s, opt)) << to_string(r);
+    EXPECT_TRUE(sm90_supports(s, opt)) << to_string(r);
   }
-  opt.recipe = Recipe::mxfp4;
-  EXPECT_TRUE(sm90_supports(s, opt));
   opt = {};
   EXPECT_EQ(dispatch::sm90_head_dim_for(32), 64);
   EXPECT_EQ(dispatch::sm90_head_dim_for(64), 64);
@@ -247,7 +247,7 @@ TEST_F(Forward, NonFiniteInputIsNamed) {
 
 TEST_F(Forward, Sm90ExecutorRefusesWhatItCannotRun) {
   AttentionShape s = kShape;
-  s.D = 160;  // the emulator takes it; above 128 the sm90 executor has recipes fp8's and mxfp4's forward only
+  s.D = 160;  // the emulator takes it; above 128 the sm90 executor has no nvfp4 kernel
   std::vector<float> q160 = random_tensor(s.q_elems(), 4), kv160 = random_tensor(s.kv_elems(), 5);
   AttentionOptions nvfp4;
   nvfp4.recipe = Recipe::nvfp4;

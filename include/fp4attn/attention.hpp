@@ -44,14 +44,14 @@ inline constexpr int kMinHeadDim = 16;
 inline constexpr int kMaxHeadDim = 256;
 inline constexpr int kSm90HeadDims[] = {64, 128};
 // The forward's FP8 kernel also has a D = 256 instance: recipe fp8 reads the
-// head dims above 128 on it, recipe mxfp4 (folded into E4M3) runs D = 256 and
-// the others above 128 with zero channels appended; nvfp4, mxfp4_train and
-// the backward stay on the emulator above 128.
+// head dims above 128 on it, the MX recipes (folded into E4M3) run D = 256
+// and the others above 128 with zero channels appended; nvfp4 and the
+// backward stay on the emulator above 128.
 inline constexpr int kSm90Fp8ForwardMaxHeadDim = 256;
 bool emulator_supports_head_dim(std::int64_t d);
 // Whether the sm90 executor's forward implements this (already validated)
 // problem as it is: its target, recipe, tile sizes and head dim (the kernels'
-// own, 256 for recipes fp8 and mxfp4, and for recipe fp8 every other one up
+// own, 256 for recipes fp8, mxfp4 and mxfp4_train, and for recipe fp8 every other one up
 // to kSm90Fp8ForwardMaxHeadDim, read with zero channels added).
 bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt);
 // Whether d is a head dim the sm90 kernels are instantiated for (kSm90HeadDims).
@@ -59,7 +59,7 @@ bool sm90_kernel_head_dim(std::int64_t d);
 // Whether forward's automatic choice runs this (validated) problem on the sm90
 // kernels: a Hopper GPU is present and they implement it, where sm90_supports
 // does not, a head dim they lack (16, 32, 48, 80, 96, 112; 144 … 240 for
-// recipe mxfp4) with zero channels appended to the inputs up to the next one they have.
+// the MX recipes) with zero channels appended to the inputs up to the next one they have.
 bool sm90_runs(const AttentionShape& shape, const AttentionOptions& opt);
 
 // True when this library was built with the CUDA executors.

@@ -7,9 +7,9 @@ Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
   compute-capability 9.0 GPU and the executor implements the call (recipes
   fp8, mxfp4_train, mxfp4 and nvfp4, Direct-P on or off, target sm90, D = 64
-  or 128; other multiples of 16 below 128 read as they are by recipe fp8's
-  forward, and with zero channels appended to copies of q, k and v otherwise,
-  see _padded_head_dim):
+  or 128, and 256 for the forwards of all but nvfp4; other multiples of 16 up
+  to 256 read as they are by recipe fp8's forward, and with zero channels
+  appended to copies of q, k and v otherwise, see _padded_head_dim):
   the device path.
   The GPU quantizers read q, k and v where they are (any strides with D
   contiguous, both layouts, no copy), the kernel writes O and LSE into
@@ -22,7 +22,7 @@ Execution:
 * Every other call goes through the host entry point: CPU tensors run on the
   emulator (or on the sm90 kernels when this build has them and a Hopper GPU
   is present); other CUDA tensors (target sm100, head dims above 128 except
-  recipes fp8's and mxfp4's forward, GPUs other than sm90, CPU-only builds) are COPIED TO THE HOST, run
+  the forwards of recipes fp8, mxfp4 and mxfp4_train, GPUs other than sm90, CPU-only builds) are COPIED TO THE HOST, run
   there, and the results copied back. That synchronises with the device and
   cannot be captured in a CUDA graph.
 
@@ -550,7 +550,7 @@ def _narrow_head_dim_plans(device_index: int, s: _host.Settings, differentiable:
     """For each narrow head dim d, the wider one the device path pads a CUDA call to (0: none needed or possible).
 
     The sm90 kernels exist for D = 64 and 128, the FP8 forward's also for 256
-    (recipes fp8 and mxfp4). Recipe fp8's forward reads
+    (recipes fp8, mxfp4 and mxfp4_train). Recipe fp8's forward reads
     the narrower head dims as they are; the other recipes and the backward run on the
     next kernel with zero channels appended to q, k and v, which changes no bit
     of O's D columns, the LSE or the gradients

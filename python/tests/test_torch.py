@@ -206,11 +206,11 @@ def test_device_path_pads_head_dims_the_kernels_lack(recipe, D, monkeypatch):
 
 
 @needs_sm90
-@pytest.mark.parametrize("recipe", ["fp8", "mxfp4"])
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4", "mxfp4_train"])
 @pytest.mark.parametrize("D", [160, 256])
 def test_device_path_runs_forward_above_128(recipe, D, monkeypatch):
     # The FP8 kernel has a 256-wide instance: recipe fp8 reads D = 160 on it
-    # with zero channels by TMA, recipe mxfp4 gets a padded copy. The same
+    # with zero channels by TMA, the MX recipes get a padded copy. The same
     # bits as the host path, never a host copy; recipe fp8's gradients come
     # from the host path (no backward kernel above 128).
     q, k, v = (x.transpose(1, 2) for x in make_bhsd(16, 2, 4, 2, 200, 300, D, "cuda", torch.bfloat16))

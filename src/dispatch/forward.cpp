@@ -54,12 +54,12 @@ ForwardOutput run_sm90(const AttentionShape& shape, std::span<const float> q, st
     throw Error("executor", "the sm90 executor cannot run target " + std::string(to_string(opt.target)) +
                                 " (only the emulator models it)");
   const std::int64_t d_run = dispatch::sm90_head_dim_for(shape.D);
-  // Above 128 only the FP8 forward's D = 256 kernel exists, for recipes fp8 and mxfp4.
-  const bool wide_kernel = opt.recipe == Recipe::fp8 || opt.recipe == Recipe::mxfp4;
+  // Above 128 only the FP8 forward's D = 256 kernel exists: recipes fp8, mxfp4 and mxfp4_train.
+  const bool wide_kernel = opt.recipe != Recipe::nvfp4;
   if (d_run == 0 || (shape.D > std::end(kSm90HeadDims)[-1] && !wide_kernel))
     throw Error("D", "D=" + std::to_string(shape.D) + " is not supported by the sm90 executor (D must be at most " +
                          std::to_string(std::end(kSm90HeadDims)[-1]) + ", or " +
-                         std::to_string(kSm90Fp8ForwardMaxHeadDim) + " with recipes fp8 and mxfp4; its kernels run " +
+                         std::to_string(kSm90Fp8ForwardMaxHeadDim) + " with recipes other than nvfp4; its kernels run " +
                          sm90_head_dim_list() + ", narrower head dims with zero channels appended)");
   if (!cuda_built()) throw Error("executor", "this build has no CUDA executors");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");

@@ -1,7 +1,7 @@
 // Head dims the sm90 kernels lack, run on the next width they have.
 //
 // The kernels are instantiated for D = 64 and 128, the FP8 forward's also for
-// 256 (recipes fp8 and mxfp4; sm90_supports says which call runs where).
+// 256 (recipes fp8, mxfp4 and mxfp4_train; sm90_supports says which call runs where).
 // Zero channels appended to
 // Q, K and V change no bit of O's first D columns or of the LSE in any recipe,
 // and no bit of dQ's, dK's and dV's first D columns in the backward, as long

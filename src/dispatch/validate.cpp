@@ -82,8 +82,9 @@ bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt) {
     return false;
   if (opt.block_q != kSm90Tile || opt.block_k != kSm90Tile) return false;
   if (sm90_kernel_head_dim(shape.D)) return true;
-  // Recipe mxfp4's fold into E4M3 feeds the same kernel at D = 256.
-  if (opt.recipe == Recipe::mxfp4 && shape.D == kSm90Fp8ForwardMaxHeadDim) return true;
+  // The MX recipes' fold into E4M3 feeds the same kernel at D = 256.
+  const bool mx = opt.recipe == Recipe::mxfp4 || opt.recipe == Recipe::mxfp4_train;
+  if (mx && shape.D == kSm90Fp8ForwardMaxHeadDim) return true;
   // Recipe fp8's forward also reads every other head dim where it is, its
   // tensor maps filling the 64-, 128- or 256-wide kernel's missing channels
   // with zeros (fp8_direct_p/launch_head_dim.cuh); the 256-wide kernel runs

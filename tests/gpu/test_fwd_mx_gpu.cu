@@ -420,7 +420,9 @@ INSTANTIATE_TEST_SUITE_P(
         // D = 256: the fold pass feeds the 256-wide kernel (two CTAs per query block).
         MxCase{kMx, {2, 4, 2, 200, 333, 256}, MaskKind::causal, true, true},
         MxCase{kMx, {1, 2, 1, 300, 150, 256}, MaskKind::causal, true, false},
-        MxCase{kMx, {1, 2, 2, 256, 512, 256}, MaskKind::none, false, true, true}),  // exp2 FP4 P
+        MxCase{kMx, {1, 2, 2, 256, 512, 256}, MaskKind::none, false, true, true},  // exp2 FP4 P
+        MxCase{kTrain, {2, 4, 2, 200, 333, 256}, MaskKind::causal, true, true},
+        MxCase{kTrain, {1, 2, 2, 129, 257, 256}, MaskKind::causal_top_left, false, false}),
     case_name);
 
 }  // namespace

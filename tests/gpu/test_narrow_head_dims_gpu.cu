@@ -144,20 +144,22 @@ TEST(GpuNarrowHeadDims, BackwardMatchesEmulatorAndThePaddedCall) {
     }
 }
 
-// Recipe mxfp4 above 128: folded into E4M3 for the 256-wide kernel, its
+// The MX recipes above 128: folded into E4M3 for the 256-wide kernel, their
 // narrower head dims with zero channels appended to copies.
-TEST(GpuNarrowHeadDims, Mxfp4Above128MatchesEmulatorAndThePaddedCall) {
+TEST(GpuNarrowHeadDims, MxRecipesAbove128MatchEmulatorAndThePaddedCall) {
   FP4ATTN_REQUIRE_HOPPER();
-  for (std::int64_t d : {256, 192, 160}) {
+  for (const auto& [d, recipe] : {std::pair<std::int64_t, Recipe>{256, Recipe::mxfp4}, {192, Recipe::mxfp4},
+                                  {160, Recipe::mxfp4}, {256, Recipe::mxfp4_train}, {208, Recipe::mxfp4_train}}) {
     constexpr std::int64_t kWide = kSm90Fp8ForwardMaxHeadDim;
     const AttentionShape s{2, 4, 2, 190, 260, d};
     const std::uint32_t seed = gpu_test::fresh_seed();
     std::mt19937 rng(seed);
     const Inputs x = random_inputs(s, rng);
     AttentionOptions opt;
-    opt.recipe = Recipe::mxfp4;
+    opt.recipe = recipe;
     opt.mask = d == 192 ? MaskKind::none : MaskKind::causal;
-    const std::string where = "D " + std::to_string(d) + " seed " + std::to_string(seed);
+    const std::string where =
+        "D " + std::to_string(d) + " " + std::string(to_string(recipe)) + " seed " + std::to_string(seed);
     const ForwardOutput got = forward(s, x.q, x.k, x.v, opt, Executor::sm90);
     ASSERT_EQ(got.executor, Executor::sm90) << where;
     gpu_test::expect_forward_matches_emulator(got.o, got.lse, emulator::forward(s, x.q, x.k, x.v, opt), "mxfp4 wide",
@@ -172,14 +174,14 @@ TEST(GpuNarrowHeadDims, Mxfp4Above128MatchesEmulatorAndThePaddedCall) {
   }
 }
 
-// Above 128 only the FP8 kernel's forward for recipes fp8 and mxfp4 exists:
-// for the others the sm90 executor names D and automatic runs the emulator.
+// Above 128 only the FP8 kernel's forward exists: for recipe nvfp4 the sm90
+// executor names D and automatic runs the emulator.
 TEST(GpuNarrowHeadDims, OtherRecipesAbove128StayOnTheEmulator) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 2, 2, 64, 64, 160};
   std::mt19937 rng(gpu_test::fresh_seed());
   const Inputs x = random_inputs(s, rng);
-  for (Recipe recipe : {Recipe::nvfp4, Recipe::mxfp4_train}) {
+  for (Recipe recipe : {Recipe::nvfp4}) {
     AttentionOptions opt;
     opt.recipe = recipe;
     try {

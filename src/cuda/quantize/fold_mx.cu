@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kFoldThreads) lse_shift_kernel(const std::uint
   lse_shift[row] = __fmul_rn(softmax_scale, dot);
 }
 
-// The FP8 forward kernel's head dims; 256 (recipe mxfp4's forward on the
+// The FP8 forward kernel's head dims; 256 (the MX recipes' forward on the
 // 256-wide kernel) without the backward's transposed copy, whose staging
 // tile holds 128 channels.
 void check_head_dim(std::int64_t D, bool transposed = false) {

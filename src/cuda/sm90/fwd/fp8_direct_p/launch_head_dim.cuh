@@ -108,7 +108,7 @@ void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
 
 // Every kernel of one head dimension: MXFP4 operands (recipe mxfp4 expanded
 // in the kernel) or E4M3 ones, by the P code. At D = 256 from E4M3 in
-// memory only (recipe fp8, and recipe mxfp4 folded into E4M3; launch.cu checks).
+// memory only (recipe fp8, and the MX recipes folded into E4M3; launch.cu checks).
 template <int HeadDim>
 void launch_head_dim(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if constexpr (HeadDim == 256) {
