@@ -159,7 +159,7 @@ void add_bench_command(CLI::App& app, const std::string& command_line) {
   CLI::Option* s = cmd->add_option("--S", args->s, "Query and key length (default 8192)");
   cmd->add_option("--Sq", args->shape.Sq, "Query length")->excludes(s);
   cmd->add_option("--Sk", args->shape.Sk, "Key length")->excludes(s);
-  cmd->add_option("--D", args->shape.D, "Head dim (64 or 128)");
+  cmd->add_option("--D", args->shape.D, "Head dim (64 or 128; 256 without --training)");
   cmd->add_flag("--causal", args->causal, "Causal mask, bottom-right aligned when Sq != Sk");
   cmd->add_flag("--training", args->timing.training,
                 "Also time forward + backward (op fwdbwd) and the backward alone (op bwd) from bf16, as "

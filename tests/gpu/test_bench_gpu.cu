@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "fp4attn/attention.hpp"
+#include "fp4attn/error.hpp"
 #include "gpu/gpu_test_util.hpp"
 
 namespace fp4attn {
@@ -40,6 +41,26 @@ TEST(GpuBench, TrainingRowsFollowTheForwardRows) {
     // Without training, the four forward rows alone.
     opt.training = false;
     EXPECT_EQ(benchmark_sm90(shape, opt).timings.size(), 4u);
+  }
+}
+
+// D = 256 has recipe fp8's forward kernel only: the four forward rows, and
+// training is refused naming the option.
+TEST(GpuBench, HeadDim256TimesTheForwardOnly) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape shape{.B = 1, .Hq = 4, .Hkv = 2, .Sq = 300, .Sk = 257, .D = 256};
+  BenchOptions opt;
+  opt.reps = 3;
+  opt.warmup = 1;
+  const Sm90Benchmark result = benchmark_sm90(shape, opt);
+  ASSERT_EQ(result.timings.size(), 4u);
+  for (const Timing& t : result.timings) EXPECT_GT(t.ms, 0.0) << to_string(t.op);
+  opt.training = true;
+  try {
+    benchmark_sm90(shape, opt);
+    FAIL() << "training at D = 256 was timed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "training");
   }
 }
 
