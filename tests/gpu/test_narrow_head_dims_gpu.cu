@@ -43,6 +43,20 @@ std::vector<float> pad(const std::vector<float>& x, std::int64_t d, std::int64_t
   return append_zero_channels(x, d, d_to);
 }
 
+// The call at d must give, bit for bit, what the call with zero channels
+// appended up to d_run gives at the softmax scale of d (O's first d columns
+// and the LSE).
+void expect_the_padded_calls_bits(const ForwardOutput& got, const AttentionShape& s, const Inputs& x,
+                                  const AttentionOptions& opt, std::int64_t d_run, const std::string& where) {
+  const std::int64_t d = s.D;
+  AttentionOptions scaled = opt;
+  scaled.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const ForwardOutput padded = forward(dispatch::with_head_dim(s, d_run), pad(x.q, d, d_run), pad(x.k, d, d_run),
+                                       pad(x.v, d, d_run), scaled, Executor::sm90);
+  EXPECT_EQ(got.o, first_channels(padded.o, d_run, d)) << where;
+  EXPECT_EQ(got.lse, padded.lse) << where;
+}
+
 TEST(GpuNarrowHeadDims, ForwardMatchesEmulatorAndThePaddedCall) {
   FP4ATTN_REQUIRE_HOPPER();
   for (const auto& [d, d_run] : {std::pair<std::int64_t, std::int64_t>{96, 128}, {32, 64}, {80, 128}, {48, 64}})
@@ -70,12 +84,7 @@ TEST(GpuNarrowHeadDims, ForwardMatchesEmulatorAndThePaddedCall) {
       } else {
         gpu_test::expect_forward_matches_emulator(got.o, got.lse, want, "padded", where);
       }
-      AttentionOptions scaled = opt;
-      scaled.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
-      const ForwardOutput padded = forward(dispatch::with_head_dim(s, d_run), pad(x.q, d, d_run), pad(x.k, d, d_run),
-                                           pad(x.v, d, d_run), scaled, Executor::sm90);
-      EXPECT_EQ(got.o, first_channels(padded.o, d_run, d)) << where;
-      EXPECT_EQ(got.lse, padded.lse) << where;
+      expect_the_padded_calls_bits(got, s, x, opt, d_run, where);
     }
 }
 
@@ -98,12 +107,7 @@ TEST(GpuNarrowHeadDims, Fp8ForwardAbove128MatchesEmulatorAndThePaddedCall) {
       ASSERT_EQ(got.executor, Executor::sm90) << where;
       gpu_test::expect_forward_matches_emulator(got.o, got.lse, emulator::forward(s, x.q, x.k, x.v, opt), "above 128",
                                                 where);
-      AttentionOptions scaled = opt;
-      scaled.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
-      const ForwardOutput padded = forward(dispatch::with_head_dim(s, kWide), pad(x.q, d, kWide), pad(x.k, d, kWide),
-                                           pad(x.v, d, kWide), scaled, Executor::sm90);
-      EXPECT_EQ(got.o, first_channels(padded.o, kWide, d)) << where;
-      EXPECT_EQ(got.lse, padded.lse) << where;
+      expect_the_padded_calls_bits(got, s, x, opt, kWide, where);
     }
 }
 
@@ -164,13 +168,7 @@ TEST(GpuNarrowHeadDims, MxRecipesAbove128MatchEmulatorAndThePaddedCall) {
     ASSERT_EQ(got.executor, Executor::sm90) << where;
     gpu_test::expect_forward_matches_emulator(got.o, got.lse, emulator::forward(s, x.q, x.k, x.v, opt), "mxfp4 wide",
                                               where);
-    if (d == kWide) continue;
-    AttentionOptions scaled = opt;
-    scaled.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
-    const ForwardOutput padded = forward(dispatch::with_head_dim(s, kWide), pad(x.q, d, kWide), pad(x.k, d, kWide),
-                                         pad(x.v, d, kWide), scaled, Executor::sm90);
-    EXPECT_EQ(got.o, first_channels(padded.o, kWide, d)) << where;
-    EXPECT_EQ(got.lse, padded.lse) << where;
+    if (d != kWide) expect_the_padded_calls_bits(got, s, x, opt, kWide, where);
   }
 }
 

@@ -111,27 +111,19 @@ void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
 // memory only (recipe fp8, and the MX recipes folded into E4M3; launch.cu checks).
 template <int HeadDim>
 void launch_head_dim(const Fp8ForwardArgs& a, cudaStream_t stream) {
-  if constexpr (HeadDim == 256) {
-    switch (a.p_code) {
-      case PCode::direct_p: return launch_e4m3_inputs<HeadDim, PCode::direct_p>(a, stream);
-      case PCode::exp2_cvt: return launch_e4m3_inputs<HeadDim, PCode::exp2_cvt>(a, stream);
-      case PCode::mxfp4_direct_p: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_direct_p>(a, stream);
-      case PCode::mxfp4_exp2: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_exp2>(a, stream);
-    }
-    throw Error("p_code", "unknown P code");
-  } else {
+  if constexpr (HeadDim != 256) {
     if (a.q_fp4 != nullptr) {
       if (a.p_code == PCode::mxfp4_direct_p) return launch_fp4<HeadDim, PCode::mxfp4_direct_p>(a, stream);
       return launch_fp4<HeadDim, PCode::mxfp4_exp2>(a, stream);
     }
-    switch (a.p_code) {
-      case PCode::direct_p: return launch_e4m3_inputs<HeadDim, PCode::direct_p>(a, stream);
-      case PCode::exp2_cvt: return launch_e4m3_inputs<HeadDim, PCode::exp2_cvt>(a, stream);
-      case PCode::mxfp4_direct_p: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_direct_p>(a, stream);
-      case PCode::mxfp4_exp2: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_exp2>(a, stream);
-    }
-    throw Error("p_code", "unknown P code");
   }
+  switch (a.p_code) {
+    case PCode::direct_p: return launch_e4m3_inputs<HeadDim, PCode::direct_p>(a, stream);
+    case PCode::exp2_cvt: return launch_e4m3_inputs<HeadDim, PCode::exp2_cvt>(a, stream);
+    case PCode::mxfp4_direct_p: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_direct_p>(a, stream);
+    case PCode::mxfp4_exp2: return launch_e4m3_inputs<HeadDim, PCode::mxfp4_exp2>(a, stream);
+  }
+  throw Error("p_code", "unknown P code");
 }
 
 }  // namespace fp4attn::sm90::fwd::fp8_launch
