@@ -434,80 +434,84 @@ TEST(GpuQuantizeFp8, BlockCountsMatchTheCpu) {
 
 TEST(GpuQuantizeFp8, ReportsNonFiniteInput) {
   FP4ATTN_REQUIRE_HOPPER();
-  const AttentionShape s{1, 2, 2, 130, 260, 64};
   const float bad_values[] = {std::nanf(""), INFINITY, -INFINITY};
   const std::uint32_t seed = gpu_test::fresh_seed();
   std::mt19937 rng(seed);
-  for (const char* name : {"q", "k", "v"})
-    for (float bad : bad_values)
-      for (bool smooth_k : {true, false}) {
-        Inputs in = random_inputs<__nv_bfloat16>(s, rng);
-        std::vector<float>& x = name[0] == 'q' ? in.q : name[0] == 'k' ? in.k : in.v;
-        x[std::uniform_int_distribution<std::size_t>(0, x.size() - 1)(rng)] = bad;
-        const DeviceInputs<__nv_bfloat16> dev_in(in, kAlignedPad);
-        DeviceOutputs dev(s, true);
-        const std::string where = std::string(name) + " holds " + std::to_string(bad) +
-                                  " smooth_k=" + std::to_string(smooth_k) + " seed=" + std::to_string(seed);
-        cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, smooth_k, 0.125f, dev.bufs, nullptr);
-        try {
-          cq::check_finite(dev.bufs, nullptr);
-          ADD_FAILURE() << "not reported: " << where;
-        } catch (const Error& e) {
-          EXPECT_EQ(e.argument(), name) << where;
+  for (const AttentionShape& s : {AttentionShape{1, 2, 2, 130, 260, 64}, AttentionShape{1, 2, 2, 130, 260, 256}})
+    for (const char* name : {"q", "k", "v"})
+      for (float bad : bad_values)
+        for (bool smooth_k : {true, false}) {
+          Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+          std::vector<float>& x = name[0] == 'q' ? in.q : name[0] == 'k' ? in.k : in.v;
+          x[std::uniform_int_distribution<std::size_t>(0, x.size() - 1)(rng)] = bad;
+          const DeviceInputs<__nv_bfloat16> dev_in(in, kAlignedPad);
+          DeviceOutputs dev(s, true);
+          const std::string where = std::string(name) + " holds " + std::to_string(bad) + " D=" + std::to_string(s.D) +
+                                    " smooth_k=" + std::to_string(smooth_k) + " seed=" + std::to_string(seed);
+          cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, smooth_k, 0.125f, dev.bufs, nullptr);
+          try {
+            cq::check_finite(dev.bufs, nullptr);
+            ADD_FAILURE() << "not reported: " << where;
+          } catch (const Error& e) {
+            EXPECT_EQ(e.argument(), name) << where;
+          }
+          // The flags were cleared: clean input passes on the same buffers.
+          const Inputs clean = random_inputs<__nv_bfloat16>(s, rng);
+          const DeviceInputs<__nv_bfloat16> clean_in(clean, kAlignedPad);
+          expect_matches_cpu(run_gpu(clean_in, s, smooth_k, dev), clean, smooth_k, "after " + where);
         }
-        // The flags were cleared: clean input passes on the same buffers.
-        const Inputs clean = random_inputs<__nv_bfloat16>(s, rng);
-        const DeviceInputs<__nv_bfloat16> clean_in(clean, kAlignedPad);
-        expect_matches_cpu(run_gpu(clean_in, s, smooth_k, dev), clean, smooth_k, "after " + where);
-      }
 }
 
 // Null q and k code buffers (recipe mxfp4_train's call): Vᵀ and its scales
-// are those of the full call, and the Q and K outputs are never written.
+// are those of the full call, and the Q and K outputs are never written (at
+// D = 128 and on the wide instance's lanes at 256).
 TEST(GpuQuantizeFp8, VOnlyCallWritesVAlone) {
   FP4ATTN_REQUIRE_HOPPER();
-  const AttentionShape s{2, 4, 2, 200, 333, 128};
-  const std::uint32_t seed = gpu_test::fresh_seed();
-  std::mt19937 rng(seed);
-  const Inputs in = random_inputs<__nv_bfloat16>(s, rng);
-  const DeviceInputs<__nv_bfloat16> dev_in(in, kOddPad);
-  DeviceOutputs full(s, true), v_only(s, true);
-  const Fp8Result want = run_gpu(dev_in, s, false, full);
-  expect_matches_cpu(want, in, false, "full call, seed " + std::to_string(seed));
+  for (const std::int64_t d : {128, 256}) {
+    const AttentionShape s{2, 4, 2, 200, 333, d};
+    const std::uint32_t seed = gpu_test::fresh_seed();
+    std::mt19937 rng(seed);
+    const Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+    const DeviceInputs<__nv_bfloat16> dev_in(in, kOddPad);
+    DeviceOutputs full(s, true), v_only(s, true);
+    const Fp8Result want = run_gpu(dev_in, s, false, full);
+    expect_matches_cpu(want, in, false, "full call, seed " + std::to_string(seed));
 
-  v_only.poison();
-  cq::Fp8Buffers bufs = v_only.bufs;
-  bufs.q = bufs.k = nullptr;
-  cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, false, softmax_scale_of(s), bufs, nullptr);
-  cq::check_finite(bufs, nullptr);
-  const Fp8Result got = download(v_only, s, false);
-  const std::string where = "V-only call, seed " + std::to_string(seed);
-  expect_bytes_equal(got.v, want.v, "v codes", where);
-  expect_floats_bitwise(got.v_scale, want.v_scale, "v scales", where);
-  EXPECT_EQ(got.bad_padding, 0u) << where;
-  // Still the poison (0xFF) everywhere Q and K would have gone.
-  for (const auto* codes : {&got.q, &got.k})
-    EXPECT_EQ(std::count(codes->begin(), codes->end(), std::uint8_t{0xFF}), static_cast<std::ptrdiff_t>(codes->size()))
-        << where;
-  for (const auto* scales : {&got.q_scale, &got.k_scale})
-    EXPECT_EQ(std::count_if(scales->begin(), scales->end(), [](float x) { return std::isnan(x); }),
-              static_cast<std::ptrdiff_t>(scales->size()))
-        << where;
+    v_only.poison();
+    cq::Fp8Buffers bufs = v_only.bufs;
+    bufs.q = bufs.k = nullptr;
+    cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, false, softmax_scale_of(s), bufs, nullptr);
+    cq::check_finite(bufs, nullptr);
+    const Fp8Result got = download(v_only, s, false);
+    const std::string where = "V-only call, D " + std::to_string(d) + ", seed " + std::to_string(seed);
+    expect_bytes_equal(got.v, want.v, "v codes", where);
+    expect_floats_bitwise(got.v_scale, want.v_scale, "v scales", where);
+    EXPECT_EQ(got.bad_padding, 0u) << where;
+    // Still the poison (0xFF) everywhere Q and K would have gone.
+    for (const auto* codes : {&got.q, &got.k})
+      EXPECT_EQ(std::count(codes->begin(), codes->end(), std::uint8_t{0xFF}),
+                static_cast<std::ptrdiff_t>(codes->size()))
+          << where;
+    for (const auto* scales : {&got.q_scale, &got.k_scale})
+      EXPECT_EQ(std::count_if(scales->begin(), scales->end(), [](float x) { return std::isnan(x); }),
+                static_cast<std::ptrdiff_t>(scales->size()))
+          << where;
 
-  // Half a pair of code buffers, or smooth_k without Q and K, is refused by name.
-  cq::Fp8Buffers half = v_only.bufs;
-  half.q = nullptr;
-  try {
-    cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, false, 0.125f, half, nullptr);
-    ADD_FAILURE() << "a null q with a non-null k was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "out");
-  }
-  try {
-    cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, true, 0.125f, bufs, nullptr);
-    ADD_FAILURE() << "smooth_k was accepted on a V-only call";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "smooth_k");
+    // Half a pair of code buffers, or smooth_k without Q and K, is refused by name.
+    cq::Fp8Buffers half = v_only.bufs;
+    half.q = nullptr;
+    try {
+      cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, false, 0.125f, half, nullptr);
+      ADD_FAILURE() << "a null q with a non-null k was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "out");
+    }
+    try {
+      cq::quantize_fp8(dev_in.q.view, dev_in.k.view, dev_in.v.view, true, 0.125f, bufs, nullptr);
+      ADD_FAILURE() << "smooth_k was accepted on a V-only call";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), "smooth_k");
+    }
   }
 }
 
