@@ -22,8 +22,9 @@ Execution:
 * Every other call goes through the host entry point: CPU tensors run on the
   emulator (or on the sm90 kernels when this build has them and a Hopper GPU
   is present); other CUDA tensors (target sm100, head dims above 128 except
-  the forwards of recipes fp8, mxfp4 and mxfp4_train, GPUs other than sm90, CPU-only builds) are COPIED TO THE HOST, run
-  there, and the results copied back. That synchronises with the device and
+  the forwards of recipes fp8, mxfp4 and mxfp4_train, GPUs other than sm90,
+  CPU-only builds) are COPIED TO THE HOST, run there, and the results copied
+  back. That synchronises with the device and
   cannot be captured in a CUDA graph.
 
 Both paths return O with q's shape, dtype and device (the kernels store bf16

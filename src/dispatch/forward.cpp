@@ -59,8 +59,9 @@ ForwardOutput run_sm90(const AttentionShape& shape, std::span<const float> q, st
   if (d_run == 0 || (shape.D > std::end(kSm90HeadDims)[-1] && !wide_kernel))
     throw Error("D", "D=" + std::to_string(shape.D) + " is not supported by the sm90 executor (D must be at most " +
                          std::to_string(std::end(kSm90HeadDims)[-1]) + ", or " +
-                         std::to_string(kSm90Fp8ForwardMaxHeadDim) + " with recipes other than nvfp4; its kernels run " +
-                         sm90_head_dim_list() + ", narrower head dims with zero channels appended)");
+                         std::to_string(kSm90Fp8ForwardMaxHeadDim) +
+                         " with recipes other than nvfp4; its kernels run " + sm90_head_dim_list() +
+                         ", narrower head dims with zero channels appended)");
   if (!cuda_built()) throw Error("executor", "this build has no CUDA executors");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   // The recipe and tile checks are the executor's own (it names what it lacks);

@@ -101,8 +101,8 @@ TEST(GpuNarrowHeadDims, Fp8ForwardAbove128MatchesEmulatorAndThePaddedCall) {
       const Inputs x = random_inputs(s, rng);
       AttentionOptions opt;
       opt.mask = mask;
-      const std::string where = "D " + std::to_string(d) + (mask == MaskKind::none ? " noncausal" : " causal") + " seed " +
-                                std::to_string(seed);
+      const std::string where = "D " + std::to_string(d) + (mask == MaskKind::none ? " noncausal" : " causal") +
+                                " seed " + std::to_string(seed);
       const ForwardOutput got = forward(s, x.q, x.k, x.v, opt, Executor::sm90);
       ASSERT_EQ(got.executor, Executor::sm90) << where;
       gpu_test::expect_forward_matches_emulator(got.o, got.lse, emulator::forward(s, x.q, x.k, x.v, opt), "above 128",

@@ -17,12 +17,13 @@ namespace fp4attn::sm90::fwd {
 // softmax, so with two consumers the tensor core idles 64 % of the time
 // (NOTES.md, "D = 64") and a third softmax stream fills part of it.
 //
-// D = 256 (recipe fp8, E4M3 in memory): a consumer's fp32 O at 256 columns
-// (128 registers) beside the fresh PV tile that DESIGN §3.4 adds to it (132)
-// exceeds the 240 registers, so O is split by columns: two CTAs per query
-// block, each computing the whole S = Q·Kᵀ over 256 channels and its own
-// 128 columns of O (kOSplits). The second QKᵀ is the price: 1.5 times the
-// tensor work of the useful product, at D = 128's registers.
+// D = 256 (E4M3 in memory: recipe fp8, and the MX recipes' fold): a
+// consumer's fp32 O at 256 columns (128 registers) beside the fresh PV tile
+// that DESIGN §3.4 adds to it (132) exceeds the 240 registers, so O is split
+// by columns: two CTAs per query block, each computing the whole S = Q·Kᵀ
+// over 256 channels and its own 128 columns of O (kOSplits). The second
+// Q·Kᵀ is the price: 1.5 times the tensor work of the useful product, at
+// D = 128's registers.
 template <int HeadDim, int Consumers = 2>
 struct Fp8Config {
   static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head dims 64, 128 and 256 are implemented");
@@ -75,8 +76,9 @@ struct Fp8Config {
   static constexpr int kPvN = kOColumns + kOnesRows;
   // Stages of the K/V ring. Each tensor-core turn of a consumer reads two
   // tiles (V of tile n − 1 for PV, K of tile n for QKᵀ), so two more stages
-  // keep loads landing about two tiles ahead of use. At D = 256 (64 KB of K
-  // and Vᵀ a stage with O's staging) three fit; its turns are longer.
+  // keep loads landing about two tiles ahead of use. At D = 256 (49 KB of K
+  // and Vᵀ a stage beside 64 KB of Q and O's staging) three fit; its turns
+  // are longer.
   static constexpr int kStages = HeadDim == 256 ? 3 : 4;
   static constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 B
   static_assert(kQConsumerBytes % kSwizzleAlign == 0 && kKBytes % kSwizzleAlign == 0 &&
