@@ -19,8 +19,9 @@ void info() {
   }
   std::string sm90_dims;
   for (int d : kSm90HeadDims) sm90_dims += (sm90_dims.empty() ? "" : ", ") + std::to_string(d);
-  std::printf("head dims: any multiple of %d in [%d, %d]; sm90 kernels %s (recipe fp8's forward also %d), narrower "
-              "head dims run on them with zero channels (the emulator pads to a multiple of 32)\n",
+  std::printf("head dims: any multiple of %d in [%d, %d]; sm90 kernels %s (the forwards of fp8, mxfp4 and "
+              "mxfp4_train also %d), narrower head dims run on them with zero channels (the emulator pads to a "
+              "multiple of 32)\n",
               kHeadDimStep, kMinHeadDim, kMaxHeadDim, sm90_dims.c_str(), kSm90Fp8ForwardMaxHeadDim);
   std::printf("emulator targets: sm90 (FP4 expanded to E4M3), sm100 (block-scaled FP4)\n");
 }
