@@ -12,7 +12,9 @@
 #          (sustained load: SM clock, power, TFLOP/s), bench-sustained (the
 #          bar and model shapes, 3 s of back-to-back calls each) and accuracy-gpu
 #          (the H200 columns of examples/accuracy; needs the python stage's
-#          package) are further stages;
+#          package) and fuzz (random problems, GPU against the emulator;
+#          needs the python stage's package; FUZZ_CASES, FUZZ_SEED,
+#          FUZZ_SECONDS) are further stages;
 #          BENCH_ARGS adds options to bench/bench_fwd.py; COMMIT names the
 #          library's commit where the copy has no git
 set -uo pipefail
@@ -87,6 +89,18 @@ if has_stage python; then
     tail -3 "$OUT/pytest.log"
   fi
   summary+=("python tests: rc=$rc ($(tail -1 "$OUT/pytest.log" 2>/dev/null))")
+  [[ $rc -eq 0 ]] || status=1
+fi
+
+if has_stage fuzz; then
+  # Random problems, the GPU against the CPU emulator (python/tests/fuzz_device.py);
+  # the python stage installed the package into /tmp/fp4attn-site.
+  (cd python/tests && PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 500 python3 fuzz_device.py \
+    --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-1} --seconds ${FUZZ_SECONDS:-300} ${COMMIT:+--commit "$COMMIT"} --out "$OUT/fuzz.json") \
+    >"$OUT/fuzz.log" 2>&1
+  rc=$?
+  grep -E "FAILED|Error" "$OUT/fuzz.log" | head -10
+  summary+=("fuzz: rc=$rc ($(tail -1 "$OUT/fuzz.log"))")
   [[ $rc -eq 0 ]] || status=1
 fi
 
