@@ -190,8 +190,9 @@ def run_case(c: dict, dump: str = None) -> dict:
     # suites see O bit for bit but for rare single bf16 steps where O's
     # running rescale α (ex2.approx on the device, exp2f on the host) differs
     # in its last bit, at most one element in 10^4. Here that count is
-    # reported, not required: scores near zero ("tiny") move the running
-    # maximum at every tile and flip more often. What fails is a difference
+    # reported, not required: on "tiny" inputs they are more frequent
+    # (presumably as scores near zero move the running maximum, and so α, at
+    # every tile). What fails is a difference
     # of more than one step (a wrong P code or scale moves most of a row by
     # many), unless it is below 2^-20 of the row's largest |O|: a channel
     # whose values cancel over the keys ends near zero holding little but
