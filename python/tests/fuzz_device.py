@@ -33,13 +33,9 @@ import torch
 import fp4attn
 from conftest import BOUNDS
 from fp64_reference import attention_backward_bshd, attention_bshd, cosine, rel_l2
+from random_problems import draw
 
-RECIPES = ("fp8", "mxfp4", "mxfp4_train", "nvfp4")
-TRAINABLE = ("fp8", "mxfp4_train")
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256)
-EDGE_LENGTHS = (1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 255, 256, 257, 383, 384, 385, 511, 513)
-DISTRIBUTIONS = ("plain", "outlier_channels", "key_mean", "tiny", "huge")
 O_MAX_REL_L2 = 2e-3  # forward_check.hpp's kForwardMaxRelL2 (DESIGN §7)
 O_OFF_PER, O_MIN_OFF = 10000, 4  # its max_differing_o
 LSE_MAX_DIFF = 1e-3  # its kForwardMaxLseDiff
@@ -51,42 +47,6 @@ def lse_bound(lse_max: float) -> float:
 
 
 GRAD_BOUNDS_VS_EMULATOR = {"fp8": (3e-2, 0.99985), "mxfp4_train": (3.5e-2, 0.99978)}  # test_autograd.py's
-MAX_WORK = 1.5e9  # B · Hq · Sq · Sk · D: keeps the emulator to about a second a case
-
-
-def length(rng: np.random.Generator) -> int:
-    """A sequence length: a tile edge, a short one, or one of many tiles."""
-    u = rng.random()
-    return int(rng.choice(EDGE_LENGTHS) if u < 0.4 else rng.integers(1, 900) if u < 0.85 else rng.integers(900, 3000))
-
-
-def draw(rng: np.random.Generator) -> dict:
-    """One random problem and call."""
-    while True:
-        c = {
-            "recipe": str(rng.choice(RECIPES)),
-            "B": int(rng.integers(1, 4)),
-            "Hkv": int(rng.integers(1, 4)),
-            "group": int(rng.choice([1, 1, 2, 3, 4, 7])),
-            "Sq": length(rng),
-            "Sk": length(rng),
-            "D": int(rng.choice(HEAD_DIMS)),
-            "dtype": str(rng.choice(list(DTYPES))),
-            "layout": str(rng.choice(["bshd", "bhsd", "strided"])),
-            "causal": bool(rng.random() < 0.5),
-            "smooth_k": bool(rng.random() < 0.7),
-            "direct_p": bool(rng.random() < 0.8),
-            "scale": None if rng.random() < 0.6 else float(rng.uniform(0.02, 0.5)),
-            "distribution": str(rng.choice(DISTRIBUTIONS)),
-            "data_seed": int(rng.integers(0, 2**31)),
-        }
-        if rng.random() < 0.3:
-            c["Sk"] = c["Sq"]
-        c["Hq"] = c["Hkv"] * c["group"]
-        c["backward"] = c["recipe"] in TRAINABLE and rng.random() < 0.5
-        work = c["B"] * c["Hq"] * c["Sq"] * c["Sk"] * c["D"]
-        if work <= MAX_WORK / (3 if c["backward"] else 1):
-            return c
 
 
 def make_inputs(c: dict) -> tuple:
