@@ -30,6 +30,19 @@ BOUNDS = {
     "mxfp4_train": Bounds(3.7e-2, 0.38, 1.75),
 }
 
+
+
+class GradBounds(NamedTuple):
+    rel_l2: float
+    one_minus_cos: float
+
+
+# The emulator's calibrated backward bounds (tests/test_emulator_backward.cpp,
+# kBackwardBounds, smooth_k and Direct-P on, E4M3 dS; docs/accuracy.md): twice
+# the worst 1 − cos and rel L2 over dQ, dK, dV against the fp64 reference on
+# the unquantized inputs.
+GRAD_BOUNDS = {"fp8": GradBounds(2.36e-01, 1.39e-02), "mxfp4_train": GradBounds(9.20e-01, 1.94e-01)}
+
 # (B, Sq, Sk, Hq, Hkv, D): GQA, equal lengths with odd sizes, MQA with Sk > the
 # 128-key tile; head dims 64, 32, 128.
 SHAPES = [(1, 48, 80, 4, 2, 64), (2, 33, 33, 2, 2, 32), (1, 64, 200, 2, 1, 128)]

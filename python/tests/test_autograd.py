@@ -16,17 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fp4attn  # noqa: E402  (after the skip: without torch this module is not collected)
-from conftest import make_qkv  # noqa: E402
+from conftest import GRAD_BOUNDS, GradBounds, make_qkv  # noqa: E402
 from fp64_reference import attention_backward_bshd, cosine, rel_l2  # noqa: E402
 
-
-class GradBounds:
-    def __init__(self, rel_l2, one_minus_cos):
-        self.rel_l2 = rel_l2
-        self.one_minus_cos = one_minus_cos
-
-
-GRAD_BOUNDS = {"fp8": GradBounds(2.36e-01, 1.39e-02), "mxfp4_train": GradBounds(9.20e-01, 1.94e-01)}
 TRAINABLE = tuple(GRAD_BOUNDS)
 
 needs_backward = pytest.mark.skipif(not hasattr(fp4attn._ext, "backward"), reason="this build has no _ext.backward")
