@@ -24,8 +24,8 @@ Execution:
   is present); other CUDA tensors (target sm100, head dims above 128 except
   the forwards of recipes fp8, mxfp4 and mxfp4_train, GPUs other than sm90,
   CPU-only builds) are COPIED TO THE HOST, run there, and the results copied
-  back. That synchronises with the device and
-  cannot be captured in a CUDA graph.
+  back, with a RuntimeWarning (once per kind of call). That synchronises
+  with the device and cannot be captured in a CUDA graph.
 
 Both paths return O with q's shape, dtype and device (the kernels store bf16
 values; for other input dtypes O is converted from bf16, on the device for
@@ -56,7 +56,7 @@ torch.compile(fullgraph=True) traces forward and backward. It runs:
   says how dQ is summed);
 * otherwise on the host through `_ext.backward` (the emulator's FP8 backward,
   or the sm90 kernels where the host entry point has them), copying CUDA
-  tensors to the host and back.
+  tensors to the host and back, with a RuntimeWarning as the forward's.
 The inference-only recipes (mxfp4, nvfp4) raise NotImplementedError naming
 the recipe.
 
@@ -76,6 +76,7 @@ its gradient is zero. The host path also skips it when dLSE is all zeros.
 # No `from __future__ import annotations` here: custom_op reads the
 # signature's annotations to build the op schema.
 import functools
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -154,6 +155,19 @@ def _bshd_strides(x: torch.Tensor, layout: str) -> tuple[int, int, int]:
 
 def _device_shape(dims: _validate.Dims) -> tuple[int, int, int, int, int, int]:
     return dims.B, dims.Sq, dims.Sk, dims.Hq, dims.Hkv, dims.D
+
+
+def _warn_host_copy(q: torch.Tensor, dims: _validate.Dims, s: _host.Settings, step: str) -> None:
+    """Says that a call on CUDA tensors leaves the device (once per kind of call:
+    Python's default warning filter shows each distinct message once)."""
+    if q.device.type == "cuda":
+        warnings.warn(
+            f"fp4attn: no GPU kernel for this {step} (recipe {s.recipe}, target {s.target}, D = {dims.D}, "
+            f"{torch.cuda.get_device_name(q.device)}): its CUDA tensors are copied to the host and run there, "
+            "which synchronises with the device and is far slower",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def _uses_device_path(q: torch.Tensor, dims: _validate.Dims, opt) -> bool:
@@ -274,6 +288,7 @@ def _attention_op(
     if _uses_device_path(q, dims, opt):
         o, lse, kept = _attention_device(q, k, v, dims, s, opt, _kept_bytes(q, dims, opt, keep_for_backward))
         return o.to(q.dtype), lse, kept
+    _warn_host_copy(q, dims, s, "forward")
     o, lse = _host.attention(host_array(q), host_array(k), host_array(v), s)
     return (torch.from_numpy(o).to(device=q.device, dtype=q.dtype), torch.from_numpy(lse).to(device=q.device),
             torch.empty(0, dtype=torch.uint8, device=q.device))
@@ -431,6 +446,7 @@ def _host_grads(q, k, v, o, lse, d_o, s: _host.Settings, opt):
 def _backward_host(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt):
     if not hasattr(_ext, "backward"):
         raise NotImplementedError(f"backward of recipe {s.recipe} is not available: this build of fp4attn has no _ext.backward")
+    _warn_host_copy(q, dims, s, "backward")
     dq, dk, dv = _host_grads(q, k, v, o, lse, d_o, s, opt)
     if d_lse is not None and bool(d_lse.any()):  # this path synchronises anyway
         o_term, d_o_term = _lse_term_inputs(d_lse.to(torch.float32), o.to(torch.float32), s.layout)

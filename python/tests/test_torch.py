@@ -329,9 +329,11 @@ def test_compile_fullgraph_reduce_overhead():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_fallback_to_host_path():
-    # Recipe nvfp4 at D = 160 has no sm90 kernel: the op copies to the host, runs there and copies back.
+    # Recipe nvfp4 at D = 160 has no sm90 kernel: the op copies to the host, runs there and copies back,
+    # and says so.
     q, k, v = make_bhsd(17, 1, 2, 2, 64, 64, 160, "cuda")
-    out = fp4attn.sdpa(q, k, v, recipe="nvfp4")
+    with pytest.warns(RuntimeWarning, match="no GPU kernel for this forward .recipe nvfp4.*copied to the host"):
+        out = fp4attn.sdpa(q, k, v, recipe="nvfp4")
     assert out.device == q.device and out.dtype == q.dtype
     torch.testing.assert_close(out.cpu(), fp4attn.sdpa(q.cpu(), k.cpu(), v.cpu(), recipe="nvfp4"), rtol=0, atol=0)
     with pytest.raises(ValueError, match="^D: "):
