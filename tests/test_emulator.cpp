@@ -194,7 +194,8 @@ TEST(EmulatorForward, GqaEqualsRepeatedKeyValueHeads) {
 // (D = 32, 96) run on the next one they have (src/dispatch/head_dim_padding.hpp).
 TEST(EmulatorForward, ZeroChannelsChangeNoBit) {
   // 80 and 48 are no multiples of 32: the emulator pads them itself (to 96, 64).
-  for (const auto& [d, d_pad] : {std::pair{96, 128}, std::pair{32, 64}, std::pair{80, 128}, std::pair{48, 64}}) {
+  for (const auto& [d, d_pad] : {std::pair{96, 128}, std::pair{32, 64}, std::pair{80, 128}, std::pair{48, 64},
+                                 std::pair{40, 64}, std::pair{72, 128}, std::pair{8, 64}}) {
     const AttentionShape s{.B = 1, .Hq = 2, .Hkv = 1, .Sq = 70, .Sk = 150, .D = d};
     AttentionShape sp = s;
     sp.D = d_pad;

@@ -9,7 +9,8 @@ Execution:
   fp8, mxfp4_train, mxfp4 and nvfp4, Direct-P on or off, target sm90, D = 64
   or 128, and 256 for the forwards of all but nvfp4; other multiples of 16 up
   to 256 read as they are by recipe fp8's forward, and with zero channels
-  appended to copies of q, k and v otherwise, see _padded_head_dim):
+  appended to copies of q, k and v otherwise, as the odd multiples of 8 are
+  for every recipe, see _padded_head_dim):
   the device path.
   The GPU quantizers read q, k and v where they are (any strides with D
   contiguous, both layouts, no copy), the kernel writes O and LSE into
@@ -557,9 +558,9 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # Head dims the sm90 kernels are not instantiated for and the library accepts
-# (16, 32, 48, 80, 96, 112 and 144 … 240), read once, so that nothing is asked of the library
+# (the multiples of 8 from 8 to 248 but 64 and 128), read once, so that nothing is asked of the library
 # while torch.compile traces a call at the kernels' own head dims.
-_NARROW_HEAD_DIMS = tuple(d for d in range(16, 257, 16) if _ext.sm90_head_dim_for(d) != d)
+_NARROW_HEAD_DIMS = tuple(d for d in range(8, 257, 8) if _ext.sm90_head_dim_for(d) != d)
 
 
 @torch.compiler.assume_constant_result
@@ -619,7 +620,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settin
     lse_returned=False promises that the caller drops the LSE, so the backward
     skips the LSE's gradient term (see the module docstring). A call that
     autograd will differentiate asks the forward to keep Q's and K's operands.
-    A head dim the kernels lack (16 … 112, 144 … 240) is padded with zero channels where
+    A head dim the kernels lack (8 … 120, 136 … 248) is padded with zero channels where
     the call needs it (_padded_head_dim): one copy of q, k and v and one of O,
     differentiable.
     """

@@ -242,9 +242,9 @@ def test_device_backward_matches_the_emulator(rng, recipe, dtype, causal):
 
 @needs_device_backward
 @pytest.mark.parametrize("recipe", TRAINABLE)
-@pytest.mark.parametrize("D", [32, 80, 96])
+@pytest.mark.parametrize("D", [32, 72, 80, 96])
 def test_device_backward_of_padded_head_dims(rng, recipe, D):
-    # D = 32 / 80 / 96 run on the D = 64 / 128 kernels with zero channels appended
+    # D = 32 / 72 / 80 / 96 run on the D = 64 / 128 kernels with zero channels appended
     # (torch_ops._padded_head_dim): the gradients are those of an explicitly
     # padded call with the unpadded D's scale, bit for bit, and within the
     # device backward's bounds of the emulator's at D itself.

@@ -1,9 +1,10 @@
 // Head dims the sm90 kernels are not instantiated for (multiples of 16 below
-// 128: 32, 48, 80, 96 here; above it 160 and 192) through the public entry
-// points: recipe fp8's forward reads them as they are, its tensor maps filling
-// the missing channels with zeros (those above 128 on its 256-wide kernel);
-// everything else below 128 runs on the D = 64 and 128 kernels with zero
-// channels appended (src/dispatch/head_dim_padding.hpp). The result must be the
+// 128: 32, 48, 80, 96 here; odd multiples of 8: 40, 72; above 128: 160 and
+// 192) through the public entry points: recipe fp8's forward reads the
+// multiples of 16 as they are, its tensor maps filling the missing channels
+// with zeros (those above 128 on its 256-wide kernel); everything else below
+// 128 runs on the D = 64 and 128 kernels with zero channels appended
+// (src/dispatch/head_dim_padding.hpp). The result must be the
 // emulator's for the unpadded problem (the CPU tests show padding changes no
 // emulator bit), and bit for bit what the explicitly padded call gives, so
 // that the softmax scale of the unpadded D is the one applied.
@@ -59,7 +60,8 @@ void expect_the_padded_calls_bits(const ForwardOutput& got, const AttentionShape
 
 TEST(GpuNarrowHeadDims, ForwardMatchesEmulatorAndThePaddedCall) {
   FP4ATTN_REQUIRE_HOPPER();
-  for (const auto& [d, d_run] : {std::pair<std::int64_t, std::int64_t>{96, 128}, {32, 64}, {80, 128}, {48, 64}})
+  for (const auto& [d, d_run] :
+       {std::pair<std::int64_t, std::int64_t>{96, 128}, {32, 64}, {80, 128}, {48, 64}, {40, 64}, {72, 128}})
     for (Recipe recipe : {Recipe::fp8, Recipe::mxfp4_train, Recipe::mxfp4, Recipe::nvfp4}) {
       const AttentionShape s{1, 4, 2, 190, 260, d};
       const std::uint32_t seed = gpu_test::fresh_seed();
@@ -113,7 +115,7 @@ TEST(GpuNarrowHeadDims, Fp8ForwardAbove128MatchesEmulatorAndThePaddedCall) {
 
 TEST(GpuNarrowHeadDims, BackwardMatchesEmulatorAndThePaddedCall) {
   FP4ATTN_REQUIRE_HOPPER();
-  for (const auto& [d, d_run] : {std::pair<std::int64_t, std::int64_t>{96, 128}, {32, 64}, {80, 128}})
+  for (const auto& [d, d_run] : {std::pair<std::int64_t, std::int64_t>{96, 128}, {32, 64}, {80, 128}, {72, 128}})
     for (Recipe recipe : {Recipe::fp8, Recipe::mxfp4_train}) {
       const AttentionShape s{1, 4, 2, 190, 260, d};
       const std::uint32_t seed = gpu_test::fresh_seed();
