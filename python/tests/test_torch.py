@@ -90,7 +90,7 @@ def test_compile_fullgraph(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("D", [32, 80, 96])
+@pytest.mark.parametrize("D", [32, 72, 80, 96])
 def test_compile_fullgraph_at_head_dims_the_kernels_lack(device, D):
     # The padding decision of the device path (torch_ops._narrow_head_dim_plan) is a constant to torch.compile.
     q, k, v = make_bhsd(5, 1, 2, 2, 64, 64, D, device)
