@@ -6,7 +6,7 @@ import numpy as np
 RECIPES = ("fp8", "mxfp4", "mxfp4_train", "nvfp4")
 TRAINABLE = ("fp8", "mxfp4_train")
 DTYPE_NAMES = ("bf16", "f16", "f32")
-HEAD_DIMS = (16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 192, 224, 256)
+HEAD_DIMS = (8, 16, 32, 40, 48, 64, 72, 80, 96, 112, 128, 136, 144, 160, 192, 200, 224, 256)
 EDGE_LENGTHS = (1, 2, 31, 32, 33, 63, 64, 65, 127, 128, 129, 191, 255, 256, 257, 383, 384, 385, 511, 513)
 DISTRIBUTIONS = ("plain", "outlier_channels", "key_mean", "tiny", "huge")
 MAX_WORK = 1.5e9  # B · Hq · Sq · Sk · D: keeps the emulator to about a second a case
