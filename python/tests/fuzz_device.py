@@ -34,7 +34,7 @@ import torch
 import fp4attn
 from conftest import BOUNDS
 from fp64_reference import attention_backward_bshd, attention_bshd, cosine, rel_l2
-from random_problems import draw
+from random_problems import draw, emulator_options
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 O_MAX_REL_L2 = 2e-3  # forward_check.hpp's kForwardMaxRelL2 (DESIGN §7)
@@ -97,13 +97,6 @@ def grads(c: dict, q, k, v, d_o):
     return q.grad, k.grad, v.grad
 
 
-def emulator_options(c: dict):
-    s = fp4attn._host.make_settings(layout="bshd", mask="causal" if c["causal"] else "none", scale=c["scale"],
-                                    scale_name="scale", recipe=c["recipe"], smooth_k=c["smooth_k"],
-                                    direct_p=c["direct_p"], gqa=True, names=("q", "k", "v"))
-    return fp4attn._host.options(s)
-
-
 def bshd(x: torch.Tensor, c: dict) -> torch.Tensor:
     return x.transpose(1, 2) if c["layout"] == "bhsd" else x
 
@@ -140,7 +133,7 @@ def run_case(c: dict, dump: str = None) -> dict:
     o_dev, lse_dev = call(c, *dev)
     # The emulator on the values the device tensors hold, (B, S, H, D) fp32.
     inputs = [host_f32(bshd(x, c)) for x in dev]
-    opt = emulator_options(c)
+    opt = emulator_options(c, c["scale"])
     o_emu, lse_emu, _ = fp4attn._ext.forward(*inputs, opt, fp4attn._ext.Executor.emulator)
     o_emu_t = torch.from_numpy(o_emu).to(DTYPES[c["dtype"]])  # bf16 values, in the caller's dtype as the op gives
     o_got, o_want = host_f32(bshd(o_dev, c)), o_emu_t.float().numpy()

@@ -1,7 +1,10 @@
 """Random attention problems: the draws of fuzz_device.py (GPU against the
-emulator) and of test_random_problems.py (the host path against fp64)."""
+emulator) and of test_random_problems.py (the host path against fp64), and
+the emulator options of a draw."""
 
 import numpy as np
+
+import fp4attn
 
 RECIPES = ("fp8", "mxfp4", "mxfp4_train", "nvfp4")
 TRAINABLE = ("fp8", "mxfp4_train")
@@ -45,3 +48,11 @@ def draw(rng: np.random.Generator, max_work: float = MAX_WORK) -> dict:
         work = c["B"] * c["Hq"] * c["Sq"] * c["Sk"] * c["D"]
         if work <= max_work / (3 if c["backward"] else 1):
             return c
+
+
+def emulator_options(c: dict, scale):
+    """The options of draw c for fp4attn._ext on (B, S, H, D) arrays, at softmax scale `scale` (None: 1/sqrt(D))."""
+    s = fp4attn._host.make_settings(layout="bshd", mask="causal" if c["causal"] else "none", scale=scale,
+                                    scale_name="scale", recipe=c["recipe"], smooth_k=c["smooth_k"],
+                                    direct_p=c["direct_p"], gqa=True, names=("q", "k", "v"))
+    return fp4attn._host.options(s)

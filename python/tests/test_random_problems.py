@@ -15,7 +15,7 @@ import pytest
 import fp4attn
 from conftest import BOUNDS, GRAD_BOUNDS
 from fp64_reference import attention_backward_bshd, attention_bshd, cosine, rel_l2
-from random_problems import TRAINABLE, draw
+from random_problems import TRAINABLE, draw, emulator_options
 
 CASES = 100
 GRAD_CASES = 24
@@ -94,10 +94,7 @@ def test_random_problem_gradients_match_fp64(c):
     k = (g.standard_normal((c["B"], c["Sk"], c["Hkv"], c["D"])) + 0.5).astype(np.float32)
     v = g.standard_normal((c["B"], c["Sk"], c["Hkv"], c["D"])).astype(np.float32)
     d_o = g.standard_normal(q.shape).astype(np.float32)
-    s = fp4attn._host.make_settings(layout="bshd", mask="causal" if c["causal"] else "none", scale=None,
-                                    scale_name="scale", recipe=c["recipe"], smooth_k=c["smooth_k"],
-                                    direct_p=c["direct_p"], gqa=True, names=("q", "k", "v"))
-    opt = fp4attn._host.options(s)
+    opt = emulator_options(c, None)
     o, lse, _ = fp4attn._ext.forward(q, k, v, opt, fp4attn._ext.Executor.emulator)
     got = fp4attn._ext.backward(q, k, v, o, lse, d_o, opt, fp4attn._ext.Executor.emulator)[:3]
     want = attention_backward_bshd(q, k, v, d_o, mask="bottom_right" if c["causal"] else "none")
