@@ -152,6 +152,18 @@ TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
   opt = {};
   s.D = 96;  // read as it is by recipe fp8 too
   EXPECT_TRUE(sm90_supports(s, opt));
+  for (int d : {16, 24, 40, 72, 120, 136, 200}) {  // and every multiple of 8 from 16 (its codes at a 16-byte pitch)
+    s.D = d;
+    EXPECT_TRUE(sm90_supports(s, opt)) << d;
+  }
+  s.D = 8;  // narrower than the FP8 quantizer's lanes: padded by forward
+  EXPECT_FALSE(sm90_supports(s, opt));
+  s.D = 72;  // the other recipes run it padded to 128
+  for (Recipe r : {Recipe::mxfp4, Recipe::mxfp4_train, Recipe::nvfp4}) {
+    opt.recipe = r;
+    EXPECT_FALSE(sm90_supports(s, opt)) << to_string(r);
+  }
+  opt = {};
   for (int d : {144, 160, 192, 240, 256}) {  // recipe fp8's forward on the 256-wide kernel
     s.D = d;
     EXPECT_TRUE(sm90_supports(s, opt)) << d;

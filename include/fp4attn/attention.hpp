@@ -38,13 +38,13 @@ void validate_sizes(const AttentionShape& shape, std::size_t q_size, std::size_t
 // Head dims: any multiple of 8 in [8, 256], as FlashAttention takes (40 and
 // 72 occur in diffusion models). The emulator runs one that is no multiple of
 // 32 (its scale blocks' width) with zero channels appended up to one; the
-// sm90 kernels are instantiated for kSm90HeadDims, and run narrower head dims
-// with zero channels too (sm90_supports, sm90_runs): in place where rows of
-// FP8 codes stay multiples of 16 bytes (kSm90InPlaceHeadDimStep, what TMA
-// needs), through copies otherwise.
+// sm90 kernels are instantiated for kSm90HeadDims, and run other head dims
+// with zero channels too (sm90_supports, sm90_runs): recipe fp8's forward in
+// place from kSm90InPlaceMinHeadDim (the FP8 quantizer's narrowest lanes),
+// everything else through copies.
 inline constexpr int kHeadDimStep = 8;
 inline constexpr int kMinHeadDim = 8;
-inline constexpr int kSm90InPlaceHeadDimStep = 16;
+inline constexpr int kSm90InPlaceMinHeadDim = 16;
 inline constexpr int kMaxHeadDim = 256;
 inline constexpr int kSm90HeadDims[] = {64, 128};
 // The forward's FP8 kernel also has a D = 256 instance: recipe fp8 reads the

@@ -7,10 +7,10 @@ Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
   compute-capability 9.0 GPU and the executor implements the call (recipes
   fp8, mxfp4_train, mxfp4 and nvfp4, Direct-P on or off, target sm90, D = 64
-  or 128, and 256 for the forwards of all but nvfp4; other multiples of 16 up
-  to 256 read as they are by recipe fp8's forward, and with zero channels
-  appended to copies of q, k and v otherwise, as the odd multiples of 8 are
-  for every recipe, see _padded_head_dim):
+  or 128, and 256 for the forwards of all but nvfp4; other multiples of 8 from
+  16 to 256 read as they are by recipe fp8's forward, and with zero channels
+  appended to copies of q, k and v otherwise, as D = 8 is for every recipe,
+  see _padded_head_dim):
   the device path.
   The GPU quantizers read q, k and v where they are (any strides with D
   contiguous, both layouts, no copy), the kernel writes O and LSE into

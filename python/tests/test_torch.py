@@ -180,8 +180,10 @@ def narrow_scale(D):
 @pytest.mark.parametrize("D", [32, 40, 72, 80, 96])
 def test_device_path_pads_head_dims_the_kernels_lack(recipe, D, monkeypatch):
     # D = 32 … 96 (40 and 72 too) run on the D = 64 / 128 kernels with zero channels
-    # appended: the same bits as the host path (which pads in C++) and as an
-    # explicitly padded call with the unpadded D's scale, and never a host copy.
+    # (recipe fp8's forward by its tensor maps, from code rows at a 16-byte pitch
+    # for 40 and 72; the other recipes from padded copies): the same bits as the
+    # host path and as an explicitly padded call with the unpadded D's scale, and
+    # never a host copy.
     q, k, v = (x.transpose(1, 2) for x in make_bhsd(15, 2, 4, 2, 200, 300, D, "cuda", torch.bfloat16))
     expected = host_path(fp4attn.attention, q, k, v, causal=True, recipe=recipe, return_lse=True)
     d_run = 64 if D <= 64 else 128

@@ -42,8 +42,10 @@ WorkspaceLayout workspace_layout(const AttentionShape& s) {
   WorkspaceLayout l{};
   WorkspaceRegions regions;
   const auto take = [&regions](std::size_t bytes) { return regions.take(bytes); };
-  l.q = take(static_cast<std::size_t>(s.q_elems()));
-  l.k = take(static_cast<std::size_t>(s.kv_elems()));
+  // Code rows at a pitch TMA can address (D = 40, 72: 48, 80 bytes).
+  const std::int64_t pitch = cuda_quantize::tma_code_pitch(s.D);
+  l.q = take(static_cast<std::size_t>(s.q_elems() / s.D * pitch));
+  l.k = take(static_cast<std::size_t>(s.kv_elems() / s.D * pitch));
   l.vt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * cuda_quantize::padded_keys(s.Sk)));
   l.q_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
   l.k_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
@@ -151,6 +153,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   bufs.k = base + layout.k;
   bufs.vt = base + layout.vt;
   bufs.vt_keys = cuda_quantize::padded_keys(s.Sk);
+  bufs.code_pitch = cuda_quantize::tma_code_pitch(s.D);
   bufs.q_scale = floats(layout.q_scale);
   bufs.k_scale = floats(layout.k_scale);
   bufs.v_scale = floats(layout.v_scale);
@@ -164,6 +167,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
     auto* kept = static_cast<unsigned char*>(args.saved);
     const SavedLayout sl = saved_layout(s, opt.recipe);
     bufs.q = kept + sl.q, bufs.k = kept + sl.k, bufs.qt = kept + sl.qt, bufs.kt = kept + sl.kt;
+    bufs.code_pitch = s.D;  // the backward reads the kept codes at D (a power of two there)
     bufs.q_scale = reinterpret_cast<float*>(kept + sl.q_scale);
     bufs.k_scale = reinterpret_cast<float*>(kept + sl.k_scale);
     bufs.k_mean = reinterpret_cast<float*>(kept + sl.k_mean);

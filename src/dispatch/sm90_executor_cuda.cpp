@@ -124,7 +124,8 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
 
   if (!nvfp4) {
     a.o = o.get();
-    a.o_stride_b = a.q_stride_b, a.o_stride_s = a.q_stride_s, a.o_stride_h = a.q_stride_h;
+    // O is dense (B, Sq, Hq, D) bf16 here; Q's codes may sit at a wider row pitch (Fp8Buffers::code_pitch).
+    a.o_stride_h = shape.D, a.o_stride_s = shape.Hq * shape.D, a.o_stride_b = shape.Sq * shape.Hq * shape.D;
     a.lse = lse.get();
     sm90::fwd::forward_fp8(a, stream);
   }

@@ -85,13 +85,13 @@ bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt) {
   // The MX recipes' fold into E4M3 feeds the same kernel at D = 256.
   const bool mx = opt.recipe == Recipe::mxfp4 || opt.recipe == Recipe::mxfp4_train;
   if (mx && shape.D == kSm90Fp8ForwardMaxHeadDim) return true;
-  // Recipe fp8's forward also reads every other multiple of 16 where it is,
-  // its tensor maps filling the 64-, 128- or 256-wide kernel's missing
+  // Recipe fp8's forward also reads every other head dim from 16 up where
+  // it is, its tensor maps filling the 64-, 128- or 256-wide kernel's missing
   // channels with zeros (fp8_direct_p/launch_head_dim.cuh); the 256-wide
-  // kernel runs D = 144 … 256 (kSm90Fp8ForwardMaxHeadDim). An odd multiple of
-  // 8 would give rows of codes TMA cannot address: those run padded.
-  return opt.recipe == Recipe::fp8 && shape.D <= kSm90Fp8ForwardMaxHeadDim &&
-         shape.D % kSm90InPlaceHeadDimStep == 0;
+  // kernel runs D = 136 … 256 (kSm90Fp8ForwardMaxHeadDim). The quantizer
+  // writes the codes of an odd multiple of 8 in rows of the next multiple of
+  // 16 bytes, a stride TMA can address.
+  return opt.recipe == Recipe::fp8 && shape.D <= kSm90Fp8ForwardMaxHeadDim && shape.D >= kSm90InPlaceMinHeadDim;
 }
 
 bool sm90_kernel_head_dim(std::int64_t d) {

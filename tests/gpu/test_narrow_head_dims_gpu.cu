@@ -1,10 +1,10 @@
 // Head dims the sm90 kernels are not instantiated for (multiples of 16 below
-// 128: 32, 48, 80, 96 here; odd multiples of 8: 40, 72; above 128: 160 and
-// 192) through the public entry points: recipe fp8's forward reads the
-// multiples of 16 as they are, its tensor maps filling the missing channels
-// with zeros (those above 128 on its 256-wide kernel); everything else below
-// 128 runs on the D = 64 and 128 kernels with zero channels appended
-// (src/dispatch/head_dim_padding.hpp). The result must be the
+// 128: 32, 48, 80, 96 here; odd multiples of 8: 24, 40, 72, 120; above 128:
+// 136 … 240) through the public entry points: recipe fp8's forward reads them
+// as they are, its tensor maps filling the missing channels with zeros (those
+// above 128 on its 256-wide kernel; the odd multiples of 8 from code rows at a
+// 16-byte pitch); everything else below 128 runs on the D = 64 and 128 kernels
+// with zero channels appended (src/dispatch/head_dim_padding.hpp). The result must be the
 // emulator's for the unpadded problem (the CPU tests show padding changes no
 // emulator bit), and bit for bit what the explicitly padded call gives, so
 // that the softmax scale of the unpadded D is the one applied.
@@ -61,7 +61,8 @@ void expect_the_padded_calls_bits(const ForwardOutput& got, const AttentionShape
 TEST(GpuNarrowHeadDims, ForwardMatchesEmulatorAndThePaddedCall) {
   FP4ATTN_REQUIRE_HOPPER();
   for (const auto& [d, d_run] :
-       {std::pair<std::int64_t, std::int64_t>{96, 128}, {32, 64}, {80, 128}, {48, 64}, {40, 64}, {72, 128}})
+       {std::pair<std::int64_t, std::int64_t>{96, 128}, {32, 64}, {80, 128}, {48, 64}, {40, 64}, {72, 128}, {24, 64},
+        {120, 128}})
     for (Recipe recipe : {Recipe::fp8, Recipe::mxfp4_train, Recipe::mxfp4, Recipe::nvfp4}) {
       const AttentionShape s{1, 4, 2, 190, 260, d};
       const std::uint32_t seed = gpu_test::fresh_seed();
@@ -94,7 +95,7 @@ TEST(GpuNarrowHeadDims, ForwardMatchesEmulatorAndThePaddedCall) {
 // query block each store half of O's columns (and the first the LSE).
 TEST(GpuNarrowHeadDims, Fp8ForwardAbove128MatchesEmulatorAndThePaddedCall) {
   FP4ATTN_REQUIRE_HOPPER();
-  for (std::int64_t d : {160, 192, 240})
+  for (std::int64_t d : {160, 192, 240, 136, 200})
     for (MaskKind mask : {MaskKind::causal, MaskKind::none}) {
       constexpr std::int64_t kWide = kSm90Fp8ForwardMaxHeadDim;
       const AttentionShape s{2, 4, 2, 190, 260, d};

@@ -313,6 +313,53 @@ TEST(GpuQuantizeFp8, MatchesCpuQuantizerBitForBit) {
   check_random_case<float>({2, 2, 1, 77, 140, 224}, false, kDense, false, "fp32");
 }
 
+// Q's and K's code rows at a pitch wider than D (Fp8Buffers::code_pitch):
+// what the forward asks for at an odd multiple of 8 (40, 72: 48 and 80
+// bytes, a stride TMA can address). Each row's first D bytes are the CPU's
+// codes, the bytes past D are left as they were (poison), and the rest of
+// the output is the call at pitch D, bit for bit.
+TEST(GpuQuantizeFp8, CodeRowsAtAWiderPitch) {
+  FP4ATTN_REQUIRE_HOPPER();
+  // {B, Hq, Hkv, Sq, Sk, D}
+  for (const AttentionShape s : {AttentionShape{2, 4, 2, 300, 257, 72}, AttentionShape{1, 2, 1, 129, 385, 40},
+                                 AttentionShape{1, 3, 3, 77, 200, 24}, AttentionShape{1, 2, 2, 200, 131, 200}})
+    for (bool smooth_k : {false, true}) {
+      const std::uint32_t seed = gpu_test::fresh_seed();
+      std::mt19937 rng(seed);
+      const Inputs in = random_inputs<__nv_bfloat16>(s, rng);
+      const DeviceInputs<__nv_bfloat16> dev_in(in, kOddPad);
+      const std::string where = describe(s, smooth_k, "bf16", seed);
+      const std::int64_t pitch = cq::tma_code_pitch(s.D);
+      ASSERT_GT(pitch, s.D) << where;
+      ASSERT_EQ(pitch % 16, 0) << where;
+
+      DeviceOutputs at_d(s, true);
+      const Fp8Result want = run_gpu(dev_in, s, smooth_k, at_d);
+      expect_matches_cpu(want, in, smooth_k, where);
+
+      DeviceOutputs wide(s, true);
+      DeviceArray<std::uint8_t> q_rows(static_cast<std::size_t>(s.q_elems() / s.D * pitch));
+      DeviceArray<std::uint8_t> k_rows(static_cast<std::size_t>(s.kv_elems() / s.D * pitch));
+      q_rows.poison(), k_rows.poison();
+      wide.bufs.q = q_rows.ptr, wide.bufs.k = k_rows.ptr, wide.bufs.code_pitch = pitch;
+      Fp8Result got = run_gpu(dev_in, s, smooth_k, wide);
+      // Rows back to pitch D; every byte past D must still be the poison.
+      const auto unpitch = [&](const std::vector<std::uint8_t>& rows, const char* what) {
+        std::vector<std::uint8_t> codes;
+        std::size_t touched = 0;
+        for (std::size_t r = 0; r < rows.size() / pitch; ++r) {
+          codes.insert(codes.end(), rows.begin() + r * pitch, rows.begin() + r * pitch + s.D);
+          for (std::int64_t c = s.D; c < pitch; ++c) touched += rows[r * pitch + c] != 0xFF;
+        }
+        EXPECT_EQ(touched, 0u) << what << ": bytes past D written " << where;
+        return codes;
+      };
+      got.q = unpitch(q_rows.download(), "q");
+      got.k = unpitch(k_rows.download(), "k");
+      expect_same(got, want, where);
+    }
+}
+
 // Many blocks (2560 quantize CTAs, 512 statistics chunks), with K's mean and
 // V's scales at 16-byte aligned addresses and at a 4-byte offset.
 TEST(GpuQuantizeFp8, ManyBlocksMatchTheCpu) {
@@ -725,6 +772,16 @@ TEST(GpuQuantizeFp8, RefusesWhatItCannotQuantize) {
   cq::Fp8Buffers odd_qt = dev.bufs;
   odd_qt.qt = dev.vt.ptr + 8;  // 8-byte aligned: transposed rows are stored 16 bytes at a time
   EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, dev_in.v.view, odd_qt), "out");
+  // Code rows narrower than D, at a pitch that is no multiple of 8, or wider
+  // than D with the backward's operands (which read them at D).
+  for (std::int64_t pitch : {std::int64_t{56}, std::int64_t{68}}) {
+    cq::Fp8Buffers bad_pitch = dev.bufs;
+    bad_pitch.code_pitch = pitch;
+    EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, dev_in.v.view, bad_pitch), "code_pitch") << pitch;
+  }
+  cq::Fp8Buffers wide_with_qt = dev.bufs;
+  wide_with_qt.qt = dev.vt.ptr, wide_with_qt.code_pitch = 80;
+  EXPECT_EQ(argument_of_error(dev_in.q.view, dev_in.k.view, dev_in.v.view, wide_with_qt), "code_pitch");
   // A row dot whose partner differs from q in shape, or whose rows are short.
   DeviceArray<float> dot(s.B * s.Hq * cq::padded_keys(s.Sq));
   const auto row_dot_error = [&](cq::StridedInput with, std::int64_t pitch) {

@@ -54,6 +54,7 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   // 256) with the lanes past D padded (fp8_quantize_kernel's kPaddedLanes).
   const int lane_d = static_cast<int>(std::bit_ceil(static_cast<std::uint64_t>(q.D)));
   job.seg_shift = std::countr_zero(static_cast<unsigned>(lane_d / kSegment));
+  job.code_pitch = code_pitch_of(out, q.D);
   job.q_blocks = static_cast<int>(blocks_of(q.S)), job.k_blocks = static_cast<int>(blocks_of(k.S));
   job.smooth_k = smooth_k;
   job.softmax_scale = softmax_scale;
@@ -161,6 +162,11 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
     throw Error("out", "code buffers must be 8-byte (q, k) and 16-byte (vt, qt, kt) aligned");
   if ((out.qt != nullptr || out.kt != nullptr) && out.q == nullptr)
     throw Error("out", "transposed q or k codes need the q and k code buffers (V-only call)");
+  if (out.code_pitch != 0 && (out.code_pitch < q.D || out.code_pitch % kSegment != 0))
+    throw Error("code_pitch", "must be at least D and a multiple of " + std::to_string(kSegment) + ", got " +
+                                  std::to_string(out.code_pitch));
+  if (code_pitch_of(out, q.D) != q.D && (out.qt != nullptr || out.kt != nullptr))
+    throw Error("code_pitch", "must be D with the backward's operands (they are read at D)");
   if (q_row_dot.out != nullptr) {
     const StridedInput& w = q_row_dot.with;
     check_shape(w, "q_row_dot.with");

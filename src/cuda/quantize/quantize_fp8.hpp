@@ -3,7 +3,8 @@
 // quantizer (fp4attn::quantize, emulator::quantize_inputs) produces.
 //
 // Layouts written:
-//   q, k : (B, S, H, D) contiguous codes; scale per (b, h, 128-token block)
+//   q, k : (B, S, H, D) codes, each (b, s, h) row code_pitch bytes after the
+//          last (D unless set); scale per (b, h, 128-token block)
 //   vt   : (B, Hkv, D, vt_keys) codes, V transposed, keys padded with zero
 //          codes to a multiple of 128 and permuted inside each group of 32 by
 //          vt_key_of_slot (the order in which the forward kernel's P operand
@@ -60,6 +61,11 @@ struct Fp8Buffers {
   // over the codes. Null: not written.
   std::uint8_t* qt = nullptr;
   std::uint8_t* kt = nullptr;
+  // Bytes from one (b, s, h) row of the q and k codes to the next: 0 means D.
+  // At least D and a multiple of 8; D with the backward's operands (qt, kt).
+  // The forward kernel reads the codes by TMA, whose row strides are multiples
+  // of 16 bytes: tma_code_pitch(D).
+  std::int64_t code_pitch = 0;
 };
 
 inline constexpr int kTokenBlock = 128;  // FP8 Q/K scale block, the kernel's tile
@@ -73,6 +79,18 @@ constexpr int vt_key_of_slot(int slot) {
 }
 
 std::int64_t padded_keys(std::int64_t Sk);
+
+// The row pitch of q and k codes that TMA can address: D rounded up to 16
+// bytes (D = 40 and 72 give 48 and 80; the bytes past D are never read).
+inline constexpr std::int64_t kTmaStrideAlign = 16;
+constexpr std::int64_t tma_code_pitch(std::int64_t D) {
+  return (D + kTmaStrideAlign - 1) / kTmaStrideAlign * kTmaStrideAlign;
+}
+
+// The row pitch `out` gives its q and k codes.
+inline std::int64_t code_pitch_of(const Fp8Buffers& out, std::int64_t D) {
+  return out.code_pitch != 0 ? out.code_pitch : D;
+}
 
 // Device bytes of Fp8Buffers::workspace for K and V of shape (B, Sk, Hkv, D).
 std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t Sk, std::int64_t D);

@@ -127,6 +127,7 @@ struct Job {
   InputView<T> q, k, v;
   int B, Hq, Hkv, Sq, Sk, D;
   int seg_shift;  // log2(D / kSegment)
+  std::int64_t code_pitch;  // bytes between (b, s, h) rows of the q and k codes (Fp8Buffers::code_pitch)
   int q_blocks, k_blocks;
   bool smooth_k;
   float softmax_scale;
@@ -501,9 +502,9 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
     });
   }
 
-  // Codes are (B, S, H, D): one token further is H·D bytes.
-  std::uint8_t* first = codes + ((static_cast<std::int64_t>(b) * S + s0) * H + h) * job.D + items.first_d;
-  const std::int64_t token_bytes = static_cast<std::int64_t>(H) * job.D;
+  // Codes are (B, S, H, D) rows code_pitch bytes apart: one token further is H · code_pitch bytes.
+  std::uint8_t* first = codes + ((static_cast<std::int64_t>(b) * S + s0) * H + h) * job.code_pitch + items.first_d;
+  const std::int64_t token_bytes = static_cast<std::int64_t>(H) * job.code_pitch;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) {
     std::uint8_t* row = first + items.base[r] * token_bytes;

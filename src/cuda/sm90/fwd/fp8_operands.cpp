@@ -20,8 +20,9 @@ void* Fp8Operands::allocate(std::size_t bytes) {
 Fp8Operands::Fp8Operands(const AttentionShape& s) : shape_(s) {
   const auto floats = [this](std::int64_t n) { return static_cast<float*>(allocate(n * sizeof(float))); };
   bufs_.vt_keys = cuda_quantize::padded_keys(s.Sk);
-  bufs_.q = static_cast<std::uint8_t*>(allocate(s.q_elems()));
-  bufs_.k = static_cast<std::uint8_t*>(allocate(s.kv_elems()));
+  bufs_.code_pitch = cuda_quantize::tma_code_pitch(s.D);
+  bufs_.q = static_cast<std::uint8_t*>(allocate(s.q_elems() / s.D * bufs_.code_pitch));
+  bufs_.k = static_cast<std::uint8_t*>(allocate(s.kv_elems() / s.D * bufs_.code_pitch));
   bufs_.vt = static_cast<std::uint8_t*>(allocate(s.B * s.Hkv * s.D * bufs_.vt_keys));
   bufs_.q_scale = floats(s.B * s.Hq * token_blocks(s.Sq));
   bufs_.k_scale = floats(s.B * s.Hkv * token_blocks(s.Sk));
@@ -34,16 +35,18 @@ Fp8Operands::Fp8Operands(const AttentionShape& s) : shape_(s) {
 }
 
 std::size_t Fp8Operands::code_bytes() const {
+  // The kernel reads D bytes of each code row; the rest of its pitch stays unread.
   return static_cast<std::size_t>(shape_.q_elems() + shape_.kv_elems() + shape_.B * shape_.Hkv * shape_.D * bufs_.vt_keys);
 }
 
 Fp8ForwardArgs contiguous_forward_args(const AttentionShape& s, const cuda_quantize::Fp8Buffers& bufs,
                                        MaskKind mask, PCode p_code, float softmax_scale, bool smooth_k) {
   Fp8ForwardArgs a;
+  const std::int64_t pitch = cuda_quantize::code_pitch_of(bufs, s.D);
   a.q = bufs.q;
-  a.q_stride_b = s.Sq * s.Hq * s.D, a.q_stride_s = s.Hq * s.D, a.q_stride_h = s.D;
+  a.q_stride_b = s.Sq * s.Hq * pitch, a.q_stride_s = s.Hq * pitch, a.q_stride_h = pitch;
   a.k = bufs.k;
-  a.k_stride_b = s.Sk * s.Hkv * s.D, a.k_stride_s = s.Hkv * s.D, a.k_stride_h = s.D;
+  a.k_stride_b = s.Sk * s.Hkv * pitch, a.k_stride_s = s.Hkv * pitch, a.k_stride_h = pitch;
   a.vt = bufs.vt;
   a.vt_keys = bufs.vt_keys;
   a.q_scale = bufs.q_scale, a.k_scale = bufs.k_scale, a.v_scale = bufs.v_scale;

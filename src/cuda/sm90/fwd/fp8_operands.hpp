@@ -11,9 +11,9 @@
 
 namespace fp4attn::sm90::fwd {
 
-// Kernel arguments over quantized operands stored as contiguous (B, S, H, D)
-// codes (what the GPU quantizer writes); the caller sets o (with its strides)
-// and lse.
+// Kernel arguments over quantized operands stored as (B, S, H, D) codes in
+// rows of bufs.code_pitch bytes (what the GPU quantizer writes); the caller
+// sets o (with its strides) and lse.
 Fp8ForwardArgs contiguous_forward_args(const AttentionShape& shape, const cuda_quantize::Fp8Buffers& bufs,
                                        MaskKind mask, PCode p_code, float softmax_scale, bool smooth_k);
 

@@ -30,7 +30,8 @@ inline constexpr std::int64_t kVtKeyAlign = 128;
 
 // Device pointers and sizes of one recipe-fp8 forward call. Q and K are
 // (B, S, H, D) E4M3 codes with byte strides on B, S, H (D contiguous; strides
-// multiples of 16, as TMA requires). Vᵀ is the layout the GPU quantizer
+// multiples of 16, as TMA requires: rows of an odd multiple of 8 channels sit
+// at a wider pitch, Fp8Buffers::code_pitch). Vᵀ is the layout the GPU quantizer
 // writes: (B, Hkv, D, vt_keys) with keys permuted inside each group of 32
 // (see cuda/quantize/quantize_fp8.hpp). Scales are those of the fp8 recipe.
 struct Fp8ForwardArgs {

@@ -186,7 +186,7 @@ struct OnlineSoftmax {
   }
 };
 
-// kNarrowD: args.D is narrower than the kernel (a multiple of 16). TMA fills the
+// kNarrowD: args.D is narrower than the kernel (a multiple of 8). TMA fills the
 // missing channels of Q and K, and Vᵀ's missing rows, with zeros
 // (launch_head_dim.cuh), so they add exact zeros to every score; their O
 // columns are not stored (the TMA store's map is args.D wide, the threads'

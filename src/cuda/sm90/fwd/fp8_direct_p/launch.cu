@@ -34,17 +34,18 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if (!(a.softmax_scale > 0.0f)) throw Error("softmax_scale", "must be positive");
   if (a.q_scale_rows != 1 && a.q_scale_rows != kVtKeyAlign)
     throw Error("q_scale_rows", "must be 1 (MX Q folded per row) or 128 (the fp8 recipe's token block)");
-  // Narrower head dims (multiples of 16: TMA rows of 16-byte multiples) run
-  // on the 64- or 128-wide kernel from E4M3 in memory with FP8 P, recipe fp8
-  // (zero channels by TMA, launch_head_dim.cuh).
-  // D = 256 runs on the 256-wide kernel (its O split over two CTAs,
-  // Fp8Config) from E4M3 in memory; the multiples of 16 between 128 and 256
-  // on it with FP8 P only, as the narrower ones on the 64- and 128-wide kernels.
+  // Narrower head dims (multiples of 8, their code rows at strides of 16-byte
+  // multiples for TMA: Fp8Buffers::code_pitch) run on the 64- or 128-wide
+  // kernel from E4M3 in memory with FP8 P, recipe fp8 (zero channels by TMA,
+  // launch_head_dim.cuh). D = 256 runs on the 256-wide kernel (its O split
+  // over two CTAs, Fp8Config) from E4M3 in memory; the multiples of 8 between
+  // 128 and 256 on it with FP8 P only, as the narrower ones on the 64- and
+  // 128-wide kernels.
   const bool own_width = a.D == 64 || a.D == 128 || (a.D == 256 && a.q_fp4 == nullptr);
   const bool fp8_p = a.p_code == PCode::direct_p || a.p_code == PCode::exp2_cvt;
-  if (!own_width && !(a.D > 0 && a.D <= 256 && a.D % 16 == 0 && a.q_fp4 == nullptr && fp8_p))
+  if (!own_width && !(a.D > 0 && a.D <= 256 && a.D % 8 == 0 && a.q_fp4 == nullptr && fp8_p))
     throw Error("D", "the sm90 fp8 kernel supports D = 64, 128 and 256 (256 from E4M3 in memory; other multiples "
-                     "of 16 from E4M3 in memory with FP8 P), got " + std::to_string(a.D));
+                     "of 8 from E4M3 in memory with FP8 P), got " + std::to_string(a.D));
   const int head_dim = a.D <= 64 ? 64 : a.D <= 128 ? 128 : 256;
   if (a.consumers != 0 && a.consumers != 2 && a.consumers != 3)
     throw Error("consumers", "must be 0 (the launcher chooses), 2 or 3, got " + std::to_string(a.consumers));

@@ -55,8 +55,9 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
 
 // The maps describe the operands as they are in memory, a.D channels; the
 // boxes are one panel of Q and K (HeadDim wide, 128 at D = 256) and the CTA's
-// kOColumns rows of Vᵀ. For a narrower head dim (a multiple of 16, e.g. 32
-// on the 64-wide kernel, 96 on the 128-wide one, 160 on the 256-wide one) TMA
+// kOColumns rows of Vᵀ. For a narrower head dim (a multiple of 8, e.g. 32 or
+// 40 on the 64-wide kernel, 72 or 96 on the 128-wide one, 160 on the 256-wide
+// one; Q's and K's rows then at a pitch of whole 16 bytes) TMA
 // fills the missing channels of Q and K, and Vᵀ's missing rows, with zeros:
 // they add exact zeros to every score and give O columns that the TMA store
 // (map a.D wide) clips and the threads' store skips (kernel.cuh, kNarrowD).
