@@ -89,7 +89,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   if (!sm90_supports(s, opt))
     throw Error("executor", "the sm90 executor does not implement this call (it runs recipes fp8, mxfp4, "
                             "mxfp4_train and nvfp4, target sm90, 128-token tiles, D = 64 or 128, for fp8 any multiple "
-                            "of 16 up to 256, for mxfp4 and mxfp4_train also 256)");
+                            "of 8 from 16 to 256, for mxfp4 and mxfp4_train also 256)");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   if (args.o == nullptr) throw Error("o", "is a null device pointer");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
