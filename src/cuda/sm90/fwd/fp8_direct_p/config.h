@@ -24,15 +24,24 @@ namespace fp4attn::sm90::fwd {
 // over 256 channels and its own 128 columns of O (kOSplits). The second
 // Q·Kᵀ is the price: 1.5 times the tensor work of the useful product, at
 // D = 128's registers.
-template <int HeadDim, int Consumers = 2>
+//
+// UsedDim 96 on the 128-wide layout (head dims 72 … 96, read with zero
+// channels): Q·Kᵀ takes the first three of the four k32 steps (the fourth
+// multiplies zeros, which add nothing to any sum) and PV has N = 96 + 8, so
+// a quarter of the tensor work and of O's registers and updates go; the
+// tiles, their TMA boxes and swizzles are the 128-wide kernel's.
+template <int HeadDim, int Consumers = 2, int UsedDim = HeadDim>
 struct Fp8Config {
   static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head dims 64, 128 and 256 are implemented");
   static_assert(Consumers == 2 || (Consumers == 3 && HeadDim == 64), "three consumers fit the registers at D = 64 only");
-  static constexpr int kHeadDim = HeadDim;  // Q·Kᵀ's reduction
+  static_assert(UsedDim == HeadDim || (HeadDim == 128 && UsedDim == 96 && Consumers == 2),
+                "of the layouts, only the 128-wide one runs narrower (96 channels)");
+  static constexpr int kHeadDim = HeadDim;  // the tiles' channels (Q·Kᵀ's reduction at most)
+  static constexpr int kUsedDim = UsedDim;  // channels the products reduce over and compute
   static constexpr int kConsumers = Consumers;
   // O's columns one CTA computes, and the CTAs that share a query block.
-  static constexpr int kOColumns = HeadDim < 128 ? HeadDim : 128;
-  static constexpr int kOSplits = HeadDim / kOColumns;
+  static constexpr int kOColumns = UsedDim < 128 ? UsedDim : 128;
+  static constexpr int kOSplits = UsedDim / kOColumns;
   // A consumer warpgroup owns 64 query rows (the M of every wgmma), so a
   // consumer's S tile is one m64n128 product. The keys of a tile are the FP8
   // recipe's K scale block (DESIGN §2): each tile's K scale is one scalar.
@@ -86,7 +95,7 @@ struct Fp8Config {
                 "every tile must start on a swizzle-pattern boundary");
 
   // wgmma k32 steps: QKᵀ reduces over D, PV over the 128 keys of a tile.
-  static constexpr int kQkSteps = HeadDim / 32;
+  static constexpr int kQkSteps = UsedDim / 32;
   static constexpr int kQkStepsPerPanel = kQkPanelBytes / 32;
   static constexpr int kPvSteps = kBlockK / 32;
   // fp32 accumulator registers per thread: 64 rows × N columns over 128 threads.
@@ -154,7 +163,7 @@ struct NoFp4Staging {};
 template <class Cfg>
 struct OStaging {
   static constexpr int kBoxRowBytes = 128;
-  static constexpr int kBoxes = Cfg::kOColumns * 2 / kBoxRowBytes;
+  static constexpr int kBoxes = (Cfg::kOColumns * 2 + kBoxRowBytes - 1) / kBoxRowBytes;  // 96 columns: 1.5
   static constexpr int kBoxBytes = Cfg::kRowsPerConsumer * kBoxRowBytes;
   alignas(1024) std::uint8_t rows[Cfg::kConsumers][kBoxes * kBoxBytes];
 };
@@ -189,5 +198,6 @@ static_assert(smem_bytes<Fp8Config<128>, true>() <= kSmemPerBlockLimit, "D=128 F
 static_assert(smem_bytes<Fp8Config<64>, true>() <= kSmemPerBlockLimit, "D=64 FP4 staging over budget");
 static_assert(smem_bytes<Fp8Config<64, 3>, false>() <= kSmemPerBlockLimit, "D=64, 3 consumers: over budget");
 static_assert(smem_bytes<Fp8Config<256>, false>() <= kSmemPerBlockLimit, "D=256 shared memory over budget");
+static_assert(smem_bytes<Fp8Config<128, 2, 96>, false>() <= kSmemPerBlockLimit, "D=96 shared memory over budget");
 
 }  // namespace fp4attn::sm90::fwd

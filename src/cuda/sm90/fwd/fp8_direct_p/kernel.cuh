@@ -102,6 +102,10 @@ FP4ATTN_DEVICE_INLINE void issue_pv(float (&pv)[Cfg::kPvRegs], const std::uint32
     wgmma_m64n136k32_rs_init(pv, p[0], desc_v);
 #pragma unroll
     for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n136k32_rs(pv, p[t], desc_advance(desc_v, t * kDescK32Step));
+  } else if constexpr (Cfg::kOColumns == 96) {
+    wgmma_m64n104k32_rs_init(pv, p[0], desc_v);
+#pragma unroll
+    for (int t = 1; t < Cfg::kPvSteps; ++t) wgmma_m64n104k32_rs(pv, p[t], desc_advance(desc_v, t * kDescK32Step));
   } else {
     wgmma_m64n72k32_rs_init(pv, p[0], desc_v);
 #pragma unroll
@@ -191,13 +195,15 @@ struct OnlineSoftmax {
 // (launch_head_dim.cuh), so they add exact zeros to every score; their O
 // columns are not stored (the TMA store's map is args.D wide, the threads'
 // store skips them). A separate instance, so that the kernels' own head dims
-// keep their code.
-template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD = false>
-__global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
+// keep their code. kUsedDim 96 (with kNarrowD, on the 128-wide tiles): the
+// products over the first 96 channels only (Fp8Config).
+template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD = false, int kUsedDim = HeadDim>
+__global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt,
                        const __grid_constant__ CUtensorMap tm_o, bool o_by_tma) {
-  using Cfg = Fp8Config<HeadDim, kConsumers>;
+  using Cfg = Fp8Config<HeadDim, kConsumers, kUsedDim>;
+  static_assert(kUsedDim == HeadDim || (kNarrowD && !kFp4In), "a narrower product is for narrower E4M3 operands");
   static_assert(!kFp4In || kConsumers == 2, "the MXFP4 expansion fills 128 query rows, one per producer thread");
   static_assert(!kFp4In || Cfg::kOSplits == 1, "the MXFP4 expansion fills one panel of Q and K");
   constexpr int kOGroupsBeforeS = Cfg::kORegs / 4 - Cfg::kOGroupsAfterS;
@@ -521,6 +527,8 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers>::kThreads, 1)
           for (int box = 0; box < Stage::kBoxes; ++box)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
+              // 96 columns: the second box's last four chunks hold nothing (the O map, D ≤ 96 wide, clips them).
+              if (8 * box + chunk >= Cfg::kOColumns / 8) continue;
               const __nv_bfloat162 v = o_pair(8 * box + chunk, r);
               asm volatile("st.shared.b32 [%0], %1;" ::"r"(at + box * Stage::kBoxBytes + r * 8 * Stage::kBoxRowBytes),
                            "r"(*reinterpret_cast<const std::uint32_t*>(&v))

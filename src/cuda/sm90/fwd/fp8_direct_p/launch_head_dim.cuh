@@ -28,11 +28,11 @@ inline bool o_rows_aligned(const Fp8ForwardArgs& a) {
   return bits % 16 == 0;
 }
 
-template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD = false>
+template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD = false, int kUsedDim = HeadDim>
 void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_vt,
                 cudaStream_t stream) {
-  using Cfg = Fp8Config<HeadDim, kConsumers>;
-  auto* kernel = &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In, kNarrowD>;
+  using Cfg = Fp8Config<HeadDim, kConsumers, kUsedDim>;
+  auto* kernel = &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In, kNarrowD, kUsedDim>;
   constexpr int kSmem = smem_bytes<Cfg, kFp4In>();
   // FP4 P's fold table (p_operand.cuh) is static shared memory beside it.
   static_assert(kPCode != PCode::mxfp4_direct_p || kSmem + sizeof(PFoldTable) <= kSmemPerBlockLimit,
@@ -49,6 +49,9 @@ void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensor
   check_cuda(cudaGetLastError(), "fp8_forward_kernel launch");
 }
 
+// Head dims 72 … 96 run on the 128-wide tiles with products over 96 channels.
+inline constexpr int kNarrowProductDim = 96;
+
 inline bool three_consumers(const Fp8ForwardArgs& a) {
   return three_consumers_pay_off(a.B, a.Hq, a.Sq, a.mask != MaskKind::none, cuda_common::sm_count());
 }
@@ -61,9 +64,9 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
 // fills the missing channels of Q and K, and Vᵀ's missing rows, with zeros:
 // they add exact zeros to every score and give O columns that the TMA store
 // (map a.D wide) clips and the threads' store skips (kernel.cuh, kNarrowD).
-template <int HeadDim, int kConsumers, PCode kPCode, bool kNarrowD = false>
+template <int HeadDim, int kConsumers, PCode kPCode, bool kNarrowD = false, int kUsedDim = HeadDim>
 void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
-  using Cfg = Fp8Config<HeadDim, kConsumers>;
+  using Cfg = Fp8Config<HeadDim, kConsumers, kUsedDim>;
   constexpr TmaSwizzle kQk = Cfg::kQkPanelBytes == 128 ? TmaSwizzle::b128 : TmaSwizzle::b64;
   const CUtensorMap tm_q = make_byte_tensor_map(
       a.q, {u64(a.D), u64(a.Sq), u64(a.Hq), u64(a.B)}, {u64(a.q_stride_s), u64(a.q_stride_h), u64(a.q_stride_b)},
@@ -76,7 +79,7 @@ void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
       a.vt, {u64(a.vt_keys), u64(a.D), u64(a.Hkv), u64(a.B)},
       {u64(vt_row), u64(vt_row * a.D), u64(vt_row * a.D * a.Hkv)}, {Cfg::kBlockK, Cfg::kOColumns, 1, 1},
       TmaSwizzle::b128, "vt");
-  run_kernel<HeadDim, kConsumers, kPCode, false, kNarrowD>(a, tm_q, tm_k, tm_vt, stream);
+  run_kernel<HeadDim, kConsumers, kPCode, false, kNarrowD, kUsedDim>(a, tm_q, tm_k, tm_vt, stream);
 }
 
 // MXFP4 in memory: Q and K come by plain bulk copies (their maps are unused);
@@ -93,13 +96,16 @@ void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
 
 // E4M3 Q, K and Vᵀ in memory; at D = 64 with two or three consumers, and so
 // narrower head dims on it; those above 64 on the 128-wide kernel (recipe
-// fp8's P codes only, launch.cu).
+// fp8's P codes only, launch.cu), up to 96 with the products over 96
+// channels (Fp8Config's UsedDim).
 template <int HeadDim, PCode kPCode>
 void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if constexpr (kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt)
     if (a.D != HeadDim) {
       if constexpr (HeadDim == 64)
         if (a.consumers == 3 || (a.consumers == 0 && three_consumers(a))) return launch<64, 3, kPCode, true>(a, stream);
+      if constexpr (HeadDim == 128)
+        if (a.D <= kNarrowProductDim) return launch<128, 2, kPCode, true, kNarrowProductDim>(a, stream);
       return launch<HeadDim, 2, kPCode, true>(a, stream);
     }
   if constexpr (HeadDim == 64)
