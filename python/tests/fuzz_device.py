@@ -150,7 +150,9 @@ def run_case(c: dict, dump: str = None) -> dict:
     # of more than one step (a wrong P code or scale moves most of a row by
     # many), unless it is below 2^-20 of the row's largest |O|: a channel
     # whose values cancel over the keys ends near zero holding little but
-    # that last-bit difference of the rescaled partial sums.
+    # that last-bit difference of the rescaled partial sums. Recipe nvfp4 is
+    # held to the bounds alone, as its GPU suites hold it: its BF16 tensor
+    # core's sums are not modelled (tests/gpu/test_fwd_nvfp4_gpu.cu).
     differ = o_got != o_want
     noise = differ & (np.abs(o_got - o_want) <= np.ldexp(row_max, -20))
     real = differ & ~noise
@@ -163,7 +165,8 @@ def run_case(c: dict, dump: str = None) -> dict:
          "lse_max": float(np.abs(lse_want[finite]).max()) if finite.any() else 0.0,
          "masked_rows_differ": int(np.count_nonzero(np.isinf(lse_want) != np.isinf(lse_got)))}
     r["o_flips_over_gpu_test_count"] = r["o_differing"] > max(O_MIN_OFF, o_got.size // O_OFF_PER)
-    ok = (r["o_rel_l2"] <= O_MAX_REL_L2 and r["o_max_bf16_steps"] <= 1
+    bits_modelled = c["recipe"] != "nvfp4"
+    ok = (r["o_rel_l2"] <= O_MAX_REL_L2 and (r["o_max_bf16_steps"] <= 1 or not bits_modelled)
           and r["lse_diff"] <= lse_bound(r["lse_max"]) and r["masked_rows_differ"] == 0)
     if dump and not ok:
         np.savez_compressed(dump, q=inputs[0], k=inputs[1], v=inputs[2], o_gpu=o_got, o_emulator=o_want,
