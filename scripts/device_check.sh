@@ -96,9 +96,11 @@ fi
 
 if has_stage fuzz; then
   # Random problems, the GPU against the CPU emulator (python/tests/fuzz_device.py);
-  # the python stage installed the package into /tmp/fp4attn-site.
+  # the python stage installed the package into /tmp/fp4attn-site. A forward
+  # that disagrees leaves its inputs and both outputs in $OUT/fuzz-dumps.
   (cd python/tests && PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 500 python3 fuzz_device.py \
-    --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-1} --seconds ${FUZZ_SECONDS:-300} ${COMMIT:+--commit "$COMMIT"} --out "$OUT/fuzz.json") \
+    --cases ${FUZZ_CASES:-400} --seed ${FUZZ_SEED:-1} --seconds ${FUZZ_SECONDS:-300} ${COMMIT:+--commit "$COMMIT"} \
+    --dump "$OUT/fuzz-dumps" --out "$OUT/fuzz.json") \
     >"$OUT/fuzz.log" 2>&1
   rc=$?
   grep -E "FAILED|Error" "$OUT/fuzz.log" | head -10
