@@ -4,8 +4,8 @@
 // as they are, its tensor maps filling the missing channels with zeros (those
 // above 128 on its 256-wide kernel; the odd multiples of 8 from code rows at a
 // 16-byte pitch); everything else below 128 runs on the D = 64 and 128 kernels
-// with zero channels appended (src/dispatch/head_dim_padding.hpp). The result must be the
-// emulator's for the unpadded problem (the CPU tests show padding changes no
+// with zero channels appended (src/dispatch/head_dim_padding.hpp). The result
+// must be the emulator's for the unpadded problem (the CPU tests show padding changes no
 // emulator bit), and bit for bit what the explicitly padded call gives, so
 // that the softmax scale of the unpadded D is the one applied.
 #include <gtest/gtest.h>

@@ -33,7 +33,8 @@ namespace fp4attn::sm90::fwd {
 template <int HeadDim, int Consumers = 2, int UsedDim = HeadDim>
 struct Fp8Config {
   static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head dims 64, 128 and 256 are implemented");
-  static_assert(Consumers == 2 || (Consumers == 3 && HeadDim == 64), "three consumers fit the registers at D = 64 only");
+  static_assert(Consumers == 2 || (Consumers == 3 && HeadDim == 64),
+                "three consumers fit the registers at D = 64 only");
   static_assert(UsedDim == HeadDim || (HeadDim == 128 && UsedDim == 96 && Consumers == 2),
                 "of the layouts, only the 128-wide one runs narrower (96 channels)");
   static constexpr int kHeadDim = HeadDim;  // the tiles' channels (Q·Kᵀ's reduction at most)
