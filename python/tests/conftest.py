@@ -31,7 +31,6 @@ BOUNDS = {
 }
 
 
-
 class GradBounds(NamedTuple):
     rel_l2: float
     one_minus_cos: float

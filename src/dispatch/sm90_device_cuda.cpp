@@ -43,9 +43,8 @@ WorkspaceLayout workspace_layout(const AttentionShape& s) {
   WorkspaceRegions regions;
   const auto take = [&regions](std::size_t bytes) { return regions.take(bytes); };
   // Code rows at a pitch TMA can address (D = 40, 72: 48, 80 bytes).
-  const std::int64_t pitch = cuda_quantize::tma_code_pitch(s.D);
-  l.q = take(static_cast<std::size_t>(s.q_elems() / s.D * pitch));
-  l.k = take(static_cast<std::size_t>(s.kv_elems() / s.D * pitch));
+  l.q = take(static_cast<std::size_t>(cuda_quantize::tma_code_bytes(s.q_elems(), s.D)));
+  l.k = take(static_cast<std::size_t>(cuda_quantize::tma_code_bytes(s.kv_elems(), s.D)));
   l.vt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * cuda_quantize::padded_keys(s.Sk)));
   l.q_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
   l.k_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));

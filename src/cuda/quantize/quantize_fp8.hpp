@@ -87,6 +87,9 @@ constexpr std::int64_t tma_code_pitch(std::int64_t D) {
   return (D + kTmaStrideAlign - 1) / kTmaStrideAlign * kTmaStrideAlign;
 }
 
+// Bytes of q or k codes of `elems` elements (rows of D) at tma_code_pitch(D).
+constexpr std::int64_t tma_code_bytes(std::int64_t elems, std::int64_t D) { return elems / D * tma_code_pitch(D); }
+
 // The row pitch `out` gives its q and k codes.
 inline std::int64_t code_pitch_of(const Fp8Buffers& out, std::int64_t D) {
   return out.code_pitch != 0 ? out.code_pitch : D;

@@ -21,8 +21,8 @@ Fp8Operands::Fp8Operands(const AttentionShape& s) : shape_(s) {
   const auto floats = [this](std::int64_t n) { return static_cast<float*>(allocate(n * sizeof(float))); };
   bufs_.vt_keys = cuda_quantize::padded_keys(s.Sk);
   bufs_.code_pitch = cuda_quantize::tma_code_pitch(s.D);
-  bufs_.q = static_cast<std::uint8_t*>(allocate(s.q_elems() / s.D * bufs_.code_pitch));
-  bufs_.k = static_cast<std::uint8_t*>(allocate(s.kv_elems() / s.D * bufs_.code_pitch));
+  bufs_.q = static_cast<std::uint8_t*>(allocate(cuda_quantize::tma_code_bytes(s.q_elems(), s.D)));
+  bufs_.k = static_cast<std::uint8_t*>(allocate(cuda_quantize::tma_code_bytes(s.kv_elems(), s.D)));
   bufs_.vt = static_cast<std::uint8_t*>(allocate(s.B * s.Hkv * s.D * bufs_.vt_keys));
   bufs_.q_scale = floats(s.B * s.Hq * token_blocks(s.Sq));
   bufs_.k_scale = floats(s.B * s.Hkv * token_blocks(s.Sk));
