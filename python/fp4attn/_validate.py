@@ -45,9 +45,15 @@ class Dims:
     D: int
 
 
+_DTYPE_NAMES: dict = {}  # dtype -> bare name, filled as dtypes are seen (str() of a torch dtype is slow)
+
+
 def _dtype_name(x) -> str:
     # NumPy prints "float32", torch "torch.float32": compare the bare name.
-    return str(x.dtype).rsplit(".", 1)[-1]
+    name = _DTYPE_NAMES.get(x.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[x.dtype] = str(x.dtype).rsplit(".", 1)[-1]
+    return name
 
 
 def _last_stride_elems(x) -> int:
@@ -66,8 +72,10 @@ def check_array(x, name: str) -> None:
         raise TypeError(f"{name}: dtype {dtype} is not supported; use one of {', '.join(SUPPORTED_DTYPES)}")
     if len(x.shape) != RANK:
         raise ValueError(f"{name}: expected a {RANK}-D array, got shape {tuple(x.shape)}")
-    # A size-1 D has no meaningful stride; any other needs unit stride, as in FlashAttention.
-    if x.shape[-1] > 1 and _last_stride_elems(x) != 1:
+    # A size-1 D has no meaningful stride; any other needs unit stride, as in
+    # FlashAttention. An empty array has no stride either (NumPy reports 0):
+    # fp4attn::validate names the empty dimension instead.
+    if x.shape[-1] > 1 and math.prod(x.shape) > 0 and _last_stride_elems(x) != 1:
         raise ValueError(
             f"{name}: the last dimension (head dim D) must be contiguous, got stride {_last_stride_elems(x)}"
         )
@@ -161,3 +169,35 @@ def check_flag(value, name: str) -> bool:
     if isinstance(value, np.bool_):
         return bool(value)
     raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+
+
+def check_cu_seqlens(cu, name: str, total: int, total_name: str) -> list:
+    """A varlen batch's cumulative sequence lengths as host ints: a 1-D integer
+    array of B + 1 entries, starting at 0, never decreasing, ending at `total`
+    (the packed tensor's token count)."""
+    if not hasattr(cu, "shape") or not hasattr(cu, "dtype"):
+        raise TypeError(f"{name}: expected a 1-D integer array or tensor, got {type(cu).__name__}")
+    dtype = _dtype_name(cu)
+    if dtype not in ("int32", "int64"):
+        raise TypeError(f"{name}: dtype {dtype} is not supported; use int32 (as FlashAttention) or int64")
+    if len(cu.shape) != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name}: expected a 1-D array of batch size + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+    values = [int(x) for x in (cu.tolist() if hasattr(cu, "tolist") else cu)]
+    if values[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {values[0]}")
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            raise ValueError(f"{name}: must not decrease, got {values[i - 1]} then {values[i]} at entries {i - 1}, {i}")
+    if values[-1] != total:
+        raise ValueError(f"{name}: ends at {values[-1]}, but {total_name} holds {total} tokens")
+    return values
+
+
+def check_max_seqlen(value, name: str, lengths: list) -> int:
+    """max_seqlen_q / max_seqlen_k: FlashAttention sizes its grid by them, so a
+    value below the longest sequence would drop rows; here it is refused."""
+    value = check_int(value, name)
+    longest = max(lengths) if lengths else 0
+    if value < longest:
+        raise ValueError(f"{name}: {value} is below the longest sequence's {longest} tokens")
+    return value

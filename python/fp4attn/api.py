@@ -9,6 +9,9 @@ end in the same host code otherwise.
 from __future__ import annotations
 
 import importlib.util
+import math
+
+import numpy as np
 
 from . import _host, _validate
 
@@ -78,6 +81,17 @@ def attention(
     return (o, lse) if return_lse else o
 
 
+def _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, deterministic) -> None:
+    """FlashAttention's arguments for features fp4attn lacks: only their "off" value passes."""
+    _validate.check_absent(dropout_p, "dropout_p", 0.0, "attention dropout is not supported")
+    _validate.check_absent(window_size, "window_size", (-1, -1), "sliding-window attention is not supported")
+    _validate.check_absent(softcap, "softcap", 0.0, "score soft-capping is not supported")
+    _validate.check_absent(alibi_slopes, "alibi_slopes", None, "ALiBi is not supported")
+    if _validate.check_flag(deterministic, "deterministic"):
+        raise ValueError("deterministic: not selectable per call; torch.use_deterministic_algorithms(True) (or "
+                         "fp4attn.torch_ops.DETERMINISTIC_BACKWARD = True) makes the backward deterministic")
+
+
 def flash_attn_func(
     q,
     k,
@@ -104,13 +118,7 @@ def flash_attn_func(
     return_attn_probs=True it returns (out, softmax_lse, None): the attention
     probabilities are never formed, so the third element is None.
     """
-    _validate.check_absent(dropout_p, "dropout_p", 0.0, "attention dropout is not supported")
-    _validate.check_absent(window_size, "window_size", (-1, -1), "sliding-window attention is not supported")
-    _validate.check_absent(softcap, "softcap", 0.0, "score soft-capping is not supported")
-    _validate.check_absent(alibi_slopes, "alibi_slopes", None, "ALiBi is not supported")
-    if _validate.check_flag(deterministic, "deterministic"):
-        raise ValueError("deterministic: not selectable per call; torch.use_deterministic_algorithms(True) (or "
-                         "fp4attn.torch_ops.DETERMINISTIC_BACKWARD = True) makes the backward deterministic")
+    _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, deterministic)
     s = _host.make_settings(
         layout="bshd",
         mask=_host.MASK_BOTTOM_RIGHT if _validate.check_flag(causal, "causal") else _host.MASK_NONE,
@@ -125,6 +133,116 @@ def flash_attn_func(
     return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
     o, lse = _forward(q, k, v, s, return_attn_probs)
     return (o, lse, None) if return_attn_probs else o
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    block_table=None,
+    *,
+    recipe="fp8",
+):
+    """FlashAttention's flash_attn_varlen_func: sequences of different lengths packed along the tokens.
+
+    q: (total_q, Hq, D), k and v: (total_k, Hkv, D); sequence i holds query
+    tokens cu_seqlens_q[i] … cu_seqlens_q[i + 1] − 1 and key tokens
+    cu_seqlens_k[i] … cu_seqlens_k[i + 1] − 1 (1-D int32 or int64, B + 1
+    entries from 0 to total). causal is bottom-right aligned per sequence.
+    Each sequence's output is bit for bit what attention() gives on that
+    sequence alone (quantization is per sequence and head): consecutive
+    sequences of equal lengths run as one batched call on views of the packed
+    tensors, each other sequence as a call of its own, so a batch of many
+    different lengths pays a call's host cost per sequence, and CUDA tensors'
+    cu_seqlens are read to the host once. A sequence with no keys gives O = 0
+    and LSE = −inf, as a fully masked row does. max_seqlen_q / max_seqlen_k
+    must be at least the longest sequence (FlashAttention would drop rows;
+    here it is an error). The other arguments are flash_attn_func's;
+    block_table (paged KV caches) accepts only None. With
+    return_attn_probs=True it returns (out, softmax_lse, None), softmax_lse of
+    shape (Hq, total_q) as FlashAttention's.
+    """
+    _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, deterministic)
+    _validate.check_absent(block_table, "block_table", None, "paged KV caches are not supported")
+    torch_in = _is_torch(q)
+    if not torch_in:
+        q, k, v = (_host.to_host(x, name) for x, name in zip((q, k, v), ("q", "k", "v")))
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        if not hasattr(x, "shape") or len(x.shape) != 3:
+            raise ValueError(f"{name}: expected a 3-D (total tokens, heads, D) array, got "
+                             f"{'shape ' + str(tuple(x.shape)) if hasattr(x, 'shape') else type(x).__name__}")
+    # Dtypes, devices, D's stride and how the shapes agree, before any call runs.
+    _validate.check_qkv(*(x[None] for x in (q, k, v)), "bshd")
+    cu_q = _validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
+    cu_k = _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
+    if len(cu_k) != len(cu_q):
+        raise ValueError(f"cu_seqlens_k: has {len(cu_k)} entries (batch size {len(cu_k) - 1}) but cu_seqlens_q "
+                         f"has {len(cu_q)}")
+    lens_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    lens_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
+    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", lens_q)
+    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", lens_k)
+    s = _host.make_settings(
+        layout="bshd",
+        mask=_host.MASK_BOTTOM_RIGHT if _validate.check_flag(causal, "causal") else _host.MASK_NONE,
+        scale=softmax_scale,
+        scale_name="softmax_scale",
+        recipe=recipe,
+        smooth_k=True,
+        direct_p=True,
+        gqa=True,
+        names=("q", "k", "v"),
+    )
+    return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
+    # One (B, S, H, D) view of q, k and v per run of equal (query, key) lengths.
+    as_batch = (lambda x, n: x.unflatten(0, (n, -1))) if torch_in else (lambda x, n: x.reshape(n, -1, *x.shape[1:]))
+    hq, d = q.shape[1], q.shape[2]
+    outs, lses = [], []
+    i = 0
+    while i < len(lens_q):
+        n = 1
+        while i + n < len(lens_q) and (lens_q[i + n], lens_k[i + n]) == (lens_q[i], lens_k[i]):
+            n += 1
+        rows = slice(cu_q[i], cu_q[i + n])
+        if lens_q[i] > 0 and lens_k[i] == 0:
+            o, lse = _no_keys(q[rows], hq, torch_in)
+            outs.append(o), lses.append(lse)
+        elif lens_q[i] > 0:
+            keys = slice(cu_k[i], cu_k[i + n])
+            o, lse = _forward(as_batch(q[rows], n), as_batch(k[keys], n), as_batch(v[keys], n), s, return_attn_probs)
+            outs.append(o.reshape(-1, hq, d))
+            # (n, Hq, Lq) -> (Hq, n · Lq), the packed token order
+            lses.append(lse.permute(1, 0, 2).reshape(hq, -1) if torch_in else lse.transpose(1, 0, 2).reshape(hq, -1))
+        i += n
+    if not outs:  # no query tokens at all
+        outs.append(q[0:0] if torch_in else np.zeros(q.shape, np.float32))
+        lses.append(_no_keys(q, hq, torch_in)[1])
+    cat = _torch_ops.torch.cat if torch_in else np.concatenate
+    out = outs[0] if len(outs) == 1 else cat(outs)
+    if not return_attn_probs:
+        return out
+    return (out, lses[0] if len(lses) == 1 else cat(lses, 1), None)
+
+
+def _no_keys(q_rows, hq: int, torch_in: bool):
+    """O = 0 and LSE = −inf (Hq, tokens) for query rows whose sequence has no keys."""
+    if torch_in:
+        torch = _torch_ops.torch
+        lse = torch.full((hq, q_rows.shape[0]), -math.inf, dtype=torch.float32, device=q_rows.device)
+        return torch.zeros_like(q_rows), lse
+    return np.zeros(q_rows.shape, np.float32), np.full((hq, q_rows.shape[0]), -np.inf, np.float32)
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,

@@ -1,0 +1,136 @@
+"""Varlen batches (sequences of different lengths packed along the tokens,
+FlashAttention's flash_attn_varlen_func) on the GPU: fp4attn's
+flash_attn_varlen_func (recipe fp8, from bf16, quantization included) against
+cuDNN BF16 and FA2 BF16 through torch's SDPA, one call per sequence, and
+torch's own packed varlen attention (FA2's varlen kernel) where this torch
+has it, all in one process.
+
+    python3 bench/bench_varlen.py --out OUT.json [--commit C]
+
+A case is a list of sequence lengths (query = key length), heads and head
+dim; TFLOP/s count each sequence's pairs (L·(L+1)/2 when causal).
+Every implementation's O is compared with an fp64 reference on one sequence
+so that a fast wrong answer shows.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from capi_lib import time_ms  # noqa: E402
+
+import fp4attn  # noqa: E402
+
+# (name, lengths, Hq, Hkv, D, causal)
+CASES = [
+    ("llm_prefill_8_prompts", [1873, 512, 3001, 777, 2048, 1200, 256, 4000], 32, 8, 128, True),
+    ("equal_8x2048", [2048] * 8, 32, 8, 128, True),
+    ("long_and_short", [16384, 300, 900, 4096], 16, 16, 128, True),
+    ("encoder_64_short", [96 + (37 * i) % 500 for i in range(64)], 16, 16, 64, False),
+]
+
+
+def torch_varlen():
+    """torch's packed varlen attention, where this torch has one."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--commit", default="")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    varlen_attn = torch_varlen()
+    rows = []
+    for name, lens, hq, hkv, d, causal in CASES:
+        total = sum(lens)
+        cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+        bounds = cu.tolist()
+        q = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(total, hkv, d, device="cuda", dtype=torch.bfloat16) + 0.5
+        v = torch.randn(total, hkv, d, device="cuda", dtype=torch.bfloat16)
+        gqa = hq != hkv
+
+        def per_sequence(backend):
+            def run(i):
+                outs = []
+                with sdpa_kernel(backend):
+                    for a, b in zip(bounds, bounds[1:]):
+                        qs, ks, vs = (x[a:b].unsqueeze(0).transpose(1, 2) for x in (q, k, v))
+                        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=gqa)
+                                    .transpose(1, 2)[0])
+                return torch.cat(outs)
+            return run
+
+        impls = {
+            "fp8": lambda i: fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
+            "cudnn_per_sequence": per_sequence(SDPBackend.CUDNN_ATTENTION),
+            "fa2_per_sequence": per_sequence(SDPBackend.FLASH_ATTENTION),
+        }
+        if varlen_attn is not None:
+            # Its causal flag changed across torch versions: is_causal, later window_size=(-1, 0).
+            kk, vv = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v)) if gqa else (k, v)
+            mask_kw = {"is_causal": causal}
+            one = torch.tensor([0, 16], device="cuda", dtype=torch.int32)
+            try:
+                varlen_attn(q[:16], kk[:16], vv[:16], one, one, 16, 16, **mask_kw)
+            except TypeError:
+                mask_kw = {"window_size": (-1, 0) if causal else (-1, -1)}
+            impls["torch_varlen_fa2"] = lambda i: varlen_attn(q, kk, vv, cu, cu, max(lens), max(lens), **mask_kw)
+        with torch.inference_mode():
+            skipped = {}
+            for n in list(impls):
+                try:
+                    impls[n](0)
+                except (RuntimeError, TypeError) as e:
+                    skipped[n] = str(e).splitlines()[0][:200]
+                    del impls[n]
+            # fp64 on the second sequence (its first 512 queries; causal: the keys they see).
+            a, b = bounds[1], bounds[1] + min(512, lens[1])
+            keys = b if causal else bounds[2]
+            ref = F.scaled_dot_product_attention(*(x[s0:s1].unsqueeze(0).transpose(1, 2).double()
+                                                   for x, s0, s1 in ((q, a, b), (k, bounds[1], keys),
+                                                                     (v, bounds[1], keys))),
+                                                 is_causal=causal, enable_gqa=gqa).transpose(1, 2)[0]
+            rel_l2 = {n: round(float((fn(0)[a:b].double() - ref).norm() / ref.norm()), 5) for n, fn in impls.items()}
+            times = {n: [] for n in impls}
+            for rnd in range(args.rounds):
+                names = list(impls)
+                for n in names[rnd % len(names):] + names[:rnd % len(names)]:
+                    times[n].append(time_ms(impls[n], args.reps, 2, queued=True))
+        pairs = sum(L * (L + 1) / 2 if causal else L * L for L in lens)
+        flop = 4.0 * hq * d * pairs
+        ms = {n: statistics.median(t) for n, t in times.items()}
+        row = dict(op="fwd_varlen", case=name, lengths=lens, Hq=hq, Hkv=hkv, D=d, causal=causal,
+                   ms={n: round(t, 4) for n, t in ms.items()},
+                   tflops={n: round(flop / (t * 1e-3) / 1e12, 1) for n, t in ms.items()},
+                   vs_cudnn={n: round(ms["cudnn_per_sequence"] / t, 3) for n, t in ms.items()}
+                   if "cudnn_per_sequence" in ms else None,
+                   skipped=skipped, rel_l2_vs_fp64=rel_l2, rounds_ms={n: [round(x, 4) for x in t]
+                                                                     for n, t in times.items()})
+        rows.append(row)
+        print(f"{name}: TFLOP/s " + "  ".join(f"{n} {t}" for n, t in row["tflops"].items()) +
+              f"  | vs cuDNN {row['vs_cudnn']}  | rel L2 {rel_l2}  | skipped {list(skipped)}", flush=True)
+    out = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), commit=args.commit,
+               torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+               command="python3 bench/bench_varlen.py " + " ".join(sys.argv[1:]), rows=rows)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

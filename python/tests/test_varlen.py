@@ -1,0 +1,152 @@
+"""flash_attn_varlen_func: sequences of different lengths packed along the
+tokens. Every sequence's output and LSE are bit for bit those of a call on
+that sequence alone (on the CPU emulator with NumPy arrays, and through the
+torch layer on the CPU and, where there is one, the GPU); its errors name the
+argument."""
+
+import numpy as np
+import pytest
+
+import fp4attn
+from conftest import K_OFFSET
+
+
+def packed(rng, lens_q, lens_k, hq, hkv, d, dtype=np.float32):
+    """q (total_q, Hq, D), k and v (total_k, Hkv, D) and both cu_seqlens (int32)."""
+    cu_q = np.cumsum([0] + list(lens_q)).astype(np.int32)
+    cu_k = np.cumsum([0] + list(lens_k)).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1], hq, d)).astype(dtype)
+    k = (rng.standard_normal((cu_k[-1], hkv, d)) + K_OFFSET).astype(dtype)
+    v = rng.standard_normal((cu_k[-1], hkv, d)).astype(dtype)
+    return q, k, v, cu_q, cu_k
+
+
+# Repeated lengths (one batched call), a sequence without queries, one
+# without keys, Sq != Sk, and lengths that are and are not multiples of 128.
+LENS_Q = [5, 130, 130, 0, 7, 64, 64]
+LENS_K = [9, 130, 130, 3, 0, 200, 200]
+
+
+def per_sequence(q, k, v, cu_q, cu_k, causal, **kw):
+    """(O rows, LSE (Hq, rows)) of each sequence with queries and keys, by one flash_attn_func call each."""
+    for i in range(len(cu_q) - 1):
+        a, b, c, d = cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
+        if b > a and d > c:
+            o, lse, _ = fp4attn.flash_attn_func(q[None, a:b], k[None, c:d], v[None, c:d], causal=causal,
+                                                return_attn_probs=True, **kw)
+            yield i, slice(a, b), o[0], lse[0]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4"])
+def test_each_sequence_is_its_own_call(rng, causal, recipe):
+    q, k, v, cu_q, cu_k = packed(rng, LENS_Q, LENS_K, 4, 2, 64)
+    o, lse, probs = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(LENS_Q), max(LENS_K), causal=causal,
+                                                   return_attn_probs=True, recipe=recipe)
+    assert probs is None and o.shape == q.shape and lse.shape == (4, q.shape[0]) and lse.dtype == np.float32
+    seen = 0
+    for _, rows, o_one, lse_one in per_sequence(q, k, v, cu_q, cu_k, causal, recipe=recipe):
+        np.testing.assert_array_equal(o[rows], o_one)
+        np.testing.assert_array_equal(lse[:, rows], lse_one)
+        seen += 1
+    assert seen == 5
+    # The sequence with queries and no keys: O = 0, LSE = -inf, as a fully masked row.
+    rows = slice(cu_q[4], cu_q[5])
+    assert (o[rows] == 0).all() and np.isneginf(lse[:, rows]).all()
+    # Without the per-sequence masks the packed tokens would attend to each other.
+    whole = fp4attn.flash_attn_func(q[None], k[None], v[None], causal=causal, recipe=recipe)[0]
+    assert not np.array_equal(whole[cu_q[1]:cu_q[3]], o[cu_q[1]:cu_q[3]])
+
+
+def test_equal_lengths_are_the_batched_call(rng):
+    q, k, v, cu_q, cu_k = packed(rng, [96] * 3, [160] * 3, 4, 4, 64)
+    o = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 96, 160, softmax_scale=0.2, causal=True)
+    batched = fp4attn.flash_attn_func(*(x.reshape(3, -1, *x.shape[1:]) for x in (q, k, v)), softmax_scale=0.2,
+                                      causal=True)
+    np.testing.assert_array_equal(o, batched.reshape(o.shape))
+
+
+def test_no_query_tokens(rng):
+    q, k, v, cu_q, cu_k = packed(rng, [0, 0], [4, 0], 2, 2, 64)
+    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 0, 4, return_attn_probs=True)
+    assert o.shape == (0, 2, 64) and lse.shape == (2, 0)
+
+
+def raises(error, name):
+    return pytest.raises(error, match=rf"^{name}: ")
+
+
+def test_errors_name_the_argument(rng):
+    q, k, v, cu_q, cu_k = packed(rng, [5, 7], [9, 3], 2, 2, 64)
+    call = fp4attn.flash_attn_varlen_func
+    with raises(TypeError, "cu_seqlens_q"):
+        call(q, k, v, cu_q.astype(np.float32), cu_k, 7, 9)
+    with raises(ValueError, "cu_seqlens_q"):
+        call(q, k, v, cu_q[None], cu_k, 7, 9)
+    with raises(ValueError, "cu_seqlens_k"):
+        call(q, k, v, cu_q, cu_k + 1, 7, 9)  # does not start at 0
+    with raises(ValueError, "cu_seqlens_k"):
+        call(q, k, v, cu_q, np.array([0, 9, 8, 12], np.int32), 7, 9)  # decreasing (and one entry too many)
+    with raises(ValueError, "cu_seqlens_q"):
+        call(q, k, v, np.array([0, 5, 11], np.int32), cu_k, 7, 9)  # ends short of q's 12 tokens
+    with raises(ValueError, "cu_seqlens_k"):
+        call(q, k, v, cu_q, cu_k[:2], 7, 9)  # entries differ from cu_seqlens_q's
+    with raises(ValueError, "max_seqlen_q"):
+        call(q, k, v, cu_q, cu_k, 6, 9)
+    with raises(TypeError, "max_seqlen_k"):
+        call(q, k, v, cu_q, cu_k, 7, 9.0)
+    with raises(ValueError, "q"):
+        call(q[None], k, v, cu_q, cu_k, 7, 9)
+    with raises(ValueError, "v"):
+        call(q, k, v[:-1], cu_q, cu_k, 7, 9)
+    with raises(ValueError, "block_table"):
+        call(q, k, v, cu_q, cu_k, 7, 9, block_table=np.zeros((2, 1), np.int32))
+    with raises(ValueError, "window_size"):
+        call(q, k, v, cu_q, cu_k, 7, 9, window_size=(8, 0))
+    with raises(TypeError, "k"):
+        call(q, k.astype(np.float64), v, cu_q, cu_k, 7, 9)
+
+
+def test_empty_input_names_the_empty_size():
+    # An empty array has no meaningful strides (NumPy reports 0): the error is
+    # about its empty dimension, not its layout.
+    with raises(ValueError, "Sq"):
+        fp4attn.attention(np.zeros((1, 0, 2, 64), np.float32), *(np.ones((1, 4, 2, 64), np.float32),) * 2)
+
+
+try:
+    import torch
+except ImportError:
+    torch = None
+DEVICES = ["cpu"] + (["cuda"] if torch is not None and torch.cuda.is_available() else [])
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_each_sequence_is_its_own_call(rng, device, causal):
+    # Forward and gradients: each sequence's as from its own call (on the GPU
+    # the device path, with cu_seqlens as CUDA int32 tensors, as FlashAttention takes them).
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    lens_q, lens_k = [5, 300, 300, 0, 7, 128], [9, 300, 300, 3, 0, 200]
+    arrays = packed(rng, lens_q, lens_k, 4, 2, 64)
+    q, k, v = (torch.from_numpy(x).to(device=device, dtype=dtype).requires_grad_() for x in arrays[:3])
+    cu_q, cu_k = (torch.from_numpy(x).to(device) for x in arrays[3:])
+    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 300, causal=causal, return_attn_probs=True)
+    assert o.dtype == dtype and o.device == q.device and lse.shape == (4, q.shape[0])
+    d_o = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
+    o.backward(d_o)
+    got = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    expected = [torch.zeros_like(x) for x in (q, k, v)]
+    cq, ck = arrays[3], arrays[4]
+    for i, rows, o_one, lse_one in per_sequence(q, k, v, cq, ck, causal):
+        assert torch.equal(o[rows], o_one) and torch.equal(lse[:, rows], lse_one)
+        keys = slice(ck[i], ck[i + 1])
+        o_one.backward(d_o[rows])
+        for e, x, span in zip(expected, (q, k, v), (rows, keys, keys)):
+            e[span] = x.grad[span]
+            x.grad = None
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected):
+        assert torch.equal(g, e), name
