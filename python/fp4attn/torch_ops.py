@@ -76,12 +76,14 @@ its gradient is zero. The host path also skips it when dLSE is all zeros.
 
 # No `from __future__ import annotations` here: custom_op reads the
 # signature's annotations to build the op schema.
+import contextlib
 import functools
 import warnings
 from typing import Optional
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _ext, _host, _validate
 
@@ -145,6 +147,22 @@ _SM90 = (9, 0)
 @functools.lru_cache(maxsize=None)
 def _is_sm90(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == _SM90
+
+
+# The raw cudaStream_t of a device's current stream, as torch's generated
+# kernels read it: without a Stream object (about 3 µs a call).
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(device: torch.device) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _on_device(device: torch.device):
+    """torch.cuda.device(device), or nothing where it is already the current device (the common case)."""
+    return contextlib.nullcontext() if device.index == torch.cuda.current_device() else torch.cuda.device(device)
 
 
 def _bshd_strides(x: torch.Tensor, layout: str) -> tuple[int, int, int]:
@@ -235,7 +253,7 @@ def _attention_device(q, k, v, dims: _validate.Dims, s: _host.Settings, opt, kep
     if q.dtype == torch.float64:
         q, k, v = (x.float() for x in (q, k, v))
     shape = _device_shape(dims)
-    with torch.cuda.device(q.device):
+    with _on_device(q.device):
         o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
         lse = torch.empty((dims.B, dims.Hq, dims.Sq), dtype=torch.float32, device=q.device)
         if kept_bytes and kept_bytes != _ext.device_saved_bytes(shape, opt.recipe):
@@ -257,15 +275,14 @@ def _attention_device(q, k, v, dims: _validate.Dims, s: _host.Settings, opt, kep
             workspace.data_ptr(),
             workspace.numel(),
             opt,
-            torch.cuda.current_stream(q.device).cuda_stream,
+            _current_stream(q.device),
             kept.data_ptr() if kept_bytes else 0,
             kept_bytes,
         )
     return o, lse, kept
 
 
-@torch.library.custom_op(_OP, mutates_args=())
-def _attention_op(
+def _attention_impl(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -293,6 +310,9 @@ def _attention_op(
     o, lse = _host.attention(host_array(q), host_array(k), host_array(v), s)
     return (torch.from_numpy(o).to(device=q.device, dtype=q.dtype), torch.from_numpy(lse).to(device=q.device),
             torch.empty(0, dtype=torch.uint8, device=q.device))
+
+
+_attention_op = torch.library.custom_op(_OP, _attention_impl, mutates_args=())
 
 
 @_attention_op.register_fake
@@ -367,7 +387,7 @@ def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.S
         workspace.numel(),
         opt,
         deterministic,
-        torch.cuda.current_stream(q.device).cuda_stream,
+        _current_stream(q.device),
         kept.data_ptr() if kept is not None else 0,
         kept.numel() if kept is not None else 0,
     )
@@ -415,7 +435,7 @@ def _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt, 
     q, k, v, o, d_o = (x.to(element) for x in (q, k, v, o, d_o))
     if d_o.stride(-1) != 1 or 0 in d_o.stride():  # e.g. the expanded gradient of a sum
         d_o = d_o.contiguous()
-    with torch.cuda.device(q.device):
+    with _on_device(q.device):
         dq, dk, dv = _backward_device_call(d_o, q, k, v, o, lse.contiguous(), dims, s, opt, deterministic, kept)
         if d_lse is not None:
             o_term, d_o_term = _lse_term_inputs(d_lse, o, s.layout)
@@ -461,8 +481,7 @@ def _backward_host(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt):
 # ---- the backward op and the autograd registration ------------------------------
 
 
-@torch.library.custom_op(_BACKWARD_OP, mutates_args=())
-def _attention_backward_op(
+def _attention_backward_impl(
     d_o: torch.Tensor,
     d_lse: Optional[torch.Tensor],
     q: torch.Tensor,
@@ -502,6 +521,9 @@ def _attention_backward_op(
     if kept is not None:
         raise RuntimeError("the forward kept Q's and K's operands for a device backward this call cannot run")
     return _backward_host(d_o, d_lse, q, k, v, o, lse, dims, s, opt)
+
+
+_attention_backward_op = torch.library.custom_op(_BACKWARD_OP, _attention_backward_impl, mutates_args=())
 
 
 @_attention_backward_op.register_fake
@@ -550,11 +572,59 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
     if grad_o is None:
         grad_o = torch.zeros_like(o)
     deterministic = _deterministic_backward()
-    dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
+    args = (grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
+    backward = _attention_backward_impl if _eager_call(args) else _attention_backward_op
+    dq, dk, dv = backward(*args)
     return (dq, dk, dv) + (None,) * (len(ctx.settings) + 2)
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---- the eager path ---------------------------------------------------------------
+# The custom ops are what torch.compile, torch.export and tensor subclasses
+# need. Run eagerly, their dispatch (schema binding, the autograd wrapper,
+# the output alias checks) costs the host more than a small attention call
+# takes on the GPU: on the H200's host a forward took 111 µs through the op
+# and 81 directly, 239 and 146 with autograd recording, forward + backward
+# 943 and 677 (B = 1, S = 512, 32 heads, D = 128; perf log h1). Plain tensors
+# outside any tracing, mode or transform take the same implementation and
+# backward directly.
+
+
+_functorch_stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+
+
+def _eager_call(args) -> bool:
+    """Whether `args` (an op's arguments) may bypass the custom op: plain tensors, nothing tracing them."""
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        return False
+    if _functorch_stack is None or _functorch_stack() is not None:  # vmap, grad, ... (or unknown: the op)
+        return False
+    return all(type(x) is torch.Tensor for x in args if isinstance(x, torch.Tensor))
+
+
+class _AttentionFunction(torch.autograd.Function):
+    """The forward op's autograd, without the op: the same implementation, context and backward."""
+
+    @staticmethod
+    def forward(*args):
+        return _attention_impl(*args)
+
+    setup_context = staticmethod(_setup_context)
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse, grad_kept):
+        return _backward(ctx, grad_o, grad_lse, grad_kept)
+
+
+def _call_attention(*args):
+    """(O, LSE, kept) of the forward op's arguments: through the op, or eagerly where _eager_call allows."""
+    if not _eager_call(args):
+        return _attention_op(*args)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in args[:3]):
+        return _AttentionFunction.apply(*args)
+    return _attention_impl(*args)
 
 
 # Head dims the sm90 kernels are not instantiated for and the library accepts
@@ -627,12 +697,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settin
     keep = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     d, d_run = _padded_head_dim(q, k, v, s, keep)
     if not d_run:
-        o, lse, _kept = _attention_op(q, k, v, *s, lse_returned, keep)
+        o, lse, _kept = _call_attention(q, k, v, *s, lse_returned, keep)
         return o, lse
     if s.scale == 0.0:  # 1/sqrt(D) of the unpadded D, rounded as the library rounds it (float32)
         s = s._replace(scale=float(np.float32(1.0) / np.sqrt(np.float32(d))))
     padded = (_append_zero_channels(x, d, d_run) for x in (q, k, v))
-    o, lse, _kept = _attention_op(*padded, *s, lse_returned, keep)
+    o, lse, _kept = _call_attention(*padded, *s, lse_returned, keep)
     return o[..., :d].contiguous(), lse
 
 

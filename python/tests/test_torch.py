@@ -71,6 +71,48 @@ def test_bf16_in_bf16_out_and_same_as_numpy(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", ["fp8", "mxfp4_train"])
+def test_eager_path_is_the_op(device, recipe, monkeypatch):
+    # Eager calls on plain tensors skip the custom ops' dispatch; they must
+    # give the op's bits, forward and backward, and must not reach the ops.
+    from fp4attn import torch_ops
+
+    def run():
+        q, k, v = (x.requires_grad_() for x in make_bhsd(5, 2, 4, 2, 100, 160, 64, device, torch.bfloat16))
+        o, lse = fp4attn.attention(q, k, v, causal=True, recipe=recipe, layout="bhsd", return_lse=True)
+        g = torch.Generator().manual_seed(6)
+        (o.float() * torch.randn(o.shape, generator=g).to(device)).sum().add(lse.sum()).backward()
+        return o, lse, q.grad, k.grad, v.grad
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the custom op ran on the eager path")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch_ops, "_attention_op", refuse)
+        m.setattr(torch_ops, "_attention_backward_op", refuse)
+        eager = run()
+    monkeypatch.setattr(torch_ops, "_eager_call", lambda args: False)
+    through_op = run()
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), eager, through_op):
+        assert torch.equal(a, b), name
+    # Under a dispatch mode (as tracing has) the op runs, not the eager path.
+    monkeypatch.undo()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Seen.ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = make_bhsd(5, 1, 2, 2, 32, 32, 64, device)
+    with Seen():
+        fp4attn.sdpa(q, k, v)
+    assert any("fp4attn.attention" in op for op in Seen.ops), Seen.ops
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_custom_op_registration(device):
     q, k, v = make_bhsd(4, 1, 2, 2, 32, 48, 64, device)
     args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "bshd", "causal", 0.0, "fp8", True, True, True, "q,k,v", "sm90")
