@@ -218,7 +218,8 @@ def flash_attn_varlen_func(
         rows = slice(cu_q[i], cu_q[i + n])
         if lens_q[i] > 0 and lens_k[i] == 0:
             o, lse = _no_keys(q[rows], hq, torch_in)
-            outs.append(o), lses.append(lse)
+            outs.append(o)
+            lses.append(lse)
         elif lens_q[i] > 0:
             keys = slice(cu_k[i], cu_k[i + n])
             o, lse = _forward(as_batch(q[rows], n), as_batch(k[keys], n), as_batch(v[keys], n), s, return_attn_probs)
@@ -227,7 +228,7 @@ def flash_attn_varlen_func(
             lses.append(lse.permute(1, 0, 2).reshape(hq, -1) if torch_in else lse.transpose(1, 0, 2).reshape(hq, -1))
         i += n
     if not outs:  # no query tokens at all
-        outs.append(q[0:0] if torch_in else np.zeros(q.shape, np.float32))
+        outs.append(q.new_empty((0, hq, d)) if torch_in else np.zeros(q.shape, np.float32))
         lses.append(_no_keys(q, hq, torch_in)[1])
     cat = _torch_ops.torch.cat if torch_in else np.concatenate
     out = outs[0] if len(outs) == 1 else cat(outs)

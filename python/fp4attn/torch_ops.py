@@ -2,6 +2,8 @@
 
 The op `fp4attn::attention` has a fake (meta) implementation, so
 torch.compile(fullgraph=True) keeps it in the graph without running it.
+Eager calls on plain tensors run the op's implementation and backward
+directly, without the op's dispatch (see "the eager path" below).
 
 Execution:
 * CUDA tensors, when this build has the sm90 executor, the tensors live on a
