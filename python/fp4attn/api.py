@@ -92,6 +92,21 @@ def _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, dete
                          "fp4attn.torch_ops.DETERMINISTIC_BACKWARD = True) makes the backward deterministic")
 
 
+def _flash_attn_settings(causal, softmax_scale, recipe) -> _host.Settings:
+    """FlashAttention's conventions: (B, S, H, D), bottom-right causal mask, GQA, smooth_k and Direct-P on."""
+    return _host.make_settings(
+        layout="bshd",
+        mask=_host.MASK_BOTTOM_RIGHT if _validate.check_flag(causal, "causal") else _host.MASK_NONE,
+        scale=softmax_scale,
+        scale_name="softmax_scale",
+        recipe=recipe,
+        smooth_k=True,
+        direct_p=True,
+        gqa=True,
+        names=("q", "k", "v"),
+    )
+
+
 def flash_attn_func(
     q,
     k,
@@ -119,17 +134,7 @@ def flash_attn_func(
     probabilities are never formed, so the third element is None.
     """
     _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, deterministic)
-    s = _host.make_settings(
-        layout="bshd",
-        mask=_host.MASK_BOTTOM_RIGHT if _validate.check_flag(causal, "causal") else _host.MASK_NONE,
-        scale=softmax_scale,
-        scale_name="softmax_scale",
-        recipe=recipe,
-        smooth_k=True,
-        direct_p=True,
-        gqa=True,
-        names=("q", "k", "v"),
-    )
+    s = _flash_attn_settings(causal, softmax_scale, recipe)
     return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
     o, lse = _forward(q, k, v, s, return_attn_probs)
     return (o, lse, None) if return_attn_probs else o
@@ -194,17 +199,7 @@ def flash_attn_varlen_func(
     lens_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
     _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", lens_q)
     _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", lens_k)
-    s = _host.make_settings(
-        layout="bshd",
-        mask=_host.MASK_BOTTOM_RIGHT if _validate.check_flag(causal, "causal") else _host.MASK_NONE,
-        scale=softmax_scale,
-        scale_name="softmax_scale",
-        recipe=recipe,
-        smooth_k=True,
-        direct_p=True,
-        gqa=True,
-        names=("q", "k", "v"),
-    )
+    s = _flash_attn_settings(causal, softmax_scale, recipe)
     return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
     # One (B, S, H, D) view of q, k and v per run of equal (query, key) lengths.
     as_batch = (lambda x, n: x.unflatten(0, (n, -1))) if torch_in else (lambda x, n: x.reshape(n, -1, *x.shape[1:]))
