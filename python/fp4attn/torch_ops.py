@@ -607,13 +607,19 @@ def _eager_call(args) -> bool:
 
 
 class _AttentionFunction(torch.autograd.Function):
-    """The forward op's autograd, without the op: the same implementation, context and backward."""
+    """The forward op's autograd, without the op: the same implementation, context and backward.
+
+    forward takes ctx itself: with a separate setup_context, Function.apply
+    binds the arguments through inspect.signature on every call (about 15 µs).
+    Functorch transforms, which need the separate form, take the op instead
+    (_eager_call).
+    """
 
     @staticmethod
-    def forward(*args):
-        return _attention_impl(*args)
-
-    setup_context = staticmethod(_setup_context)
+    def forward(ctx, *args):
+        output = _attention_impl(*args)
+        _setup_context(ctx, args, output)
+        return output
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse, grad_kept):
