@@ -220,7 +220,7 @@ def flash_attn_varlen_func(
             o, lse = _forward(as_batch(q[rows], n), as_batch(k[keys], n), as_batch(v[keys], n), s, return_attn_probs)
             outs.append(o.reshape(-1, hq, d))
             # (n, Hq, Lq) -> (Hq, n · Lq), the packed token order
-            lses.append(lse.permute(1, 0, 2).reshape(hq, -1) if torch_in else lse.transpose(1, 0, 2).reshape(hq, -1))
+            lses.append(lse.swapaxes(0, 1).reshape(hq, -1))
         i += n
     if not outs:  # no query tokens at all
         outs.append(q.new_empty((0, hq, d)) if torch_in else np.zeros(q.shape, np.float32))
