@@ -92,6 +92,16 @@ if has_stage python; then
   fi
   summary+=("python tests: rc=$rc ($(tail -1 "$OUT/pytest.log" 2>/dev/null))")
   [[ $rc -eq 0 ]] || status=1
+  if has_stage sanitize && [[ $rc -eq 0 ]]; then
+    # Packed sequences (cu_seqlens) run only through the Python package: the
+    # quantizer's and the kernel's per-sequence offsets under memcheck.
+    (cd /tmp && PYTHONPATH=/tmp/fp4attn-site timeout 300 compute-sanitizer --tool memcheck --error-exitcode 7 \
+      python3 -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests/test_varlen.py" -k device_call) \
+      >"$OUT/sanitize-varlen.log" 2>&1
+    rc=$?
+    summary+=("compute-sanitizer memcheck, packed sequences: rc=$rc ($(grep -E 'ERROR SUMMARY' "$OUT/sanitize-varlen.log" | tail -1))")
+    [[ $rc -eq 0 ]] || status=1
+  fi
 fi
 
 if has_stage fuzz; then

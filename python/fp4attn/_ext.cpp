@@ -107,7 +107,8 @@ void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, st
                     const Strides& q_strides, std::uintptr_t k, const Strides& k_strides, std::uintptr_t v,
                     const Strides& v_strides, std::uintptr_t o, const Strides& o_strides, std::uintptr_t lse,
                     std::uintptr_t workspace, std::size_t workspace_bytes, const AttentionOptions& opt,
-                    std::uintptr_t stream, std::uintptr_t saved, std::size_t saved_bytes) {
+                    std::uintptr_t stream, std::uintptr_t saved, std::size_t saved_bytes, std::uintptr_t cu_seqlens_q,
+                    std::uintptr_t cu_seqlens_k, std::int64_t lse_pitch) {
   dispatch::DeviceForwardArgs a;
   a.shape = shape_of(shape);
   a.element = element;
@@ -121,6 +122,9 @@ void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, st
   a.workspace_bytes = workspace_bytes;
   a.saved = pointer<void*>(saved);
   a.saved_bytes = saved_bytes;
+  a.cu_seqlens_q = pointer<const int*>(cu_seqlens_q);
+  a.cu_seqlens_k = pointer<const int*>(cu_seqlens_k);
+  a.lse_pitch = lse_pitch;
   nb::gil_scoped_release no_gil;  // only enqueues work; other Python threads may go on
   dispatch::sm90_forward_device(a, opt, pointer<void*>(stream));
 }
@@ -314,11 +318,14 @@ NB_MODULE(_ext, m) {
   m.def("forward_device", &py::forward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
         nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
         nb::arg("o_strides"), nb::arg("lse"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"),
-        nb::arg("stream"), nb::arg("saved") = 0, nb::arg("saved_bytes") = 0,
+        nb::arg("stream"), nb::arg("saved") = 0, nb::arg("saved_bytes") = 0, nb::arg("cu_seqlens_q") = 0,
+        nb::arg("cu_seqlens_k") = 0, nb::arg("lse_pitch") = 0,
         "Forward (recipes fp8, mxfp4_train, mxfp4) on device pointers (q, k, v of one element type; O bf16; "
         "LSE fp32), "
         "enqueued on the CUDA stream handle `stream` without host synchronisation. `saved` (recipes fp8 and "
-        "mxfp4_train, device_saved_bytes bytes; 0: none) receives Q's and K's operands for backward_device.");
+        "mxfp4_train, device_saved_bytes bytes; 0: none) receives Q's and K's operands for backward_device. "
+        "cu_seqlens_q / cu_seqlens_k (device int32 pointers, B + 1 each; recipe fp8): packed sequences, shape's "
+        "Sq and Sk the longest, O packed (total_q, Hq, D), the LSE (Hq, lse_pitch = total_q).");
   m.def("device_saved_bytes",
         [](const py::ShapeTuple& shape, fp4attn::Recipe recipe) {
           return fp4attn::dispatch::sm90_device_saved_bytes(py::shape_of(shape), recipe);

@@ -167,11 +167,14 @@ def flash_attn_varlen_func(
     cu_seqlens_k[i] … cu_seqlens_k[i + 1] − 1 (1-D int32 or int64, B + 1
     entries from 0 to total). causal is bottom-right aligned per sequence.
     Each sequence's output is bit for bit what attention() gives on that
-    sequence alone (quantization is per sequence and head): consecutive
-    sequences of equal lengths run as one batched call on views of the packed
-    tensors, each other sequence as a call of its own, so a batch of many
-    different lengths pays a call's host cost per sequence, and CUDA tensors'
-    cu_seqlens are read to the host once. A sequence with no keys gives O = 0
+    sequence alone (quantization is per sequence and head). Recipe fp8's
+    forward on a Hopper GPU, without autograd, runs every sequence in one
+    call whose quantizer and kernel read the packed tensors
+    (torch_ops.varlen_forward_device). Otherwise consecutive sequences of
+    equal lengths run as one batched call on views of the packed tensors,
+    each other sequence as a call of its own, so a batch of many different
+    lengths pays a call's host cost per sequence. CUDA tensors' cu_seqlens
+    are read to the host once. A sequence with no keys gives O = 0
     and LSE = −inf, as a fully masked row does. max_seqlen_q / max_seqlen_k
     must be at least the longest sequence (FlashAttention would drop rows;
     here it is an error). The other arguments are flash_attn_func's;
@@ -201,6 +204,10 @@ def flash_attn_varlen_func(
     _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", lens_k)
     s = _flash_attn_settings(causal, softmax_scale, recipe)
     return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
+    if torch_in:  # one device call for all sequences where the device path takes them
+        both = _torch_ops.varlen_forward_device(q, k, v, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s)
+        if both is not None:
+            return (both[0], both[1], None) if return_attn_probs else both[0]
     # One (B, S, H, D) view of q, k and v per run of equal (query, key) lengths.
     as_batch = (lambda x, n: x.unflatten(0, (n, -1))) if torch_in else (lambda x, n: x.reshape(n, -1, *x.shape[1:]))
     hq, d = q.shape[1], q.shape[2]

@@ -729,3 +729,41 @@ def _append_zero_channels(x: torch.Tensor, d: int, d_run: int) -> torch.Tensor:
     out[..., d:] = 0
     out[..., :d] = in_memory_order
     return out.permute([order.index(i) for i in range(4)])
+
+
+# ---- packed sequences (flash_attn_varlen_func) on the device -------------------------
+
+
+def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
+                          lens_q: list, lens_k: list, s: _host.Settings) -> Optional[tuple]:
+    """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed sequences in one device call, or None where
+    that call cannot run them: recipe fp8's forward on a Hopper GPU, the kernels' head dims read in
+    place, every sequence with queries and keys, no gradient wanted, nothing tracing the call.
+
+    The quantizer and the kernel take each sequence's own length from cu_seqlens, so every
+    sequence's O and LSE are those of a call on it alone, bit for bit (test_varlen.py).
+    """
+    if q.device.type != "cuda" or s.recipe != "fp8" or s.target != "sm90" or q.dtype not in _DEVICE_ELEMENTS:
+        return None
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        return None  # the backward of packed sequences runs per sequence
+    if min(lens_q) == 0 or min(lens_k) == 0 or not _eager_call((q, k, v)):
+        return None
+    dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=q.shape[1], Hkv=k.shape[1], D=q.shape[2])
+    opt = _host.options(s)
+    if not _uses_device_path(q, dims, opt):
+        return None
+    cu = [torch.as_tensor(c).to(device=q.device, dtype=torch.int32).contiguous() for c in (cu_seqlens_q, cu_seqlens_k)]
+    shape = _device_shape(dims)
+    total_q = q.shape[0]
+    # (B, S, H) strides with the batch stride unused: the sequences' rows come from cu_seqlens.
+    packed = [(0, x.stride(0), x.stride(1)) for x in (q, k, v)]
+    with _on_device(q.device):
+        o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty((dims.Hq, total_q), dtype=torch.float32, device=q.device)
+        workspace = torch.empty(_ext.device_workspace_bytes(shape, opt.recipe), dtype=torch.uint8, device=q.device)
+        _ext.forward_device(shape, _DEVICE_ELEMENTS[q.dtype], q.data_ptr(), packed[0], k.data_ptr(), packed[1],
+                            v.data_ptr(), packed[2], o.data_ptr(), (0, o.stride(0), o.stride(1)), lse.data_ptr(),
+                            workspace.data_ptr(), workspace.numel(), opt, _current_stream(q.device),
+                            cu_seqlens_q=cu[0].data_ptr(), cu_seqlens_k=cu[1].data_ptr(), lse_pitch=total_q)
+    return o.to(q.dtype), lse

@@ -150,3 +150,40 @@ def test_torch_each_sequence_is_its_own_call(rng, device, causal):
             x.grad = None
     for name, g, e in zip(("dq", "dk", "dv"), got, expected):
         assert torch.equal(g, e), name
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,hq,hkv,dtype,qkv_packed", [(128, 4, 2, "bfloat16", False), (64, 4, 4, "float16", True),
+                                                       (72, 2, 1, "bfloat16", False)])
+def test_device_call_is_each_sequence(rng, causal, d, hq, hkv, dtype, qkv_packed):
+    # Without autograd, recipe fp8 on a Hopper GPU runs all sequences in one
+    # call whose quantizer and kernel read the packed tensors: still each
+    # sequence's own bits. Lengths on and off the 128-token tiles, Sq > Sk
+    # (causal rows that see no key), and q, k, v as views of one packed QKV
+    # projection (row stride 3·H·D).
+    from fp4attn import _host, torch_ops
+
+    lens_q = [5, 300, 300, 129, 7, 128, 1000]
+    lens_k = lens_q if qkv_packed else [9, 300, 300, 3, 2, 200, 1000]
+    arrays = packed(rng, lens_q, lens_k, hq, hkv, d)
+    q, k, v = (torch.from_numpy(x).to("cuda", getattr(torch, dtype)) for x in arrays[:3])
+    cu_q, cu_k = (torch.from_numpy(x).cuda() for x in arrays[3:])
+    if qkv_packed:  # self-attention from one (total, 3, H, D) projection
+        qkv = torch.stack((q, k, v), dim=1)
+        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    settings = _host.make_settings(layout="bshd", mask=_host.MASK_BOTTOM_RIGHT if causal else _host.MASK_NONE,
+                                   scale=None, scale_name="softmax_scale", recipe="fp8", smooth_k=True, direct_p=True,
+                                   gqa=True, names=("q", "k", "v"))
+    with torch.no_grad():
+        o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1000, 1000, causal=causal,
+                                                   return_attn_probs=True)
+        one_call = torch_ops.varlen_forward_device(q, k, v, cu_q, cu_k, lens_q, lens_k, settings)
+        if fp4attn.backend_info()["sm90_available"]:
+            assert one_call is not None
+        seen = 0
+        for _, rows, o_one, lse_one in per_sequence(q, k, v, arrays[3], arrays[4], causal):
+            assert torch.equal(o[rows], o_one), rows
+            assert torch.equal(lse[:, rows], lse_one), rows
+            seen += 1
+    assert seen == len(lens_q)

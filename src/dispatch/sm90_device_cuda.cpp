@@ -94,6 +94,14 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
   check_workspace(args.workspace, args.workspace_bytes, sm90_device_workspace_bytes(s, opt.recipe));
   if (args.saved != nullptr) check_saved(args.saved, args.saved_bytes, s, opt.recipe);
+  const bool packed = args.cu_seqlens_q != nullptr || args.cu_seqlens_k != nullptr;
+  if (packed) {
+    if (args.cu_seqlens_q == nullptr || args.cu_seqlens_k == nullptr)
+      throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");
+    if (opt.recipe != Recipe::fp8) throw Error("recipe", "packed sequences run recipe fp8 on the device for now");
+    if (args.saved != nullptr) throw Error("saved", "packed sequences keep no operands for a backward yet");
+    if (args.lse_pitch <= 0) throw Error("lse_pitch", "must be the number of query tokens in all");
+  }
 
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
@@ -103,9 +111,10 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
     a.lse = args.lse;
     return a;
   };
-  const auto q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q");
-  const auto k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k");
-  const auto v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
+  auto q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q");
+  auto k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k");
+  auto v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
+  q.cu_seqlens = args.cu_seqlens_q, k.cu_seqlens = v.cu_seqlens = args.cu_seqlens_k;
 
   if (opt.recipe == Recipe::nvfp4) {
     // NVFP4: the quantizer and the BF16 expansion write into the workspace;
@@ -182,6 +191,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   sm90::fwd::Fp8ForwardArgs a = with_output(sm90::fwd::contiguous_forward_args(
       s, bufs, opt.mask, opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt, scale, opt.smooth_k));
   a.nonfinite = bufs.nonfinite;
+  a.cu_seqlens_q = args.cu_seqlens_q, a.cu_seqlens_k = args.cu_seqlens_k, a.lse_pitch = args.lse_pitch;
   sm90::fwd::forward_fp8(a, stream);
 }
 

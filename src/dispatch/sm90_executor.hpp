@@ -58,6 +58,16 @@ struct DeviceForwardArgs {
   // Q and K again. Null: nothing is kept.
   void* saved = nullptr;
   std::size_t saved_bytes = 0;
+  // Optional, recipe fp8 without `saved`: packed sequences of different
+  // lengths (FlashAttention's varlen batches). shape.B device ints + 1 each;
+  // sequence b is token rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] − 1 of q
+  // and O, and cu_seqlens_k[b] .. of k and v, whose batch strides are not
+  // used; shape.Sq and shape.Sk are the longest sequences (the workspace's
+  // layout); the LSE is (Hq, lse_pitch), lse_pitch the query tokens in all.
+  // Each sequence's O and LSE are those of a call on it alone, bit for bit.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  std::int64_t lse_pitch = 0;
 };
 
 // Device bytes of DeviceForwardArgs::saved for `shape` and `recipe`: 0 for

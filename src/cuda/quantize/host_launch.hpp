@@ -24,7 +24,7 @@ InputView<T> view_of(const StridedInput& x) {
   constexpr std::int64_t per_vector = kVectorBytes / sizeof(T);
   const bool vector = aligned(x.data, kVectorBytes) && x.stride_b % per_vector == 0 &&
                       x.stride_s % per_vector == 0 && x.stride_h % per_vector == 0;
-  return {static_cast<const T*>(x.data), x.stride_b, x.stride_s, x.stride_h, vector};
+  return {static_cast<const T*>(x.data), x.stride_b, x.stride_s, x.stride_h, vector, x.cu_seqlens};
 }
 
 // Workspace for one call: the caller's, or a stream-ordered allocation freed

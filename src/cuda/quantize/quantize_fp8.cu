@@ -63,6 +63,7 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   job.by_group = FastDiv(static_cast<std::uint32_t>(q.H / k.H));
   job.by_k_blocks = FastDiv(static_cast<std::uint32_t>(job.k_blocks));
   job.by_q_blocks = FastDiv(static_cast<std::uint32_t>(job.q_blocks));
+  job.cu_q = q.cu_seqlens, job.cu_k = k.cu_seqlens;
 
   const std::int64_t slices = k.B * k.H;
   const WorkspaceLayout layout = workspace_layout(slices, job.k_blocks, k.D);
@@ -167,6 +168,10 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
                                   std::to_string(out.code_pitch));
   if (code_pitch_of(out, q.D) != q.D && (out.qt != nullptr || out.kt != nullptr))
     throw Error("code_pitch", "must be D with the backward's operands (they are read at D)");
+  if (k.cu_seqlens != v.cu_seqlens) throw Error("cu_seqlens", "k and v must share their sequence boundaries");
+  if ((q.cu_seqlens != nullptr || k.cu_seqlens != nullptr) &&
+      (out.qt != nullptr || out.kt != nullptr || q_row_dot.out != nullptr))
+    throw Error("cu_seqlens", "packed sequences have no backward operands (Qᵀ, Kᵀ, the row dot) yet");
   if (q_row_dot.out != nullptr) {
     const StridedInput& w = q_row_dot.with;
     check_shape(w, "q_row_dot.with");

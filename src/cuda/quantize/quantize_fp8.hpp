@@ -35,6 +35,12 @@ struct StridedInput {
   ElementType type = ElementType::bf16;
   std::int64_t B = 0, S = 0, H = 0, D = 0;
   std::int64_t stride_b = 0, stride_s = 0, stride_h = 0;
+  // Packed sequences of different lengths (FlashAttention's varlen batches):
+  // B + 1 device ints; batch entry b is token rows cu_seqlens[b] ..
+  // cu_seqlens[b + 1] − 1 of the tensor, stride_b is not used, and S is the
+  // longest sequence, the length the outputs are laid out for (quantize_fp8
+  // says what each sequence gets). Null: every entry has S tokens.
+  const int* cu_seqlens = nullptr;
 };
 
 // Device buffers the quantizer fills (sizes in the header comment).
@@ -109,6 +115,12 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 // null V is not quantized (no Vᵀ, no v_scale, no V statistics; v serves only
 // to check the shapes): the backward needs Q and K exactly as the forward
 // quantized them, and V only per token block, which it gets as a "k".
+// Packed sequences (q.cu_seqlens, and one cu_seqlens shared by k and v):
+// every output keeps its layout for S tokens per batch entry, and entry b's
+// statistics (the smooth_k mean, V's channel scales), block scales and codes
+// are those of a call on its own tokens, bit for bit; its rows past its
+// length are zero codes up to its last block, and blocks wholly past it are
+// not written (the forward never reads them). Not with the backward's operands.
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
                   float softmax_scale, const Fp8Buffers& out, cudaStream_t stream);
 

@@ -138,6 +138,14 @@ struct Job {
   Workspace ws;
   // The quantize kernel's block index → (b, h, block), see fp8_quantize_kernel.
   FastDiv by_hkv, by_hq, by_group, by_k_blocks, by_q_blocks;
+  // Packed sequences (StridedInput::cu_seqlens of q and of k and v), or null:
+  // then Sq and Sk are the longest, the outputs' layout, and batch entry b
+  // has its own number of tokens, which is all its statistics and codes see.
+  const int* cu_q;
+  const int* cu_k;
+
+  __device__ int q_tokens(int b) const { return cu_q != nullptr ? cu_q[b + 1] - cu_q[b] : Sq; }
+  __device__ int k_tokens(int b) const { return cu_k != nullptr ? cu_k[b + 1] - cu_k[b] : Sk; }
 };
 
 __device__ __forceinline__ std::uint32_t magnitude_bits(float x) { return __float_as_uint(x) & kMagnitudeMask; }
@@ -168,7 +176,8 @@ __global__ void __launch_bounds__(kStatsThreads, kStatsCtasPerSm<T>)
   const int b = static_cast<int>(blockIdx.y);
   if (quad * kQuad >= job.Hkv * job.D) return;
   const int h = (quad * kQuad) / job.D, d0 = (quad * kQuad) % job.D;
-  const int s0 = chunk * kTokenBlock, tokens = min(kTokenBlock, job.Sk - s0);
+  // Chunks past a packed sequence's end sum to zero (and add nothing to its mean).
+  const int s0 = chunk * kTokenBlock, tokens = min(kTokenBlock, job.k_tokens(b) - s0);
   const T* p = in.segment(b, s0, h, d0);
 
   double sum[kQuad] = {};
@@ -220,7 +229,8 @@ __global__ void __launch_bounds__(kThreads) fp8_finalize_kernel(const __grid_con
     const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
     if (threadIdx.x >= kWarpSize || lane >= columns) return;
     channel = slice * job.D + d0 + lane;
-    job.out.k_mean[channel] = __double2float_rn(__ddiv_rn(total, static_cast<double>(job.Sk)));
+    const int b = static_cast<int>(slice / job.Hkv);
+    job.out.k_mean[channel] = __double2float_rn(__ddiv_rn(total, static_cast<double>(job.k_tokens(b))));
   } else {
     channel = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
     if (channel >= static_cast<std::int64_t>(job.B) * job.Hkv * job.D) return;
@@ -435,13 +445,14 @@ __device__ __forceinline__ void store_transposed_codes(const ThreadItems& items,
 }
 
 // Codes of one 128-token block of Q or K, minus `mean` per channel when
-// `smoothed` (K with smooth_k). Writes the codes and the block's scale,
+// `smoothed` (K with smooth_k); the entry's tokens are those below S, its
+// codes laid out for layout_S tokens (the same but for packed sequences). Writes the codes and the block's scale,
 // flags a non-finite block, and returns the scale; `words` receives this
 // thread's codes (8 per token, channel 8g in the low byte).
 template <int kCtaWarps, class T>
 __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const ThreadItems& items, Block<T>& c,
                                                       bool smoothed, const float (&mean)[kSegment], int b, int h,
-                                                      int blk, int S, int H, int blocks, bool whole,
+                                                      int blk, int S, int layout_S, int H, int blocks, bool whole,
                                                       std::uint8_t* codes, float* scales, int* nonfinite,
                                                       std::uint8_t* transposed, std::uint32_t (&warp_max)[kCtaWarps],
                                                       std::uint32_t* tile,
@@ -503,7 +514,8 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   }
 
   // Codes are (B, S, H, D) rows code_pitch bytes apart: one token further is H · code_pitch bytes.
-  std::uint8_t* first = codes + ((static_cast<std::int64_t>(b) * S + s0) * H + h) * job.code_pitch + items.first_d;
+  std::uint8_t* first =
+      codes + ((static_cast<std::int64_t>(b) * layout_S + s0) * H + h) * job.code_pitch + items.first_d;
   const std::int64_t token_bytes = static_cast<std::int64_t>(H) * job.code_pitch;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) {
@@ -532,18 +544,19 @@ template <bool kBackwardOperands, int kCtaWarps, class T>
 __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& items, int b, int h, int blk,
                                         std::uint32_t (&warp_max)[kCtaWarps], std::uint32_t* tile) {
   const int j = b * job.Hkv + h;
-  const int s0 = blk * kTokenBlock;
-  const bool whole = whole_block(job.k, s0, job.Sk);
+  const int s0 = blk * kTokenBlock, tokens = job.k_tokens(b);
+  if (s0 >= tokens) return;  // past a packed sequence: the forward never reads the block
+  const bool whole = whole_block(job.k, s0, tokens);
   Block<T> c;
-  load_block<L2Reuse::last>(items, job.k, b, h, s0, job.Sk, whole, c);
+  load_block<L2Reuse::last>(items, job.k, b, h, s0, tokens, whole, c);
   statistics_ready();
   float mean[kSegment] = {};
   if (job.smooth_k && items.present)
     load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   std::uint32_t words[kMaxItems][kQuadTokens][2];
-  quantize_token_block(job, items, c, job.smooth_k, mean, b, h, blk, job.Sk, job.Hkv, job.k_blocks, whole, job.out.k,
-                       job.out.k_scale, job.out.nonfinite + kK, kBackwardOperands ? job.out.kt : nullptr, warp_max,
-                       tile, words);
+  quantize_token_block(job, items, c, job.smooth_k, mean, b, h, blk, tokens, job.Sk, job.Hkv, job.k_blocks, whole,
+                       job.out.k, job.out.k_scale, job.out.nonfinite + kK, kBackwardOperands ? job.out.kt : nullptr,
+                       warp_max, tile, words);
 }
 
 // V block: codes of v / scale[d], staged as Vᵀ words (a quad's four keys of
@@ -552,10 +565,11 @@ template <bool kPaddedLanes, class T>
 __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& items, int b, int h, int blk,
                                         std::uint32_t* tile) {
   const int j = b * job.Hkv + h;
-  const int s0 = blk * kTokenBlock;
-  const bool whole = whole_block(job.v, s0, job.Sk);
+  const int s0 = blk * kTokenBlock, tokens = job.k_tokens(b);
+  if (s0 >= tokens) return;  // past a packed sequence: the forward never reads the block
+  const bool whole = whole_block(job.v, s0, tokens);
   Block<T> c;
-  load_block<L2Reuse::last>(items, job.v, b, h, s0, job.Sk, whole, c);
+  load_block<L2Reuse::last>(items, job.v, b, h, s0, tokens, whole, c);
   statistics_ready();
   float scale[kSegment];
   if (items.present) {
@@ -650,10 +664,11 @@ __device__ __forceinline__ void q_row_dot(const Job<T>& job, const ThreadItems& 
 template <bool kBackwardOperands, int kLanes, int kCtaWarps, class T>
 __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& items, int b, int h, int kv_head,
                                         int blk, std::uint32_t (&warp_max)[kCtaWarps], std::uint32_t* tile) {
-  const int s0 = blk * kTokenBlock;
-  const bool whole = whole_block(job.q, s0, job.Sq);
+  const int s0 = blk * kTokenBlock, tokens = job.q_tokens(b);
+  if (s0 >= tokens) return;  // past a packed sequence: the forward never reads the block
+  const bool whole = whole_block(job.q, s0, tokens);
   Block<T> c;
-  load_block<L2Reuse::last>(items, job.q, b, h, s0, job.Sq, whole, c);
+  load_block<L2Reuse::last>(items, job.q, b, h, s0, tokens, whole, c);
   statistics_ready();
   // Before the codes, so that nothing but the block is live across it.
   if (kBackwardOperands && job.dot_out != nullptr) q_row_dot(job, items, c, b, h, s0);
@@ -664,8 +679,8 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   }
   const float zero[kSegment] = {};
   std::uint32_t words[kMaxItems][kQuadTokens][2];
-  const float scale = quantize_token_block(job, items, c, false, zero, b, h, blk, job.Sq, job.Hq, job.q_blocks, whole,
-                                           job.out.q, job.out.q_scale, job.out.nonfinite + kQ,
+  const float scale = quantize_token_block(job, items, c, false, zero, b, h, blk, tokens, job.Sq, job.Hq, job.q_blocks,
+                                           whole, job.out.q, job.out.q_scale, job.out.nonfinite + kQ,
                                            kBackwardOperands ? job.out.qt : nullptr, warp_max, tile, words);
   if (!job.smooth_k) return;
   // Σ code·mean over the thread's channels for each of its tokens, then the
@@ -692,7 +707,7 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i) {
-      const int s = item_token(items, r, i, s0, job.Sq);
+      const int s = item_token(items, r, i, s0, tokens);
       if (s >= 0)
         job.out.lse_shift[(static_cast<std::int64_t>(b) * job.Hq + h) * job.Sq + s] =
             job.softmax_scale * (scale * dot[r][i]);

@@ -25,9 +25,13 @@ struct InputView {
   const T* data;
   std::int64_t stride_b, stride_s, stride_h;
   bool vector_loads;  // data and strides put every segment on a 16-byte boundary
+  // Packed sequences (StridedInput::cu_seqlens): batch entry b starts at token
+  // row token_offset[b] and stride_b is not used. Null: b · stride_b.
+  const int* token_offset = nullptr;
 
   __device__ const T* segment(int b, int s, int h, int first_d) const {
-    return data + b * stride_b + s * stride_s + h * stride_h + first_d;
+    const std::int64_t batch = token_offset != nullptr ? token_offset[b] * stride_s : b * stride_b;
+    return data + batch + s * stride_s + h * stride_h + first_d;
   }
 };
 

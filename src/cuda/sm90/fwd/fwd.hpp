@@ -73,6 +73,15 @@ struct Fp8ForwardArgs {
   MaskKind mask = MaskKind::none;
   PCode p_code = PCode::direct_p;
   MxScaleRule mx_scale_rule = MxScaleRule::round_up;  // PCode::mxfp4_exp2's block scale
+  // Packed sequences of different lengths (FlashAttention's varlen batches),
+  // or null: B + 1 device ints each; entry b has query rows cu_seqlens_q[b] ..
+  // cu_seqlens_q[b + 1] − 1 and as many keys as cu_seqlens_k gives it. The
+  // quantized operands stay laid out for Sq and Sk tokens per entry (the
+  // longest); O is packed (total_q, Hq, D) with o_stride_b unused, and the
+  // LSE packed (Hq, lse_pitch = total_q). Recipe fp8's E4M3 operands only.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  std::int64_t lse_pitch = 0;
   // Consumer warpgroups per CTA: 0 lets the launcher choose (three at D = 64
   // where whole waves of 192-row CTAs come out faster, fp8_direct_p/consumer_count.hpp);
   // 2, or 3 at D = 64 without q_fp4, force one (tests, A/B runs).

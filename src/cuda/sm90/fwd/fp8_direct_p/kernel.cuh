@@ -222,18 +222,25 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (args.Hq / args.Hkv);
   const int q0 = q_block * Cfg::kBlockQ;
+  // Packed sequences: this batch entry's own lengths, args.Sq and args.Sk
+  // being the longest (the operands' layout). A query block past the
+  // entry's end has nothing to do.
+  const bool packed = args.cu_seqlens_q != nullptr;
+  const int seq_q = packed ? args.cu_seqlens_q[batch + 1] - args.cu_seqlens_q[batch] : args.Sq;
+  const int seq_k = packed ? args.cu_seqlens_k[batch + 1] - args.cu_seqlens_k[batch] : args.Sk;
+  if (q0 >= seq_q) return;
   const bool causal = args.mask != MaskKind::none;
   // Bottom-right alignment: query i sees key j iff j ≤ i + Sk − Sq.
-  const int diagonal = args.mask == MaskKind::causal ? args.Sk - args.Sq : 0;
-  const int num_k_tiles = (args.Sk + Cfg::kBlockK - 1) / Cfg::kBlockK;
+  const int diagonal = args.mask == MaskKind::causal ? seq_k - seq_q : 0;
+  const int num_k_tiles = (args.Sk + Cfg::kBlockK - 1) / Cfg::kBlockK;  // k_scale's pitch
   // Tiles past the CTA's last visible key are skipped (causal), never masked.
-  const int last_row = min(q0 + Cfg::kBlockQ, args.Sq) - 1;
-  const int last_key = causal ? min(args.Sk - 1, last_row + diagonal) : args.Sk - 1;
+  const int last_row = min(q0 + Cfg::kBlockQ, seq_q) - 1;
+  const int last_key = causal ? min(seq_k - 1, last_row + diagonal) : seq_k - 1;
   const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlockK + 1;
   // Consumers that own at least one row below Sq; the others leave at once
   // (the last CTA of a sequence that does not fill it: with three consumers
   // at D = 64, S = 4096 ends on a CTA of 64 rows).
-  const int active = min(Cfg::kConsumers, (args.Sq - q0 + Cfg::kRowsPerConsumer - 1) / Cfg::kRowsPerConsumer);
+  const int active = min(Cfg::kConsumers, (seq_q - q0 + Cfg::kRowsPerConsumer - 1) / Cfg::kRowsPerConsumer);
 
   // Warp-uniform by construction (lane 0's value), so that the compiler can
   // keep the warpgroup index and what derives from it (the turn barrier ids,
@@ -318,7 +325,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   const float* q_scale_head = args.q_scale + (static_cast<std::int64_t>(batch) * args.Hq + head) * q_groups;
   float q_scale[2];  // rows past Sq read the last row's scale and are never stored
 #pragma unroll
-  for (int r = 0; r < 2; ++r) q_scale[r] = q_scale_head[min(row_abs[r], args.Sq - 1) / args.q_scale_rows];
+  for (int r = 0; r < 2; ++r) q_scale[r] = q_scale_head[min(row_abs[r], seq_q - 1) / args.q_scale_rows];
   const float* k_scale = args.k_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * num_k_tiles;
   const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
   const bool mx_round_up = args.mx_scale_rule == MxScaleRule::round_up;
@@ -343,11 +350,11 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   // need the mask; the others are visible in full.
   auto mask_tile = [&](float (&s)[Cfg::kSRegs], int n) {
     const int first_key = n * Cfg::kBlockK;
-    const bool partial = first_key + Cfg::kBlockK > args.Sk;
+    const bool partial = first_key + Cfg::kBlockK > seq_k;
     const bool on_diagonal = causal && first_key + Cfg::kBlockK - 1 > first_row + diagonal;
     if (partial || on_diagonal)
       with_fragment([&](const Fragment& f, const int (&rows)[2]) {
-        mask_scores(s, f, first_key, rows, args.Sk, causal, diagonal);
+        mask_scores(s, f, first_key, rows, seq_k, causal, diagonal);
       });
   };
 
@@ -386,7 +393,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
       poisoned = args.nonfinite != nullptr && (args.nonfinite[0] | args.nonfinite[1] | args.nonfinite[2]) != 0;
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        if (args.lse_shift != nullptr && frag.col == 0 && row_abs[r] < args.Sq)
+        if (args.lse_shift != nullptr && frag.col == 0 && row_abs[r] < seq_q)
           lse_shift[r] = args.lse_shift[(static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r]];
     });
   };
@@ -499,8 +506,11 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
     auto store_lse = [&] {  // by the first of a query block's kOSplits CTAs
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if (frag.col == 0 && row_abs[r] < args.Sq && o_split == 0) {
-          const std::int64_t lse_index = (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
+        if (frag.col == 0 && row_abs[r] < seq_q && o_split == 0) {
+          // Packed: (Hq, total query tokens); else (B, Hq, Sq).
+          const std::int64_t lse_index =
+              packed ? head * args.lse_pitch + args.cu_seqlens_q[batch] + row_abs[r]
+                     : (static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r];
           args.lse[lse_index] =
               empty[r] ? neg_inf() : (softmax.m[r] + log2f(row_sum[r]) - kPOffset) * kLn2 + lse_shift[r];
         }
@@ -555,11 +565,12 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
       }
     }
     if (!stored) {
-      auto* out =
-          static_cast<__nv_bfloat16*>(args.o) + batch * args.o_stride_b + head * args.o_stride_h + first_column;
+      // Packed: the entry's rows start at token row cu_seqlens_q[batch].
+      const std::int64_t entry = packed ? args.cu_seqlens_q[batch] * args.o_stride_s : batch * args.o_stride_b;
+      auto* out = static_cast<__nv_bfloat16*>(args.o) + entry + head * args.o_stride_h + first_column;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if (row_abs[r] >= args.Sq) continue;
+        if (row_abs[r] >= seq_q) continue;
         __nv_bfloat16* out_row = out + static_cast<std::int64_t>(row_abs[r]) * args.o_stride_s;
 #pragma unroll
         for (int j = 0; j < Cfg::kOColumns / 8; ++j)

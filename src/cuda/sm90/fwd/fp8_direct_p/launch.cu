@@ -52,6 +52,11 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if (a.consumers == 3 && (head_dim != 64 || a.q_fp4 != nullptr))
     throw Error("consumers", "three consumer warpgroups run at D ≤ 64 from E4M3 in memory only");
   if (a.q_fp4 != nullptr) check_fp4_inputs(a);
+  if ((a.cu_seqlens_q == nullptr) != (a.cu_seqlens_k == nullptr))
+    throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");
+  if (a.cu_seqlens_q != nullptr && (a.q_fp4 != nullptr || a.q_scale_rows != 128 || !fp8_p))
+    throw Error("cu_seqlens", "packed sequences run recipe fp8's E4M3 operands only");
+  if (a.cu_seqlens_q != nullptr && a.lse_pitch <= 0) throw Error("lse_pitch", "packed sequences need the LSE's pitch");
   if (head_dim == 256) return forward_fp8_head_dim<256>(a, stream);
   if (head_dim == 128) return forward_fp8_head_dim<128>(a, stream);
   forward_fp8_head_dim<64>(a, stream);

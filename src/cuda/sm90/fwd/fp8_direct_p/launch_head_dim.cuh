@@ -39,7 +39,9 @@ void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensor
                 "shared memory with FP4 P's fold table over budget");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
   const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ * Cfg::kOSplits, a.Hq, a.B);
-  const bool o_by_tma = !kFp4In && o_rows_aligned(a);
+  // Packed sequences: O's rows by the threads, which stop at each entry's end
+  // (TMA would write a block's rows past it into the next entry's).
+  const bool o_by_tma = !kFp4In && a.cu_seqlens_q == nullptr && o_rows_aligned(a);
   CUtensorMap tm_o{};
   if (o_by_tma)
     tm_o = make_byte_tensor_map(a.o, {u64(a.D * 2), u64(a.Sq), u64(a.Hq), u64(a.B)},
