@@ -1,0 +1,177 @@
+// GPU suite of packed sequences (DeviceForwardArgs::cu_seqlens_q / _k,
+// FlashAttention's varlen batches) on the zero-copy forward: one call over
+// every sequence gives each sequence the bits of a call on it alone, O and
+// LSE, for lengths on and off the 128-token tiles, sequences whose queries
+// outnumber their keys (causal rows that see no key), GQA, smooth_k and
+// Direct-P on and off, and head dims read in place (64, 128, 72).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dispatch/sm90_executor.hpp"
+#include "fp4attn/attention.hpp"
+#include "fp4attn/error.hpp"
+#include "gpu/device_forward_args.hpp"
+#include "gpu/gpu_test_util.hpp"
+
+namespace fp4attn {
+namespace {
+
+using gpu_test::DeviceArray;
+
+struct PackedCase {
+  std::int64_t D;
+  MaskKind mask;
+  bool smooth_k;
+  bool direct_p;
+};
+
+std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+  std::vector<__nv_bfloat16> h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) h[i] = __float2bfloat16_rn(x[i]);
+  return h;
+}
+
+std::uint16_t bits(__nv_bfloat16 x) {
+  std::uint16_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+
+std::uint32_t bits(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+
+// The argument an fp4attn::Error from `call` names ("" when nothing is thrown).
+std::string named_argument(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.argument();
+  }
+  return "";
+}
+
+class GpuForwardPacked : public ::testing::TestWithParam<PackedCase> {};
+
+TEST_P(GpuForwardPacked, EachSequenceIsItsOwnCall) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const PackedCase c = GetParam();
+  const std::vector<std::int64_t> lens_q = {5, 300, 129, 128, 700};
+  const std::vector<std::int64_t> lens_k = {9, 300, 3, 200, 700};
+  const std::int64_t Hq = 4, Hkv = 2, D = c.D, n = static_cast<std::int64_t>(lens_q.size());
+  std::vector<int> cu_q = {0}, cu_k = {0};
+  std::int64_t max_q = 0, max_k = 0;
+  for (std::int64_t b = 0; b < n; ++b) {
+    cu_q.push_back(cu_q.back() + static_cast<int>(lens_q[b]));
+    cu_k.push_back(cu_k.back() + static_cast<int>(lens_k[b]));
+    max_q = std::max(max_q, lens_q[b]), max_k = std::max(max_k, lens_k[b]);
+  }
+  const std::int64_t total_q = cu_q.back(), total_k = cu_k.back();
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const auto q = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_q * Hq * D), D, 0.5f, rng));
+  const auto k = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_k * Hkv * D), D, 3.0f, rng));
+  const auto v = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_k * Hkv * D), D, 1.0f, rng));
+  AttentionOptions opt;
+  opt.mask = c.mask;
+  opt.smooth_k = c.smooth_k;
+  opt.direct_p = c.direct_p;
+
+  // One call over the packed tensors.
+  const AttentionShape packed_shape{n, Hq, Hkv, max_q, max_k, D};
+  DeviceArray<__nv_bfloat16> dq(q.size()), dk(k.size()), dv(v.size()), o(q.size());
+  DeviceArray<float> lse(static_cast<std::size_t>(Hq * total_q));
+  DeviceArray<int> dcu_q(cu_q.size()), dcu_k(cu_k.size());
+  DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(packed_shape, Recipe::fp8));
+  dq.upload(q), dk.upload(k), dv.upload(v), dcu_q.upload(cu_q), dcu_k.upload(cu_k);
+  o.poison(), lse.poison();
+  dispatch::DeviceForwardArgs a;
+  a.shape = packed_shape;
+  a.element = dispatch::DeviceElement::bf16;
+  a.q = {dq.ptr, 0, Hq * D, D};  // the batch stride is not used: rows come from cu_seqlens
+  a.k = {dk.ptr, 0, Hkv * D, D};
+  a.v = {dv.ptr, 0, Hkv * D, D};
+  a.o = o.ptr;
+  a.o_stride_b = 0, a.o_stride_s = Hq * D, a.o_stride_h = D;
+  a.lse = lse.ptr;
+  a.workspace = workspace.ptr;
+  a.workspace_bytes = workspace.bytes();
+  a.cu_seqlens_q = dcu_q.ptr, a.cu_seqlens_k = dcu_k.ptr, a.lse_pitch = total_q;
+  dispatch::sm90_forward_device(a, opt, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "seed " << seed;
+  const auto o_packed = o.download();
+  const auto lse_packed = lse.download();
+
+  // Each sequence alone, dense (1, L, H, D).
+  for (std::int64_t b = 0; b < n; ++b) {
+    const AttentionShape s{1, Hq, Hkv, lens_q[b], lens_k[b], D};
+    gpu_test::DenseForwardCall<__nv_bfloat16> one(s, Recipe::fp8);
+    const auto slice = [](const std::vector<__nv_bfloat16>& x, std::int64_t first, std::int64_t rows, std::int64_t w) {
+      return std::vector<__nv_bfloat16>(x.begin() + first * w, x.begin() + (first + rows) * w);
+    };
+    one.q.upload(slice(q, cu_q[b], lens_q[b], Hq * D));
+    one.k.upload(slice(k, cu_k[b], lens_k[b], Hkv * D));
+    one.v.upload(slice(v, cu_k[b], lens_k[b], Hkv * D));
+    one.run(opt);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "seed " << seed;
+    const auto o_one = one.o.download();
+    const auto lse_one = one.lse.download();
+    std::int64_t o_differ = 0, lse_differ = 0;
+    for (std::int64_t i = 0; i < lens_q[b] * Hq * D; ++i)
+      o_differ += bits(o_one[i]) != bits(o_packed[cu_q[b] * Hq * D + i]);
+    for (std::int64_t h = 0; h < Hq; ++h)
+      for (std::int64_t r = 0; r < lens_q[b]; ++r)
+        lse_differ += bits(lse_one[h * lens_q[b] + r]) != bits(lse_packed[h * total_q + cu_q[b] + r]);
+    EXPECT_EQ(o_differ, 0) << "sequence " << b << " (" << lens_q[b] << " queries, " << lens_k[b] << " keys), seed "
+                           << seed;
+    EXPECT_EQ(lse_differ, 0) << "sequence " << b << ", seed " << seed;
+  }
+}
+
+std::string packed_name(const ::testing::TestParamInfo<PackedCase>& info) {
+  const PackedCase& c = info.param;
+  return "D" + std::to_string(c.D) + (c.mask == MaskKind::causal ? "_causal" : "_full") +
+         (c.smooth_k ? "_smoothk" : "") + (c.direct_p ? "_directp" : "_exp2");
+}
+
+INSTANTIATE_TEST_SUITE_P(Packed, GpuForwardPacked,
+                         ::testing::Values(PackedCase{128, MaskKind::none, true, true},
+                                           PackedCase{128, MaskKind::causal, true, true},
+                                           PackedCase{128, MaskKind::causal, false, false},
+                                           PackedCase{64, MaskKind::none, false, true},
+                                           PackedCase{64, MaskKind::causal, true, true},
+                                           PackedCase{72, MaskKind::causal, true, true}),
+                         packed_name);
+
+TEST(GpuForwardPackedErrors, NameTheArgument) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{2, 2, 2, 128, 128, 64};
+  DeviceArray<__nv_bfloat16> x(static_cast<std::size_t>(s.q_elems()));
+  DeviceArray<float> lse(static_cast<std::size_t>(s.lse_elems()));
+  DeviceArray<int> cu(3);
+  cu.upload({0, 100, 256});
+  DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(s, Recipe::mxfp4));
+  dispatch::DeviceForwardArgs a =
+      gpu_test::dense_forward_args(s, x.ptr, x.ptr, x.ptr, x.ptr, lse.ptr, workspace.ptr, workspace.bytes());
+  a.cu_seqlens_q = cu.ptr;  // without cu_seqlens_k
+  a.lse_pitch = 256;
+  AttentionOptions opt;
+  const auto run = [&] { dispatch::sm90_forward_device(a, opt, nullptr); };
+  EXPECT_EQ(named_argument(run), "cu_seqlens");
+  a.cu_seqlens_k = cu.ptr;
+  opt.recipe = Recipe::mxfp4;
+  EXPECT_EQ(named_argument(run), "recipe");
+  opt.recipe = Recipe::fp8;
+  a.lse_pitch = 0;
+  EXPECT_EQ(named_argument(run), "lse_pitch");
+}
+
+}  // namespace
+}  // namespace fp4attn
