@@ -446,9 +446,10 @@ __device__ __forceinline__ void store_transposed_codes(const ThreadItems& items,
 
 // Codes of one 128-token block of Q or K, minus `mean` per channel when
 // `smoothed` (K with smooth_k); the entry's tokens are those below S, its
-// codes laid out for layout_S tokens (the same but for packed sequences). Writes the codes and the block's scale,
-// flags a non-finite block, and returns the scale; `words` receives this
-// thread's codes (8 per token, channel 8g in the low byte).
+// codes laid out for layout_S tokens (S but for packed sequences). Writes
+// the codes and the block's scale, flags a non-finite block, and returns the
+// scale; `words` receives this thread's codes (8 per token, channel 8g in
+// the low byte).
 template <int kCtaWarps, class T>
 __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const ThreadItems& items, Block<T>& c,
                                                       bool smoothed, const float (&mean)[kSegment], int b, int h,
