@@ -7,6 +7,10 @@ has it, all in one process.
 
     python3 bench/bench_varlen.py --out OUT.json [--commit C]
 
+fp8 passes the same cu_seqlens tensor on every call, as a model's layers do
+(its entries are read to the host once); fp8_new_cu_seqlens a new one each
+call (read, and so a wait for the device, on every call).
+
 A case is a list of sequence lengths (query = key length), heads and head
 dim; TFLOP/s count each sequence's pairs (L·(L+1)/2 when causal).
 Every implementation's O is compared with an fp64 reference on one sequence
@@ -78,6 +82,10 @@ def main():
 
         impls = {
             "fp8": lambda i: fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal),
+            # A new cu_seqlens tensor each call: its entries are read to the host every time (a wait
+            # for the device), as in a model's first layer; "fp8" reuses one tensor, as later layers do.
+            "fp8_new_cu_seqlens": lambda i: fp4attn.flash_attn_varlen_func(q, k, v, cu.clone(), cu.clone(), max(lens),
+                                                                           max(lens), causal=causal),
             "cudnn_per_sequence": per_sequence(SDPBackend.CUDNN_ATTENTION),
             "fa2_per_sequence": per_sequence(SDPBackend.FLASH_ATTENTION),
         }

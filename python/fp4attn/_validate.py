@@ -11,6 +11,7 @@ Every error names the argument it is about.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -182,7 +183,7 @@ def check_cu_seqlens(cu, name: str, total: int, total_name: str) -> list:
         raise TypeError(f"{name}: dtype {dtype} is not supported; use int32 (as FlashAttention) or int64")
     if len(cu.shape) != 1 or cu.shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-D array of batch size + 1 >= 2 entries, got shape {tuple(cu.shape)}")
-    values = [int(x) for x in (cu.tolist() if hasattr(cu, "tolist") else cu)]
+    values = _host_ints(cu)
     if values[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {values[0]}")
     for i in range(1, len(values)):
@@ -190,6 +191,29 @@ def check_cu_seqlens(cu, name: str, total: int, total_name: str) -> list:
             raise ValueError(f"{name}: must not decrease, got {values[i - 1]} then {values[i]} at entries {i - 1}, {i}")
     if values[-1] != total:
         raise ValueError(f"{name}: ends at {values[-1]}, but {total_name} holds {total} tokens")
+    return values
+
+
+# A torch tensor's entries read to the host, by id: (weak reference, version,
+# data pointer, entries). Reading a CUDA tensor waits for the device; a model's
+# layers pass one cu_seqlens tensor to every layer, so its entries are read
+# once and kept while torch's version counter says the tensor is unchanged
+# (every in-place write bumps it). Inference tensors have no version counter
+# and are read on every call.
+_HOST_INTS: dict = {}
+
+
+def _host_ints(cu) -> list:
+    """cu's entries as Python ints (a torch tensor's from _HOST_INTS while it is unchanged)."""
+    if not hasattr(cu, "is_inference") or cu.is_inference():
+        return [int(x) for x in (cu.tolist() if hasattr(cu, "tolist") else cu)]
+    key = id(cu)
+    kept = _HOST_INTS.get(key)
+    if kept is not None and kept[0]() is cu and kept[1] == cu._version and kept[2] == cu.data_ptr():
+        return list(kept[3])
+    values = [int(x) for x in cu.tolist()]
+    _HOST_INTS[key] = (weakref.ref(cu, lambda _, key=key: _HOST_INTS.pop(key, None)), cu._version, cu.data_ptr(),
+                       tuple(values))
     return values
 
 

@@ -173,8 +173,12 @@ def flash_attn_varlen_func(
     (torch_ops.varlen_forward_device). Otherwise consecutive sequences of
     equal lengths run as one batched call on views of the packed tensors,
     each other sequence as a call of its own, so a batch of many different
-    lengths pays a call's host cost per sequence. CUDA tensors' cu_seqlens
-    are read to the host once. A sequence with no keys gives O = 0
+    lengths pays a call's host cost per sequence. cu_seqlens are checked on
+    the host: a CUDA tensor's entries are read there (a wait for the device)
+    once and kept while torch's version counter says the tensor is unchanged,
+    so a model's layers sharing one cu_seqlens wait once; inference tensors
+    (made under torch.inference_mode) have no version counter and are read on
+    every call, and CPU tensors never wait. A sequence with no keys gives O = 0
     and LSE = −inf, as a fully masked row does. max_seqlen_q / max_seqlen_k
     must be at least the longest sequence (FlashAttention would drop rows;
     here it is an error). The other arguments are flash_attn_func's;

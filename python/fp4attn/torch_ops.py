@@ -734,6 +734,16 @@ def _append_zero_channels(x: torch.Tensor, d: int, d_run: int) -> torch.Tensor:
 # ---- packed sequences (flash_attn_varlen_func) on the device -------------------------
 
 
+def _device_cu_seqlens(cu, lens: list, device: torch.device) -> torch.Tensor:
+    """The kernels' int32 cu_seqlens on `device`: the caller's tensor where it is one, else built
+    from the checked lengths and copied without waiting (pinned host memory), so a call never
+    waits for the device here."""
+    if isinstance(cu, torch.Tensor) and cu.device == device and cu.dtype == torch.int32 and cu.is_contiguous():
+        return cu
+    host = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
                           lens_q: list, lens_k: list, s: _host.Settings) -> Optional[tuple]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed sequences in one device call, or None where
@@ -753,7 +763,7 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     opt = _host.options(s)
     if not _uses_device_path(q, dims, opt):
         return None
-    cu = [torch.as_tensor(c).to(device=q.device, dtype=torch.int32).contiguous() for c in (cu_seqlens_q, cu_seqlens_k)]
+    cu = [_device_cu_seqlens(c, lens, q.device) for c, lens in ((cu_seqlens_q, lens_q), (cu_seqlens_k, lens_k))]
     shape = _device_shape(dims)
     total_q = q.shape[0]
     # (B, S, H) strides with the batch stride unused: the sequences' rows come from cu_seqlens.

@@ -187,3 +187,49 @@ def test_device_call_is_each_sequence(rng, causal, d, hq, hkv, dtype, qkv_packed
             assert torch.equal(lse[:, rows], lse_one), rows
             seen += 1
     assert seen == len(lens_q)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_cu_seqlens_are_read_again_after_a_change(rng):
+    # Entries read to the host are kept per tensor while its version counter
+    # stands; an in-place write makes the next call read (and check) them again.
+    from fp4attn import _validate
+
+    arrays = packed(rng, [5, 9], [5, 9], 2, 2, 64)
+    q, k, v = (torch.from_numpy(x) for x in arrays[:3])
+    cu = torch.from_numpy(arrays[3].copy())
+    fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 9, 9)
+    assert _validate._HOST_INTS[id(cu)][3] == (0, 5, 14)
+    cu[2] = 15
+    with pytest.raises(ValueError, match="cu_seqlens_q: ends at 15"):
+        fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 9, 9)
+    cu[2] = 14
+    cu[1] = 10
+    with pytest.raises(ValueError, match="max_seqlen_q: 9 is below the longest sequence.s 10"):
+        fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 9, 9)
+    key = id(cu)
+    del cu
+    assert key not in _validate._HOST_INTS
+    with torch.inference_mode():  # no version counter: read on every call, nothing kept
+        cu = torch.from_numpy(arrays[3]).clone()
+        fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 9, 9)
+        assert id(cu) not in _validate._HOST_INTS
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cu_device", ["cuda", "cpu"])
+def test_device_call_does_not_wait_for_the_device(rng, cu_device):
+    # After the first call has read a CUDA cu_seqlens (CPU ones are never
+    # waited on), the one-call path queues its work without synchronizing.
+    lens = [5, 300, 129, 1000]
+    arrays = packed(rng, lens, lens, 4, 2, 128)
+    q, k, v = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in arrays[:3])
+    cu = torch.from_numpy(arrays[3]).to(cu_device)
+    with torch.no_grad():
+        first = fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 1000, 1000)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            again = fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 1000, 1000)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(first, again)
