@@ -11,6 +11,7 @@ Every error names the argument it is about.
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 from dataclasses import dataclass
 
@@ -183,7 +184,7 @@ def check_cu_seqlens(cu, name: str, total: int, total_name: str) -> list:
         raise TypeError(f"{name}: dtype {dtype} is not supported; use int32 (as FlashAttention) or int64")
     if len(cu.shape) != 1 or cu.shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-D array of batch size + 1 >= 2 entries, got shape {tuple(cu.shape)}")
-    values = _host_ints(cu)
+    values = _host_ints(cu, name)
     if values[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {values[0]}")
     for i in range(1, len(values)):
@@ -203,17 +204,22 @@ def check_cu_seqlens(cu, name: str, total: int, total_name: str) -> list:
 _HOST_INTS: dict = {}
 
 
-def _host_ints(cu) -> list:
+def _host_ints(cu, name: str) -> list:
     """cu's entries as Python ints (a torch tensor's from _HOST_INTS while it is unchanged)."""
-    if not hasattr(cu, "is_inference") or cu.is_inference():
+    if not hasattr(cu, "is_inference"):
         return [int(x) for x in (cu.tolist() if hasattr(cu, "tolist") else cu)]
     key = id(cu)
-    kept = _HOST_INTS.get(key)
+    kept = None if cu.is_inference() else _HOST_INTS.get(key)
     if kept is not None and kept[0]() is cu and kept[1] == cu._version and kept[2] == cu.data_ptr():
         return list(kept[3])
+    if cu.is_cuda and sys.modules["torch"].cuda.is_current_stream_capturing():
+        raise ValueError(f"{name}: its entries are read on the host, which a CUDA graph's capture cannot do; "
+                         "make a call with this tensor before capturing (a warm-up), and create it outside "
+                         "torch.inference_mode")
     values = [int(x) for x in cu.tolist()]
-    _HOST_INTS[key] = (weakref.ref(cu, lambda _, key=key: _HOST_INTS.pop(key, None)), cu._version, cu.data_ptr(),
-                       tuple(values))
+    if not cu.is_inference():
+        _HOST_INTS[key] = (weakref.ref(cu, lambda _, key=key: _HOST_INTS.pop(key, None)), cu._version,
+                           cu.data_ptr(), tuple(values))
     return values
 
 

@@ -178,7 +178,8 @@ def flash_attn_varlen_func(
     once and kept while torch's version counter says the tensor is unchanged,
     so a model's layers sharing one cu_seqlens wait once; inference tensors
     (made under torch.inference_mode) have no version counter and are read on
-    every call, and CPU tensors never wait. A sequence with no keys gives O = 0
+    every call, and CPU tensors never wait. The one-call path can be captured
+    in a CUDA graph once a warm-up call has read its CUDA cu_seqlens. A sequence with no keys gives O = 0
     and LSE = −inf, as a fully masked row does. max_seqlen_q / max_seqlen_k
     must be at least the longest sequence (FlashAttention would drop rows;
     here it is an error). The other arguments are flash_attn_func's;

@@ -734,12 +734,16 @@ def _append_zero_channels(x: torch.Tensor, d: int, d_run: int) -> torch.Tensor:
 # ---- packed sequences (flash_attn_varlen_func) on the device -------------------------
 
 
-def _device_cu_seqlens(cu, lens: list, device: torch.device) -> torch.Tensor:
-    """The kernels' int32 cu_seqlens on `device`: the caller's tensor where it is one, else built
-    from the checked lengths and copied without waiting (pinned host memory), so a call never
-    waits for the device here."""
-    if isinstance(cu, torch.Tensor) and cu.device == device and cu.dtype == torch.int32 and cu.is_contiguous():
-        return cu
+def _device_cu_seqlens(cu, lens: list, device: torch.device, name: str) -> torch.Tensor:
+    """The kernels' int32 cu_seqlens on `device`: a CUDA tensor there as it is (converted on the
+    device if it is int64), anything else built from the checked lengths and copied from pinned
+    host memory without waiting. A CUDA graph would replay that copy from host memory freed after
+    capture, so under capture cu_seqlens must already be on the device."""
+    if isinstance(cu, torch.Tensor) and cu.device == device:
+        return cu.to(torch.int32).contiguous()
+    if torch.cuda.is_current_stream_capturing():
+        raise ValueError(f"{name}: must be a tensor on {device} while a CUDA graph is captured, got "
+                         f"{cu.device if isinstance(cu, torch.Tensor) else type(cu).__name__}")
     host = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).pin_memory()
     return host.to(device, non_blocking=True)
 
@@ -763,7 +767,8 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     opt = _host.options(s)
     if not _uses_device_path(q, dims, opt):
         return None
-    cu = [_device_cu_seqlens(c, lens, q.device) for c, lens in ((cu_seqlens_q, lens_q), (cu_seqlens_k, lens_k))]
+    cu = [_device_cu_seqlens(c, lens, q.device, name)
+          for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
     shape = _device_shape(dims)
     total_q = q.shape[0]
     # (B, S, H) strides with the batch stride unused: the sequences' rows come from cu_seqlens.

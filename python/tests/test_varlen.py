@@ -233,3 +233,37 @@ def test_device_call_does_not_wait_for_the_device(rng, cu_device):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(first, again)
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_call_in_a_cuda_graph(rng):
+    # Once a cu_seqlens tensor's entries have been read (the warm-up call),
+    # the one-call path can be captured; a replay on new inputs gives what an
+    # eager call gives. Unread and CPU cu_seqlens are refused under capture, by name.
+    lens = [5, 300, 129, 1000]
+    arrays = packed(rng, lens, lens, 4, 2, 128)
+    q, k, v = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in arrays[:3])
+    cu = torch.from_numpy(arrays[3]).cuda()
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 1000, 1000, causal=True)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            out = fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 1000, 1000, causal=True)
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 1000, 1000, causal=True))
+        fresh = cu.clone()  # never read: its capture is refused, by name
+        with pytest.raises(ValueError, match="cu_seqlens_k: its entries are read on the host"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                fp4attn.flash_attn_varlen_func(q, k, v, cu, fresh, 1000, 1000)
+        cu_cpu = torch.from_numpy(arrays[3])
+        fp4attn.flash_attn_varlen_func(q, k, v, cu_cpu, cu_cpu, 1000, 1000)  # read here, outside capture
+        with pytest.raises(ValueError, match="cu_seqlens_q: must be a tensor on cuda"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                fp4attn.flash_attn_varlen_func(q, k, v, cu_cpu, cu_cpu, 1000, 1000)
