@@ -7,6 +7,7 @@ conversion rules live in one place.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -94,6 +95,15 @@ def _to_bshd_f32(x: np.ndarray, layout: str) -> np.ndarray:
 
 
 def options(s: Settings) -> "_ext.AttentionOptions":
+    """The C++ options of `s`; one object per distinct settings, which no caller modifies (building
+    one costs several µs of the host's time a call)."""
+    try:
+        return _options_of(s)
+    except TypeError:  # a field without a hash (a symbolic size under tracing)
+        return _build_options(s)
+
+
+def _build_options(s: Settings) -> "_ext.AttentionOptions":
     opt = _ext.AttentionOptions()
     opt.recipe = _ext.Recipe.__members__[s.recipe]
     opt.mask = _ext.MaskKind.__members__[s.mask]
@@ -102,6 +112,9 @@ def options(s: Settings) -> "_ext.AttentionOptions":
     opt.direct_p = s.direct_p
     opt.target = _ext.Target.__members__[s.target]
     return opt
+
+
+_options_of = functools.lru_cache(maxsize=256)(_build_options)
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, s: Settings) -> tuple[np.ndarray, np.ndarray]:

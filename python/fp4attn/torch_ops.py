@@ -162,9 +162,14 @@ def _current_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+_NO_SWITCH = contextlib.nullcontext()
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
 def _on_device(device: torch.device):
-    """torch.cuda.device(device), or nothing where it is already the current device (the common case)."""
-    return contextlib.nullcontext() if device.index == torch.cuda.current_device() else torch.cuda.device(device)
+    """torch.cuda.device(device), or nothing where it is already the current device (the common case;
+    the tensors exist, so CUDA is initialised and the runtime's current device can be asked directly)."""
+    return _NO_SWITCH if device.index == _current_device() else torch.cuda.device(device)
 
 
 def _bshd_strides(x: torch.Tensor, layout: str) -> tuple[int, int, int]:
@@ -512,13 +517,18 @@ def _attention_backward_impl(
     """
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     _require_backward(recipe)
-    dims = _host.check(q, k, v, s)
+    return _backward_checked(d_o, d_lse, q, k, v, o, lse, s, _host.check(q, k, v, s), deterministic, kept)
+
+
+def _backward_checked(d_o, d_lse, q, k, v, o, lse, s: _host.Settings, dims: _validate.Dims,
+                      deterministic: Optional[bool], kept: Optional[torch.Tensor]):
+    """_attention_backward_impl after its checks of q, k and v (dims: their sizes)."""
     opt = _host.options(s)
     if kept is not None and kept.numel() == 0:
         kept = None
     if _uses_device_backward(q, dims, opt):
         if deterministic is None:
-            deterministic = not one_pass_faster(dims, mask_kind)
+            deterministic = not one_pass_faster(dims, s.mask)
         return _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s, opt, deterministic, kept)
     if kept is not None:
         raise RuntimeError("the forward kept Q's and K's operands for a device backward this call cannot run")
@@ -537,8 +547,26 @@ def _attention_backward_fake(d_o, d_lse, q, k, v, o, lse, qkv_layout, mask_kind,
 
 def _stand_in(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A tensor of `shape` and `dtype` on `device` over D elements (strides 0 but for D): for the
-    backward's checks where the forward kept the operands instead of the tensor itself."""
+    backward's checks where the forward kept the operands instead of the tensor itself. Nothing
+    reads or writes its elements, so one per (shape, dtype, device) serves every call."""
+    try:
+        return _stand_in_of(tuple(shape), dtype, device)
+    except TypeError:  # symbolic sizes under tracing
+        return _new_stand_in(shape, dtype, device)
+
+
+def _new_stand_in(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(shape[-1], dtype=dtype, device=device).as_strided(shape, (0,) * (len(shape) - 1) + (1,))
+
+
+_stand_in_of = functools.lru_cache(maxsize=64)(_new_stand_in)
+
+
+def _dims_of(q_shape, k_shape, layout: str) -> _validate.Dims:
+    """The sizes of a call whose q and k (of these shapes) have passed the forward's checks."""
+    if layout == "bhsd":
+        return _validate.Dims(B=q_shape[0], Sq=q_shape[2], Sk=k_shape[2], Hq=q_shape[1], Hkv=k_shape[1], D=q_shape[3])
+    return _validate.Dims(B=q_shape[0], Sq=q_shape[1], Sk=k_shape[1], Hq=q_shape[2], Hkv=k_shape[2], D=q_shape[3])
 
 
 def _setup_context(ctx, inputs, output):
@@ -575,8 +603,12 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
         grad_o = torch.zeros_like(o)
     deterministic = _deterministic_backward()
     args = (grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
-    backward = _attention_backward_impl if _eager_call(args) else _attention_backward_op
-    dq, dk, dv = backward(*args)
+    if _eager_call(args):
+        # The forward checked q, k and v, and autograd gives grad_o o's shape, dtype and device.
+        dq, dk, dv = _backward_checked(grad_o, d_lse, q, k, v, o, lse, s, _dims_of(q.shape, k.shape, s.layout),
+                                       deterministic, kept)
+    else:
+        dq, dk, dv = _attention_backward_op(*args)
     return (dq, dk, dv) + (None,) * (len(ctx.settings) + 2)
 
 
