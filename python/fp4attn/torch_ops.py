@@ -593,7 +593,7 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
     _require_backward(s.recipe)  # before anything runs, also when torch.compile traces it
     if ctx.kept_operands:
         v, o, lse, kept = ctx.saved_tensors
-        q, k = (_stand_in(shape, dtype, v.device) for shape, dtype in (ctx.q_meta, ctx.k_meta))
+        q = k = None
     else:
         (q, k, v, o, lse), kept = ctx.saved_tensors, None
     # The LSE can only carry a gradient when the caller was handed it; O's is
@@ -601,9 +601,14 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
     d_lse = grad_lse if ctx.lse_returned else None
     if grad_o is None:
         grad_o = torch.zeros_like(o)
+    eager = _eager_call((grad_o, d_lse, q, k, v, o, lse, kept))
+    if ctx.kept_operands:
+        # Shared stand-ins only eagerly: a trace must not capture a real tensor, nor a fake one be kept.
+        make = _stand_in if eager else _new_stand_in
+        q, k = (make(shape, dtype, v.device) for shape, dtype in (ctx.q_meta, ctx.k_meta))
     deterministic = _deterministic_backward()
     args = (grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
-    if _eager_call(args):
+    if eager:
         # The forward checked q, k and v, and autograd gives grad_o o's shape, dtype and device.
         dq, dk, dv = _backward_checked(grad_o, d_lse, q, k, v, o, lse, s, _dims_of(q.shape, k.shape, s.layout),
                                        deterministic, kept)
