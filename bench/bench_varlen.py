@@ -5,7 +5,7 @@ cuDNN BF16 and FA2 BF16 through torch's SDPA, one call per sequence, and
 torch's own packed varlen attention (FA2's varlen kernel) where this torch
 has it, all in one process.
 
-    python3 bench/bench_varlen.py --out OUT.json [--commit C]
+    python3 bench/bench_varlen.py --out OUT.json [--commit C] [--backward]
 
 fp8 passes the same cu_seqlens tensor on every call, as a model's layers do
 (its entries are read to the host once); fp8_new_cu_seqlens a new one each
@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from capi_lib import time_ms  # noqa: E402
 
 import fp4attn  # noqa: E402
+from fp4attn import torch_ops  # noqa: E402
 
 # (name, lengths, Hq, Hkv, D, causal)
 CASES = [
@@ -50,12 +51,70 @@ def torch_varlen():
     return varlen_attn
 
 
+def training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa, varlen_attn, flop):
+    """Forward + backward (dO random, gradients of q, k and v): fp8 with its one-call forward, fp8 with
+    one call per run of equal lengths (the path before it), cuDNN BF16 per sequence and torch's varlen.
+    FLOPs: 3.5 times the forward's (the backward's five products against the forward's two)."""
+    qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    d_o = torch.randn_like(q)
+
+    def fp8(i):
+        fp4attn.flash_attn_varlen_func(qg, kg, vg, cu, cu, max(lens), max(lens), causal=causal).backward(d_o)
+
+    def fp8_per_run(i):
+        one_call = torch_ops.varlen_forward_device
+        torch_ops.varlen_forward_device = lambda *a, **kw: None
+        try:
+            fp8(i)
+        finally:
+            torch_ops.varlen_forward_device = one_call
+
+    def cudnn(i):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            outs = []
+            for a, b in zip(bounds, bounds[1:]):
+                qs, ks, vs = (x[a:b].unsqueeze(0).transpose(1, 2) for x in (qg, kg, vg))
+                outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=gqa)
+                            .transpose(1, 2)[0])
+            torch.cat(outs).backward(d_o)
+
+    impls = {"fp8": fp8, "fp8_per_run": fp8_per_run, "cudnn_per_sequence": cudnn}
+    if varlen_attn is not None:
+        kk, vv = ((x.detach().repeat_interleave(hq // hkv, dim=1) if gqa else x.detach().clone()).requires_grad_()
+                  for x in (k, v))
+        kw = {"window_size": (-1, 0) if causal else (-1, -1)}
+        impls["torch_varlen_fa2"] = lambda i: varlen_attn(qg, kk, vv, cu, cu, max(lens), max(lens), **kw).backward(d_o)
+    skipped = {}
+    for n in list(impls):
+        try:
+            impls[n](0)
+        except (RuntimeError, TypeError, NotImplementedError) as e:
+            skipped[n] = str(e).splitlines()[0][:200]
+            del impls[n]
+    times = {n: [] for n in impls}
+    for rnd in range(args.rounds):
+        names = list(impls)
+        for n in names[rnd % len(names):] + names[:rnd % len(names)]:
+            times[n].append(time_ms(impls[n], max(2, args.reps // 2), 1, queued=True))
+    ms = {n: statistics.median(t) for n, t in times.items()}
+    row = dict(op="fwd_bwd_varlen", case=name, lengths=lens, Hq=hq, Hkv=hkv, D=d, causal=causal,
+               ms={n: round(t, 4) for n, t in ms.items()},
+               tflops={n: round(flop / (t * 1e-3) / 1e12, 1) for n, t in ms.items()},
+               vs_cudnn={n: round(ms["cudnn_per_sequence"] / t, 3) for n, t in ms.items()}
+               if "cudnn_per_sequence" in ms else None,
+               skipped=skipped, rounds_ms={n: [round(x, 4) for x in t] for n, t in times.items()})
+    print(f"{name} fwd+bwd: TFLOP/s " + "  ".join(f"{n} {t}" for n, t in row["tflops"].items()) +
+          f"  | vs cuDNN {row['vs_cudnn']}  | skipped {list(skipped)}", flush=True)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--commit", default="")
+    ap.add_argument("--backward", action="store_true", help="also forward + backward rows (op fwd_bwd_varlen)")
     args = ap.parse_args()
     torch.manual_seed(0)
     varlen_attn = torch_varlen()
@@ -122,6 +181,9 @@ def main():
                     times[n].append(time_ms(impls[n], args.reps, 2, queued=True))
         pairs = sum(L * (L + 1) / 2 if causal else L * L for L in lens)
         flop = 4.0 * hq * d * pairs
+        if args.backward:
+            rows.append(training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa, varlen_attn,
+                                     3.5 * flop))
         ms = {n: statistics.median(t) for n, t in times.items()}
         row = dict(op="fwd_varlen", case=name, lengths=lens, Hq=hq, Hkv=hkv, D=d, causal=causal,
                    ms={n: round(t, 4) for n, t in ms.items()},

@@ -63,6 +63,19 @@ def check(q, k, v, s: Settings) -> _validate.Dims:
     return dims
 
 
+def equal_length_runs(lens_q: list, lens_k: list) -> list:
+    """(first sequence, count) of each run of consecutive sequences with equal (query, key) lengths:
+    the sequences a varlen call runs as one batched call."""
+    runs, i = [], 0
+    while i < len(lens_q):
+        n = 1
+        while i + n < len(lens_q) and (lens_q[i + n], lens_k[i + n]) == (lens_q[i], lens_k[i]):
+            n += 1
+        runs.append((i, n))
+        i += n
+    return runs
+
+
 def to_host(x, name: str) -> np.ndarray:
     """A NumPy view of `x` where one exists (NumPy arrays, CPU DLPack producers), else a host copy."""
     if isinstance(x, np.ndarray):

@@ -167,20 +167,21 @@ def flash_attn_varlen_func(
     cu_seqlens_k[i] … cu_seqlens_k[i + 1] − 1 (1-D int32 or int64, B + 1
     entries from 0 to total). causal is bottom-right aligned per sequence.
     Each sequence's output is bit for bit what attention() gives on that
-    sequence alone (quantization is per sequence and head). Recipe fp8's
-    forward on a Hopper GPU, without autograd, runs every sequence in one
-    call whose quantizer and kernel read the packed tensors
-    (torch_ops.varlen_forward_device). Otherwise consecutive sequences of
-    equal lengths run as one batched call on views of the packed tensors,
-    each other sequence as a call of its own, so a batch of many different
-    lengths pays a call's host cost per sequence. cu_seqlens are checked on
+    sequence alone (quantization is per sequence and head), and so are its
+    gradients. Recipe fp8's forward on a Hopper GPU runs every sequence in
+    one call whose quantizer and kernel read the packed tensors
+    (torch_ops.varlen_forward_device; its backward, and everything else,
+    per run below). Otherwise consecutive sequences of equal lengths run as
+    one batched call on views of the packed tensors, each other sequence as
+    a call of its own, so a batch of many different lengths pays a call's
+    host cost per sequence. cu_seqlens are checked on
     the host: a CUDA tensor's entries are read there (a wait for the device)
     once and kept while torch's version counter says the tensor is unchanged,
     so a model's layers sharing one cu_seqlens wait once; inference tensors
     (made under torch.inference_mode) have no version counter and are read on
     every call, and CPU tensors never wait. The one-call path can be captured
-    in a CUDA graph once a warm-up call has read its CUDA cu_seqlens. A sequence with no keys gives O = 0
-    and LSE = −inf, as a fully masked row does. max_seqlen_q / max_seqlen_k
+    in a CUDA graph once a warm-up call has read its CUDA cu_seqlens. A
+    sequence with no keys gives O = 0 and LSE = −inf, as a fully masked row does. max_seqlen_q / max_seqlen_k
     must be at least the longest sequence (FlashAttention would drop rows;
     here it is an error). The other arguments are flash_attn_func's;
     block_table (paged KV caches) accepts only None. With
@@ -210,18 +211,15 @@ def flash_attn_varlen_func(
     s = _flash_attn_settings(causal, softmax_scale, recipe)
     return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
     if torch_in:  # one device call for all sequences where the device path takes them
-        both = _torch_ops.varlen_forward_device(q, k, v, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s)
+        both = _torch_ops.varlen_forward_device(q, k, v, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s,
+                                                return_attn_probs)
         if both is not None:
             return (both[0], both[1], None) if return_attn_probs else both[0]
     # One (B, S, H, D) view of q, k and v per run of equal (query, key) lengths.
     as_batch = (lambda x, n: x.unflatten(0, (n, -1))) if torch_in else (lambda x, n: x.reshape(n, -1, *x.shape[1:]))
     hq, d = q.shape[1], q.shape[2]
     outs, lses = [], []
-    i = 0
-    while i < len(lens_q):
-        n = 1
-        while i + n < len(lens_q) and (lens_q[i + n], lens_k[i + n]) == (lens_q[i], lens_k[i]):
-            n += 1
+    for i, n in _host.equal_length_runs(lens_q, lens_k):
         rows = slice(cu_q[i], cu_q[i + n])
         if lens_q[i] > 0 and lens_k[i] == 0:
             o, lse = _no_keys(q[rows], hq, torch_in)
@@ -233,7 +231,6 @@ def flash_attn_varlen_func(
             outs.append(o.reshape(-1, hq, d))
             # (n, Hq, Lq) -> (Hq, n · Lq), the packed token order
             lses.append(lse.swapaxes(0, 1).reshape(hq, -1))
-        i += n
     if not outs:  # no query tokens at all
         outs.append(q.new_empty((0, hq, d)) if torch_in else np.zeros(q.shape, np.float32))
         lses.append(_no_keys(q, hq, torch_in)[1])

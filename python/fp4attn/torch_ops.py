@@ -786,18 +786,19 @@ def _device_cu_seqlens(cu, lens: list, device: torch.device, name: str) -> torch
 
 
 def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
-                          lens_q: list, lens_k: list, s: _host.Settings) -> Optional[tuple]:
+                          lens_q: list, lens_k: list, s: _host.Settings, lse_returned: bool = True) -> Optional[tuple]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed sequences in one device call, or None where
     that call cannot run them: recipe fp8's forward on a Hopper GPU, the kernels' head dims read in
-    place, every sequence with queries and keys, no gradient wanted, nothing tracing the call.
+    place, every sequence with queries and keys, nothing tracing the call; where a gradient is
+    wanted, also the device backward.
 
     The quantizer and the kernel take each sequence's own length from cu_seqlens, so every
-    sequence's O and LSE are those of a call on it alone, bit for bit (test_varlen.py).
+    sequence's O and LSE are those of a call on it alone, bit for bit (test_varlen.py). The
+    backward runs per run of equal lengths (_PackedAttention), as separate calls' would.
+    lse_returned: whether the caller gets the LSE (only then can it carry a gradient).
     """
     if q.device.type != "cuda" or s.recipe != "fp8" or s.target != "sm90" or q.dtype not in _DEVICE_ELEMENTS:
         return None
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        return None  # the backward of packed sequences runs per sequence
     if min(lens_q) == 0 or min(lens_k) == 0 or not _eager_call((q, k, v)):
         return None
     dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=q.shape[1], Hkv=k.shape[1], D=q.shape[2])
@@ -806,16 +807,83 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
         return None
     cu = [_device_cu_seqlens(c, lens, q.device, name)
           for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
-    shape = _device_shape(dims)
-    total_q = q.shape[0]
-    # (B, S, H) strides with the batch stride unused: the sequences' rows come from cu_seqlens.
-    packed = [(0, x.stride(0), x.stride(1)) for x in (q, k, v)]
-    with _on_device(q.device):
-        o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
-        lse = torch.empty((dims.Hq, total_q), dtype=torch.float32, device=q.device)
-        workspace = torch.empty(_ext.device_workspace_bytes(shape, opt.recipe), dtype=torch.uint8, device=q.device)
-        _ext.forward_device(shape, _DEVICE_ELEMENTS[q.dtype], q.data_ptr(), packed[0], k.data_ptr(), packed[1],
-                            v.data_ptr(), packed[2], o.data_ptr(), (0, o.stride(0), o.stride(1)), lse.data_ptr(),
-                            workspace.data_ptr(), workspace.numel(), opt, _current_stream(q.device),
-                            cu_seqlens_q=cu[0].data_ptr(), cu_seqlens_k=cu[1].data_ptr(), lse_pitch=total_q)
-    return o.to(q.dtype), lse
+    call = _PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        if not _uses_device_backward(q, dims, opt):
+            return None
+        return _PackedAttention.apply(q, k, v, call)
+    return call.forward(q, k, v)
+
+
+class _PackedCall:
+    """One varlen call on the device path: its forward in one launch, its backward per run of equal lengths."""
+
+    def __init__(self, cu: list, dims: _validate.Dims, s: _host.Settings, opt, lens_q: list, lens_k: list,
+                 lse_returned: bool):
+        self.cu, self.dims, self.s, self.opt = cu, dims, s, opt
+        self.lens_q, self.lens_k, self.lse_returned = lens_q, lens_k, lse_returned
+
+    def forward(self, q, k, v):
+        dims, opt = self.dims, self.opt
+        shape = _device_shape(dims)
+        total_q = q.shape[0]
+        # (B, S, H) strides with the batch stride unused: the sequences' rows come from cu_seqlens.
+        packed = [(0, x.stride(0), x.stride(1)) for x in (q, k, v)]
+        with _on_device(q.device):
+            o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+            lse = torch.empty((dims.Hq, total_q), dtype=torch.float32, device=q.device)
+            workspace = torch.empty(_ext.device_workspace_bytes(shape, opt.recipe), dtype=torch.uint8,
+                                    device=q.device)
+            _ext.forward_device(shape, _DEVICE_ELEMENTS[q.dtype], q.data_ptr(), packed[0], k.data_ptr(), packed[1],
+                                v.data_ptr(), packed[2], o.data_ptr(), (0, o.stride(0), o.stride(1)), lse.data_ptr(),
+                                workspace.data_ptr(), workspace.numel(), opt, _current_stream(q.device),
+                                cu_seqlens_q=self.cu[0].data_ptr(), cu_seqlens_k=self.cu[1].data_ptr(),
+                                lse_pitch=total_q)
+        return o.to(q.dtype), lse
+
+    def backward(self, q, k, v, o, lse, d_o, d_lse):
+        """dQ, dK, dV: per run of consecutive equal-length sequences one batched backward call on views,
+        exactly the calls flash_attn_varlen_func's per-run path makes (so the same bits)."""
+        if d_o is None:
+            d_o = torch.zeros_like(o)
+        if not self.lse_returned:
+            d_lse = None
+        deterministic = _deterministic_backward()
+        dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
+        starts_q = [0]
+        starts_k = [0]
+        for lq, lk in zip(self.lens_q, self.lens_k):
+            starts_q.append(starts_q[-1] + lq)
+            starts_k.append(starts_k[-1] + lk)
+        hq = q.shape[1]
+        for i, n in _host.equal_length_runs(self.lens_q, self.lens_k):
+            rows, keys = slice(starts_q[i], starts_q[i + n]), slice(starts_k[i], starts_k[i + n])
+            lq, lk = self.lens_q[i], self.lens_k[i]
+            run_q, run_o, run_do = (x[rows].unflatten(0, (n, lq)) for x in (q, o, d_o))
+            run_k, run_v = (x[keys].unflatten(0, (n, lk)) for x in (k, v))
+            # (Hq, n · Lq) columns -> (n, Hq, Lq)
+            run_lse = lse[:, rows].unflatten(1, (n, lq)).transpose(0, 1)
+            run_dlse = None if d_lse is None else d_lse[:, rows].unflatten(1, (n, lq)).transpose(0, 1)
+            run_dims = _validate.Dims(B=n, Sq=lq, Sk=lk, Hq=hq, Hkv=k.shape[1], D=q.shape[2])
+            g = _backward_checked(run_do, run_dlse, run_q, run_k, run_v, run_o, run_lse, self.s, run_dims,
+                                  deterministic, None)
+            for out, grad, span in zip((dq, dk, dv), g, (rows, keys, keys)):
+                out[span] = grad.flatten(0, 1)
+        return dq, dk, dv
+
+
+class _PackedAttention(torch.autograd.Function):
+    """Autograd of a _PackedCall: O and LSE from its one forward launch, gradients from its backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, call):
+        o, lse = call.forward(q, k, v)
+        ctx.call = call
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        q, k, v, o, lse = ctx.saved_tensors
+        return ctx.call.backward(q, k, v, o, lse, grad_o, grad_lse) + (None,)

@@ -190,6 +190,72 @@ def test_device_call_is_each_sequence(rng, causal, d, hq, hkv, dtype, qkv_packed
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_backward_is_the_per_run_calls(rng, causal):
+    # The one-call path's backward (_PackedCall.backward) slices q, k, v, O,
+    # the LSE and both output gradients into runs of equal lengths; on the CPU
+    # its calls run on the emulator, where the per-run path's gradients are
+    # the reference.
+    from fp4attn import _host, api, torch_ops
+
+    lens_q, lens_k = [5, 30, 30, 12, 7], [9, 30, 30, 3, 2]
+    arrays = packed(rng, lens_q, lens_k, 4, 2, 64)
+    q, k, v = (torch.from_numpy(x).requires_grad_() for x in arrays[:3])
+    cu_q, cu_k = (torch.from_numpy(x) for x in arrays[3:])
+    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, causal=causal, return_attn_probs=True)
+    gen = torch.Generator().manual_seed(3)
+    d_o, d_lse = torch.randn(o.shape, generator=gen), torch.randn(lse.shape, generator=gen)
+    torch.autograd.backward((o, lse), (d_o, d_lse))
+    s = api._flash_attn_settings(causal, None, "fp8")
+    call = torch_ops._PackedCall(None, None, s, _host.options(s), lens_q, lens_k, lse_returned=True)
+    with torch.no_grad():
+        got = call.backward(q, k, v, o.detach(), lse.detach(), d_o, d_lse)
+    for name, g, x in zip(("dq", "dk", "dv"), got, (q, k, v)):
+        assert torch.equal(g, x.grad), name
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_device_call_gradients_are_each_sequences(rng, causal, dtype):
+    # With autograd, recipe fp8's forward still runs in one device call; its
+    # backward runs per run of equal lengths. O, LSE and dQ, dK, dV (the loss
+    # using O and the LSE) are bit for bit those of a call on each sequence.
+    from fp4attn import _host
+
+    lens_q = [5, 300, 300, 129, 7, 128]
+    lens_k = [9, 300, 300, 3, 2, 200]
+    arrays = packed(rng, lens_q, lens_k, 4, 2, 128)
+    q, k, v = (torch.from_numpy(x).to("cuda", getattr(torch, dtype)).requires_grad_() for x in arrays[:3])
+    cu_q, cu_k = (torch.from_numpy(x).cuda() for x in arrays[3:])
+    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 300, causal=causal, return_attn_probs=True)
+    if fp4attn.backend_info()["sm90_available"]:
+        assert type(o.grad_fn).__name__ == "_PackedAttentionBackward"
+    gen = torch.Generator().manual_seed(2)
+    d_o = torch.randn(o.shape, generator=gen).to("cuda", o.dtype)
+    d_lse = torch.randn(lse.shape, generator=gen).to("cuda")
+    torch.autograd.backward((o, lse), (d_o, d_lse))
+    got = [x.grad.clone() for x in (q, k, v)]
+    expected = [torch.zeros_like(x) for x in (q, k, v)]
+    cq, ck = arrays[3], arrays[4]
+    # The same runs as the packed call's backward: consecutive equal lengths batched.
+    for first, n in _host.equal_length_runs(lens_q, lens_k):
+        rows, keys = slice(cq[first], cq[first + n]), slice(ck[first], ck[first + n])
+        for x in (q, k, v):
+            x.grad = None
+        qs, ks, vs = (x[span].unflatten(0, (n, -1)) for x, span in ((q, rows), (k, keys), (v, keys)))
+        o_run, lse_run, _ = fp4attn.flash_attn_func(qs, ks, vs, causal=causal, return_attn_probs=True)
+        assert torch.equal(o[rows], o_run.flatten(0, 1)), rows
+        assert torch.equal(lse[:, rows], lse_run.transpose(0, 1).flatten(1)), rows
+        torch.autograd.backward((o_run, lse_run), (d_o[rows].unflatten(0, (n, -1)),
+                                                   d_lse[:, rows].unflatten(1, (n, -1)).transpose(0, 1)))
+        for e, x, span in zip(expected, (q, k, v), (rows, keys, keys)):
+            e[span] = x.grad[span]
+    for name, g, e in zip(("dq", "dk", "dv"), got, expected):
+        assert torch.equal(g, e), name
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_cu_seqlens_are_read_again_after_a_change(rng):
     # Entries read to the host are kept per tensor while its version counter
     # stands; an in-place write makes the next call read (and check) them again.
