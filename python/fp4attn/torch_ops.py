@@ -794,7 +794,7 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed sequences in one device call, or None where
     that call cannot run them: recipe fp8's forward on a Hopper GPU, the kernels' head dims read in
     place, every sequence with queries and keys, nothing tracing the call; where a gradient is
-    wanted, also the device backward.
+    wanted, also the device backward and more than one length.
 
     The quantizer and the kernel take each sequence's own length from cu_seqlens, so every
     sequence's O and LSE are those of a call on it alone, bit for bit (test_varlen.py). The
@@ -813,7 +813,10 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
           for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
     call = _PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        if not _uses_device_backward(q, dims, opt):
+        # Sequences all of one length are one batched call whose forward keeps Q's and K's operands
+        # for its backward, which the packed call cannot (its backward would quantize them again:
+        # 3 % slower at 8 x 2048, bench/bench_varlen.py --backward).
+        if not _uses_device_backward(q, dims, opt) or len(_host.equal_length_runs(lens_q, lens_k)) == 1:
             return None
         return _PackedAttention.apply(q, k, v, call)
     return call.forward(q, k, v)

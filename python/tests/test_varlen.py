@@ -258,6 +258,10 @@ def test_device_call_gradients_are_each_sequences(rng, causal, dtype, lse_loss):
             e[span] = x.grad[span]
     differing = [name for name, g, e in zip(("dq", "dk", "dv"), got, expected) if not torch.equal(g, e)]
     assert not differing, differing
+    # One length only: the batched call, whose forward keeps operands for its backward.
+    two = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")  # sequences 1 and 2
+    one_run = fp4attn.flash_attn_varlen_func(q[5:605], k[9:609], v[9:609], two, two, 300, 300, causal=causal)
+    assert type(one_run.grad_fn).__name__ != "_PackedAttentionBackward"
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
