@@ -51,7 +51,40 @@ def torch_varlen():
     return varlen_attn
 
 
-def training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa, varlen_attn, flop):
+def drop_failing(impls, errors=(RuntimeError, TypeError)) -> dict:
+    """Runs each implementation once; those that raise leave `impls`, their first error line kept."""
+    skipped = {}
+    for n in list(impls):
+        try:
+            impls[n](0)
+        except errors as e:
+            skipped[n] = str(e).splitlines()[0][:200]
+            del impls[n]
+    return skipped
+
+
+def interleaved_ms(impls, rounds, reps, warmup) -> dict:
+    """Milliseconds per call of each implementation, one figure a round, the order rotated each round."""
+    times = {n: [] for n in impls}
+    for rnd in range(rounds):
+        names = list(impls)
+        for n in names[rnd % len(names):] + names[:rnd % len(names)]:
+            times[n].append(time_ms(impls[n], reps, warmup, queued=True))
+    return times
+
+
+def timing_row(op, name, lens, hq, hkv, d, causal, times, flop, skipped, **extra) -> dict:
+    """A result row: the median over rounds, TFLOP/s and the ratio to cuDNN per sequence."""
+    ms = {n: statistics.median(t) for n, t in times.items()}
+    return dict(op=op, case=name, lengths=lens, Hq=hq, Hkv=hkv, D=d, causal=causal,
+                ms={n: round(t, 4) for n, t in ms.items()},
+                tflops={n: round(flop / (t * 1e-3) / 1e12, 1) for n, t in ms.items()},
+                vs_cudnn={n: round(ms["cudnn_per_sequence"] / t, 3) for n, t in ms.items()}
+                if "cudnn_per_sequence" in ms else None,
+                skipped=skipped, **extra, rounds_ms={n: [round(x, 4) for x in t] for n, t in times.items()})
+
+
+def training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa, varlen_attn, mask_kw, flop):
     """Forward + backward (dO random, gradients of q, k and v): fp8 with its one-call forward, fp8 with
     one call per run of equal lengths (the path before it), cuDNN BF16 per sequence and torch's varlen.
     FLOPs: 3.5 times the forward's (the backward's five products against the forward's two)."""
@@ -82,27 +115,11 @@ def training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa,
     if varlen_attn is not None:
         kk, vv = ((x.detach().repeat_interleave(hq // hkv, dim=1) if gqa else x.detach().clone()).requires_grad_()
                   for x in (k, v))
-        kw = {"window_size": (-1, 0) if causal else (-1, -1)}
-        impls["torch_varlen_fa2"] = lambda i: varlen_attn(qg, kk, vv, cu, cu, max(lens), max(lens), **kw).backward(d_o)
-    skipped = {}
-    for n in list(impls):
-        try:
-            impls[n](0)
-        except (RuntimeError, TypeError, NotImplementedError) as e:
-            skipped[n] = str(e).splitlines()[0][:200]
-            del impls[n]
-    times = {n: [] for n in impls}
-    for rnd in range(args.rounds):
-        names = list(impls)
-        for n in names[rnd % len(names):] + names[:rnd % len(names)]:
-            times[n].append(time_ms(impls[n], max(2, args.reps // 2), 1, queued=True))
-    ms = {n: statistics.median(t) for n, t in times.items()}
-    row = dict(op="fwd_bwd_varlen", case=name, lengths=lens, Hq=hq, Hkv=hkv, D=d, causal=causal,
-               ms={n: round(t, 4) for n, t in ms.items()},
-               tflops={n: round(flop / (t * 1e-3) / 1e12, 1) for n, t in ms.items()},
-               vs_cudnn={n: round(ms["cudnn_per_sequence"] / t, 3) for n, t in ms.items()}
-               if "cudnn_per_sequence" in ms else None,
-               skipped=skipped, rounds_ms={n: [round(x, 4) for x in t] for n, t in times.items()})
+        impls["torch_varlen_fa2"] = lambda i: varlen_attn(qg, kk, vv, cu, cu, max(lens), max(lens),
+                                                          **mask_kw).backward(d_o)
+    skipped = drop_failing(impls, (RuntimeError, TypeError, NotImplementedError))
+    times = interleaved_ms(impls, args.rounds, max(2, args.reps // 2), 1)
+    row = timing_row("fwd_bwd_varlen", name, lens, hq, hkv, d, causal, times, flop, skipped)
     print(f"{name} fwd+bwd: TFLOP/s " + "  ".join(f"{n} {t}" for n, t in row["tflops"].items()) +
           f"  | vs cuDNN {row['vs_cudnn']}  | skipped {list(skipped)}", flush=True)
     return row
@@ -158,14 +175,10 @@ def main():
             except TypeError:
                 mask_kw = {"window_size": (-1, 0) if causal else (-1, -1)}
             impls["torch_varlen_fa2"] = lambda i: varlen_attn(q, kk, vv, cu, cu, max(lens), max(lens), **mask_kw)
+        else:
+            mask_kw = None
         with torch.inference_mode():
-            skipped = {}
-            for n in list(impls):
-                try:
-                    impls[n](0)
-                except (RuntimeError, TypeError) as e:
-                    skipped[n] = str(e).splitlines()[0][:200]
-                    del impls[n]
+            skipped = drop_failing(impls)
             # fp64 on the second sequence (its first 512 queries; causal: the keys they see).
             a, b = bounds[1], bounds[1] + min(512, lens[1])
             keys = b if causal else bounds[2]
@@ -174,24 +187,13 @@ def main():
                                                                      (v, bounds[1], keys))),
                                                  is_causal=causal, enable_gqa=gqa).transpose(1, 2)[0]
             rel_l2 = {n: round(float((fn(0)[a:b].double() - ref).norm() / ref.norm()), 5) for n, fn in impls.items()}
-            times = {n: [] for n in impls}
-            for rnd in range(args.rounds):
-                names = list(impls)
-                for n in names[rnd % len(names):] + names[:rnd % len(names)]:
-                    times[n].append(time_ms(impls[n], args.reps, 2, queued=True))
+            times = interleaved_ms(impls, args.rounds, args.reps, 2)
         pairs = sum(L * (L + 1) / 2 if causal else L * L for L in lens)
         flop = 4.0 * hq * d * pairs
         if args.backward:
             rows.append(training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa, varlen_attn,
-                                     3.5 * flop))
-        ms = {n: statistics.median(t) for n, t in times.items()}
-        row = dict(op="fwd_varlen", case=name, lengths=lens, Hq=hq, Hkv=hkv, D=d, causal=causal,
-                   ms={n: round(t, 4) for n, t in ms.items()},
-                   tflops={n: round(flop / (t * 1e-3) / 1e12, 1) for n, t in ms.items()},
-                   vs_cudnn={n: round(ms["cudnn_per_sequence"] / t, 3) for n, t in ms.items()}
-                   if "cudnn_per_sequence" in ms else None,
-                   skipped=skipped, rel_l2_vs_fp64=rel_l2, rounds_ms={n: [round(x, 4) for x in t]
-                                                                     for n, t in times.items()})
+                                     mask_kw, 3.5 * flop))
+        row = timing_row("fwd_varlen", name, lens, hq, hkv, d, causal, times, flop, skipped, rel_l2_vs_fp64=rel_l2)
         rows.append(row)
         print(f"{name}: TFLOP/s " + "  ".join(f"{n} {t}" for n, t in row["tflops"].items()) +
               f"  | vs cuDNN {row['vs_cudnn']}  | rel L2 {rel_l2}  | skipped {list(skipped)}", flush=True)
