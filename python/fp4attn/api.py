@@ -170,23 +170,23 @@ def flash_attn_varlen_func(
     sequence alone (quantization is per sequence and head), and so are its
     gradients. Recipe fp8's forward on a Hopper GPU runs every sequence in
     one call whose quantizer and kernel read the packed tensors
-    (torch_ops.varlen_forward_device; its backward, and everything else,
-    per run below). Otherwise consecutive sequences of equal lengths run as
-    one batched call on views of the packed tensors, each other sequence as
-    a call of its own, so a batch of many different lengths pays a call's
-    host cost per sequence. cu_seqlens are checked on
-    the host: a CUDA tensor's entries are read there (a wait for the device)
-    once and kept while torch's version counter says the tensor is unchanged,
-    so a model's layers sharing one cu_seqlens wait once; inference tensors
-    (made under torch.inference_mode) have no version counter and are read on
-    every call, and CPU tensors never wait. The one-call path can be captured
-    in a CUDA graph once a warm-up call has read its CUDA cu_seqlens. A
-    sequence with no keys gives O = 0 and LSE = −inf, as a fully masked row does. max_seqlen_q / max_seqlen_k
-    must be at least the longest sequence (FlashAttention would drop rows;
-    here it is an error). The other arguments are flash_attn_func's;
-    block_table (paged KV caches) accepts only None. With
-    return_attn_probs=True it returns (out, softmax_lse, None), softmax_lse of
-    shape (Hq, total_q) as FlashAttention's.
+    (torch_ops.varlen_forward_device). Its backward, and every other call,
+    run consecutive sequences of equal lengths as one batched call on views
+    of the packed tensors and each other sequence as a call of its own, so
+    there a batch of many different lengths pays a call's host cost per
+    sequence. cu_seqlens are checked on the host: a CUDA tensor's entries
+    are read there (a wait for the device) once and kept while torch's
+    version counter says the tensor is unchanged, so a model's layers
+    sharing one cu_seqlens wait once; inference tensors (made under
+    torch.inference_mode) have no version counter and are read on every
+    call, and CPU tensors never wait. The one-call path can be captured in a
+    CUDA graph once a warm-up call has read its CUDA cu_seqlens. A sequence
+    with no keys gives O = 0 and LSE = −inf, as a fully masked row does.
+    max_seqlen_q / max_seqlen_k must be at least the longest sequence
+    (FlashAttention would drop rows; here it is an error). The other
+    arguments are flash_attn_func's; block_table (paged KV caches) accepts
+    only None. With return_attn_probs=True it returns (out, softmax_lse,
+    None), softmax_lse of shape (Hq, total_q) as FlashAttention's.
     """
     _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, deterministic)
     _validate.check_absent(block_table, "block_table", None, "paged KV caches are not supported")

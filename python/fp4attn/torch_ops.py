@@ -433,8 +433,9 @@ def _k_mean(k: torch.Tensor, kept: Optional[torch.Tensor], dims: _validate.Dims,
         at = _ext.device_saved_k_mean_offset(_device_shape(dims), _host.options(s).recipe)
         return kept[at:at + 4 * dims.B * dims.Hkv * dims.D].view(torch.float32).view(dims.B, dims.Hkv, dims.D)
     # The quantizer's mean: a double sum over the sequence, / S in double, rounded to float. Its
-    # sum runs in 128-token chunks in ascending order; this one in torch's order, the same value
-    # wherever the double sum is exact (16-bit inputs of any usual range, 300 values and more).
+    # sum runs in 128-token chunks in ascending order, this one in torch's order: the same value
+    # wherever the double sum is exact, as it is for 16-bit inputs whose magnitudes span less
+    # than about 2^40 (53 bits of double against 8 or 11 of each value and log2 S of carries).
     seq = 1 if s.layout == "bshd" else 2
     return (k.to(torch.float64).sum(dim=seq) / k.shape[seq]).to(torch.float32)
 
