@@ -189,6 +189,37 @@ def test_device_call_is_each_sequence(rng, causal, d, hq, hkv, dtype, qkv_packed
     assert seen == len(lens_q)
 
 
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("seed", range(6))
+def test_device_call_on_random_batches(seed):
+    # Random batches for the one-call path: 1 to 24 sequences of 1 to 700
+    # tokens (queries and keys drawn apart, repeats likely), head dims the
+    # kernels read in place, GQA, causal or not, bf16 or fp16, the softmax
+    # scale given or not. Every sequence's O and LSE against its own call.
+    gen = np.random.default_rng(1000 + seed)
+    batch = int(gen.integers(1, 25))
+    lens_q = [int(x) for x in gen.choice([1, 7, 128, 129, 300, int(gen.integers(1, 701))], size=batch)]
+    lens_k = lens_q if gen.random() < 0.5 else [int(x) for x in gen.integers(1, 701, size=batch)]
+    d = int(gen.choice([64, 128, 72, 96]))
+    hkv = int(gen.choice([1, 2, 4]))
+    hq = hkv * int(gen.choice([1, 2, 4]))
+    causal = bool(gen.random() < 0.5)
+    dtype = getattr(torch, str(gen.choice(["bfloat16", "float16"])))
+    scale = None if gen.random() < 0.5 else float(gen.uniform(0.05, 0.2))
+    arrays = packed(gen, lens_q, lens_k, hq, hkv, d)
+    q, k, v = (torch.from_numpy(x).to("cuda", dtype) for x in arrays[:3])
+    cu_q, cu_k = (torch.from_numpy(x).cuda() for x in arrays[3:])
+    with torch.no_grad():
+        o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                                   softmax_scale=scale, return_attn_probs=True)
+        seen = 0
+        for _, rows, o_one, lse_one in per_sequence(q, k, v, arrays[3], arrays[4], causal, softmax_scale=scale):
+            assert torch.equal(o[rows], o_one), (rows, lens_q, lens_k, d, hq, hkv, causal, dtype, scale)
+            assert torch.equal(lse[:, rows], lse_one), (rows, lens_q, lens_k, d, hq, hkv, causal, dtype, scale)
+            seen += 1
+    assert seen == batch
+
+
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 @pytest.mark.parametrize("causal", [False, True])
 def test_packed_backward_is_the_per_run_calls(rng, causal):
