@@ -80,6 +80,7 @@ its gradient is zero. The host path also skips it when dLSE is all zeros.
 # signature's annotations to build the op schema.
 import contextlib
 import functools
+import itertools
 import warnings
 from typing import Optional
 
@@ -612,13 +613,12 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
         make = _stand_in if eager else _new_stand_in
         q, k = (make(shape, dtype, v.device) for shape, dtype in (ctx.q_meta, ctx.k_meta))
     deterministic = _deterministic_backward()
-    args = (grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
     if eager:
         # The forward checked q, k and v, and autograd gives grad_o o's shape, dtype and device.
         dq, dk, dv = _backward_checked(grad_o, d_lse, q, k, v, o, lse, s, _dims_of(q.shape, k.shape, s.layout),
                                        deterministic, kept)
     else:
-        dq, dk, dv = _attention_backward_op(*args)
+        dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
     return (dq, dk, dv) + (None,) * (len(ctx.settings) + 2)
 
 
@@ -858,11 +858,8 @@ class _PackedCall:
             d_lse = None
         deterministic = _deterministic_backward()
         dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
-        starts_q = [0]
-        starts_k = [0]
-        for lq, lk in zip(self.lens_q, self.lens_k):
-            starts_q.append(starts_q[-1] + lq)
-            starts_k.append(starts_k[-1] + lk)
+        starts_q = list(itertools.accumulate(self.lens_q, initial=0))
+        starts_k = list(itertools.accumulate(self.lens_k, initial=0))
         hq = q.shape[1]
         for i, n in _host.equal_length_runs(self.lens_q, self.lens_k):
             rows, keys = slice(starts_q[i], starts_q[i + n]), slice(starts_k[i], starts_k[i + n])
