@@ -85,8 +85,9 @@ def timing_row(op, name, lens, hq, hkv, d, causal, times, flop, skipped, **extra
 
 
 def training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa, varlen_attn, mask_kw, flop):
-    """Forward + backward (dO random, gradients of q, k and v): fp8 with its one-call forward, fp8 with
-    one call per run of equal lengths (the path before it), cuDNN BF16 per sequence and torch's varlen.
+    """Forward + backward (dO random, gradients of q, k and v): fp8 with its one-call forward and
+    backward (sequences all of one length: the batched call), fp8 with one call per run of equal
+    lengths (the path without the packed calls), cuDNN BF16 per sequence and torch's varlen.
     FLOPs: 3.5 times the forward's (the backward's five products against the forward's two)."""
     qg, kg, vg = (x.detach().clone().requires_grad_() for x in (q, k, v))
     d_o = torch.randn_like(q)

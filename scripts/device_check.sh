@@ -64,6 +64,8 @@ if has_stage sanitize; then
   small+=':GpuQuantizeFp8.CodeRowsAtAWiderPitch'
   # packed sequences (cu_seqlens): each sequence's rows found by its offsets
   small+=':Packed/GpuForwardPacked.EachSequenceIsItsOwnCall/D64_causal_smoothk_directp'
+  small+=':Packed/GpuBackwardPacked.EachSequenceIsItsOwnCall/D64_causal_smoothk_directp'
+  small+=':Packed/GpuBackwardPacked.EachSequenceIsItsOwnCall/D64_causal_smoothk_directp_onepass'
   # the backward's preparation: transposed codes and the row dot from the FP8
   # quantizer, transposed folded codes from the MX fold
   small+=':GpuQuantizeFp8.TransposedCodesAreTheCodesTransposed:GpuQuantizeFp8.RowDotIsTheSumOfProductsInItsOrder'

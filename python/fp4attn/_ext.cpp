@@ -13,6 +13,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <array>
 #include <cstdint>
@@ -171,7 +172,8 @@ void backward_device(const ShapeTuple& shape, dispatch::DeviceElement element, s
                      const Strides& d_o_strides, std::uintptr_t lse, std::uintptr_t dq, const Strides& dq_strides,
                      std::uintptr_t dk, const Strides& dk_strides, std::uintptr_t dv, const Strides& dv_strides,
                      std::uintptr_t workspace, std::size_t workspace_bytes, const AttentionOptions& opt,
-                     bool deterministic, std::uintptr_t stream, std::uintptr_t saved, std::size_t saved_bytes) {
+                     bool deterministic, std::uintptr_t stream, std::uintptr_t saved, std::size_t saved_bytes,
+                     std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_k, std::int64_t lse_pitch) {
   dispatch::DeviceBackwardArgs a;
   a.shape = shape_of(shape);
   a.element = element;
@@ -191,6 +193,9 @@ void backward_device(const ShapeTuple& shape, dispatch::DeviceElement element, s
   a.workspace_bytes = workspace_bytes;
   a.saved = pointer<const void*>(saved);
   a.saved_bytes = saved_bytes;
+  a.cu_seqlens_q = pointer<const int*>(cu_seqlens_q);
+  a.cu_seqlens_k = pointer<const int*>(cu_seqlens_k);
+  a.lse_pitch = lse_pitch;
   nb::gil_scoped_release no_gil;  // only enqueues work
   dispatch::sm90_backward_device(a, opt, deterministic, pointer<void*>(stream));
 }
@@ -358,15 +363,20 @@ NB_MODULE(_ext, m) {
       nb::arg("shape"), nb::arg("mask"),
       "Whether backward_device with deterministic=False (dQ summed in one pass, order varying run to run) is "
       "faster than the deterministic two passes for a (B, Sq, Sk, Hq, Hkv, D) call with this mask.");
+  m.def("device_backward_one_pass_faster_packed", &fp4attn::dispatch::sm90_packed_backward_one_pass_faster,
+        nb::arg("lens_q"), nb::arg("lens_k"), nb::arg("D"), nb::arg("mask"),
+        "device_backward_one_pass_faster for packed sequences of these query and key lengths.");
   m.def("backward_device", &py::backward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
         nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
         nb::arg("o_strides"), nb::arg("d_o"), nb::arg("d_o_strides"), nb::arg("lse"), nb::arg("dq"),
         nb::arg("dq_strides"), nb::arg("dk"), nb::arg("dk_strides"), nb::arg("dv"), nb::arg("dv_strides"),
         nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"), nb::arg("deterministic"),
-        nb::arg("stream"), nb::arg("saved") = 0, nb::arg("saved_bytes") = 0,
+        nb::arg("stream"), nb::arg("saved") = 0, nb::arg("saved_bytes") = 0, nb::arg("cu_seqlens_q") = 0,
+        nb::arg("cu_seqlens_k") = 0, nb::arg("lse_pitch") = 0,
         "Enqueues the sm90 backward (recipes fp8, mxfp4_train) on device pointers (ints) and a CUDA stream "
         "handle; dq, dk, dv in the element type of the inputs. `saved`: what forward_device kept (0: none; "
-        "q and k are then not read).");
+        "q and k are then not read). cu_seqlens_q / cu_seqlens_k (recipe fp8, no `saved`): packed sequences "
+        "as forward_device takes them, the gradients packed like q, k, v.");
   m.def("sm90_head_dim_for", &fp4attn::dispatch::sm90_head_dim_for, nb::arg("d"),
         "The sm90 kernels' head dim that runs head dim d (d itself, the next wider one, which the call pads to "
         "with zero channels), or 0 when d is wider than all of them.");

@@ -80,9 +80,8 @@ its gradient is zero. The host path also skips it when dLSE is all zeros.
 # signature's annotations to build the op schema.
 import contextlib
 import functools
-import itertools
 import warnings
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -359,12 +358,30 @@ def _uses_device_backward(q: torch.Tensor, dims: _validate.Dims, opt) -> bool:
     return _ext.device_backward_supported(_device_shape(dims), opt) and _is_sm90(q.device.index)
 
 
+class _Packing(NamedTuple):
+    """Packed sequences of a backward call: device int32 cu_seqlens of the queries and of the keys,
+    and the number of query tokens (the LSE's row pitch). Tensors are then (tokens, H, D)."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    total_q: int
+
+
 def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.Settings, opt, deterministic: bool,
-                          kept: Optional[torch.Tensor] = None):
+                          kept: Optional[torch.Tensor] = None, packing: Optional[_Packing] = None):
     """dQ, dK, dV in q's dtype, enqueued on the current stream; every tensor already of one element type.
 
     kept: the forward's block of Q's and K's operands (q and k are then not read).
+    packing: packed sequences (the sequences' rows come from its cu_seqlens, batch strides unused).
     """
+    if packing is None:
+        def strides(x):
+            return _bshd_strides(x, s.layout)
+        cu = (0, 0, 0)
+    else:
+        def strides(x):
+            return (0, x.stride(0), x.stride(1))
+        cu = (packing.cu_q.data_ptr(), packing.cu_k.data_ptr(), packing.total_q)
     shape = _device_shape(dims)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
@@ -375,22 +392,22 @@ def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.S
         shape,
         _DEVICE_ELEMENTS[q.dtype],
         q.data_ptr(),
-        _bshd_strides(q, s.layout),
+        strides(q),
         k.data_ptr(),
-        _bshd_strides(k, s.layout),
+        strides(k),
         v.data_ptr(),
-        _bshd_strides(v, s.layout),
+        strides(v),
         o.data_ptr(),
-        _bshd_strides(o, s.layout),
+        strides(o),
         d_o.data_ptr(),
-        _bshd_strides(d_o, s.layout),
+        strides(d_o),
         lse.data_ptr(),
         dq.data_ptr(),
-        _bshd_strides(dq, s.layout),
+        strides(dq),
         dk.data_ptr(),
-        _bshd_strides(dk, s.layout),
+        strides(dk),
         dv.data_ptr(),
-        _bshd_strides(dv, s.layout),
+        strides(dv),
         workspace.data_ptr(),
         workspace.numel(),
         opt,
@@ -398,6 +415,7 @@ def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.S
         _current_stream(q.device),
         kept.data_ptr() if kept is not None else 0,
         kept.numel() if kept is not None else 0,
+        *cu,
     )
     return dq, dk, dv
 
@@ -408,8 +426,9 @@ def _lse_term_inputs(d_lse: torch.Tensor, like_o: torch.Tensor, layout: str):
     d_o = torch.zeros_like(like_o)
     channel0 = (..., 0)
     o[channel0] = 1.0
-    # d_lse is (B, Hq, Sq); channel 0 of a (B, S, H, D) tensor is (B, S, H).
-    d_o[channel0] = -(d_lse.transpose(1, 2) if layout == "bshd" else d_lse).to(like_o.dtype)
+    # d_lse is (B, Hq, Sq); channel 0 of a (B, S, H, D) tensor is (B, S, H). Packed: (Hq, tokens)
+    # and (tokens, H).
+    d_o[channel0] = -(d_lse.transpose(-2, -1) if layout == "bshd" else d_lse).to(like_o.dtype)
     return o, d_o
 
 
@@ -441,22 +460,43 @@ def _k_mean(k: torch.Tensor, kept: Optional[torch.Tensor], dims: _validate.Dims,
     return (k.to(torch.float64).sum(dim=seq) / k.shape[seq]).to(torch.float32)
 
 
+def _packed_smooth_k_lse_dq(d_lse: torch.Tensor, k: torch.Tensor, packing: _Packing, dims: _validate.Dims,
+                            s: _host.Settings) -> torch.Tensor:
+    """_smooth_k_lse_dq of packed sequences, each with its own K mean: d_lse (Hq, tokens), k
+    (key tokens, Hkv, D); (query tokens, Hq, D) float32, every row that of its sequence's call."""
+    def sequence_of_token(cu: torch.Tensor, tokens: int) -> torch.Tensor:
+        return torch.searchsorted(cu[1:], torch.arange(tokens, dtype=cu.dtype, device=cu.device), right=True)
+
+    # _k_mean's double sum over each sequence (exact, so in any order), / its length in double.
+    lens_k = (packing.cu_k[1:] - packing.cu_k[:-1]).to(torch.float64)
+    sums = torch.zeros((dims.B, dims.Hkv, dims.D), dtype=torch.float64, device=k.device)
+    sums.index_add_(0, sequence_of_token(packing.cu_k, k.shape[0]), k.to(torch.float64))
+    k_mean = (sums / lens_k[:, None, None]).to(torch.float32).repeat_interleave(dims.Hq // dims.Hkv, dim=1)
+    scale = s.scale if s.scale > 0 else dims.D**-0.5
+    per_query = k_mean[sequence_of_token(packing.cu_q, packing.total_q)]
+    return d_lse.to(torch.float32).transpose(0, 1)[..., None] * per_query * scale
+
+
 def _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt, deterministic: bool,
-                     kept: Optional[torch.Tensor] = None):
+                     kept: Optional[torch.Tensor] = None, packing: Optional[_Packing] = None):
     dtype = q.dtype
     element = torch.float32 if dtype == torch.float64 else dtype  # the kernels read fp32, fp16 and bf16
     q, k, v, o, d_o = (x.to(element) for x in (q, k, v, o, d_o))
     if d_o.stride(-1) != 1 or 0 in d_o.stride():  # e.g. the expanded gradient of a sum
         d_o = d_o.contiguous()
     with _on_device(q.device):
-        dq, dk, dv = _backward_device_call(d_o, q, k, v, o, lse.contiguous(), dims, s, opt, deterministic, kept)
+        dq, dk, dv = _backward_device_call(d_o, q, k, v, o, lse.contiguous(), dims, s, opt, deterministic, kept,
+                                           packing)
         if d_lse is not None:
             o_term, d_o_term = _lse_term_inputs(d_lse, o, s.layout)
             dq_term, dk_term, _ = _backward_device_call(
-                d_o_term, q, k, torch.zeros_like(v), o_term, lse.contiguous(), dims, s, opt, deterministic, kept
+                d_o_term, q, k, torch.zeros_like(v), o_term, lse.contiguous(), dims, s, opt, deterministic, kept,
+                packing
             )
             dq_term = dq_term.float()
-            if s.smooth_k:
+            if s.smooth_k and packing is not None:
+                dq_term = dq_term + _packed_smooth_k_lse_dq(d_lse, k, packing, dims, s)
+            elif s.smooth_k:
                 dq_term = dq_term + _smooth_k_lse_dq(d_lse, _k_mean(k, kept, dims, s), dims, s)
             # Summed in fp32, rounded once to the gradients' type.
             dq, dk = (dq.float() + dq_term).to(element), (dk.float() + dk_term.float()).to(element)
@@ -798,8 +838,8 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     wanted, also the device backward and more than one length.
 
     The quantizer and the kernel take each sequence's own length from cu_seqlens, so every
-    sequence's O and LSE are those of a call on it alone, bit for bit (test_varlen.py). The
-    backward runs per run of equal lengths (_PackedAttention), as separate calls' would.
+    sequence's O and LSE are those of a call on it alone, bit for bit (test_varlen.py); so are its
+    gradients from the packed backward (_PackedAttention), also one call.
     lse_returned: whether the caller gets the LSE (only then can it carry a gradient).
     """
     if q.device.type != "cuda" or s.recipe != "fp8" or s.target != "sm90" or q.dtype not in _DEVICE_ELEMENTS:
@@ -824,7 +864,7 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
 
 
 class _PackedCall:
-    """One varlen call on the device path: its forward in one launch, its backward per run of equal lengths."""
+    """One varlen call on the device path: its forward in one launch, its backward in one call."""
 
     def __init__(self, cu: list, dims: _validate.Dims, s: _host.Settings, opt, lens_q: list, lens_k: list,
                  lse_returned: bool):
@@ -850,31 +890,19 @@ class _PackedCall:
         return o.to(q.dtype), lse
 
     def backward(self, q, k, v, o, lse, d_o, d_lse):
-        """dQ, dK, dV: per run of consecutive equal-length sequences one batched backward call on views,
-        exactly the calls flash_attn_varlen_func's per-run path makes (so the same bits)."""
+        """dQ, dK, dV of every sequence in one device call (a second for an LSE gradient), each
+        sequence's those of a call on it alone."""
         if d_o is None:
             d_o = torch.zeros_like(o)
         if not self.lse_returned:
             d_lse = None
         deterministic = _deterministic_backward()
-        dq, dk, dv = (torch.empty_like(x) for x in (q, k, v))
-        starts_q = list(itertools.accumulate(self.lens_q, initial=0))
-        starts_k = list(itertools.accumulate(self.lens_k, initial=0))
-        hq = q.shape[1]
-        for i, n in _host.equal_length_runs(self.lens_q, self.lens_k):
-            rows, keys = slice(starts_q[i], starts_q[i + n]), slice(starts_k[i], starts_k[i + n])
-            lq, lk = self.lens_q[i], self.lens_k[i]
-            run_q, run_o, run_do = (x[rows].unflatten(0, (n, lq)) for x in (q, o, d_o))
-            run_k, run_v = (x[keys].unflatten(0, (n, lk)) for x in (k, v))
-            # (Hq, n · Lq) columns -> (n, Hq, Lq)
-            run_lse = lse[:, rows].unflatten(1, (n, lq)).transpose(0, 1)
-            run_dlse = None if d_lse is None else d_lse[:, rows].unflatten(1, (n, lq)).transpose(0, 1)
-            run_dims = _validate.Dims(B=n, Sq=lq, Sk=lk, Hq=hq, Hkv=k.shape[1], D=q.shape[2])
-            g = _backward_checked(run_do, run_dlse, run_q, run_k, run_v, run_o, run_lse, self.s, run_dims,
-                                  deterministic, None)
-            for out, grad, span in zip((dq, dk, dv), g, (rows, keys, keys)):
-                out[span] = grad.flatten(0, 1)
-        return dq, dk, dv
+        if deterministic is None:
+            deterministic = not _ext.device_backward_one_pass_faster_packed(
+                self.lens_q, self.lens_k, self.dims.D, _ext.MaskKind.__members__[self.s.mask])
+        packing = _Packing(self.cu[0], self.cu[1], q.shape[0])
+        return _backward_device(d_o, d_lse, q, k, v, o, lse, self.dims, self.s, self.opt, deterministic,
+                                packing=packing)
 
 
 class _PackedAttention(torch.autograd.Function):

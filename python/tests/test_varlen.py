@@ -221,39 +221,46 @@ def test_device_call_on_random_batches(seed):
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
-@pytest.mark.parametrize("causal", [False, True])
-def test_packed_backward_is_the_per_run_calls(rng, causal):
-    # The one-call path's backward (_PackedCall.backward) slices q, k, v, O,
-    # the LSE and both output gradients into runs of equal lengths; on the CPU
-    # its calls run on the emulator, where the per-run path's gradients are
-    # the reference.
-    from fp4attn import _host, api, torch_ops
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_packed_lse_terms_are_each_sequences(rng, scale):
+    # The packed backward's LSE gradient: O and dO of the second device call
+    # (_lse_term_inputs, one-hot in channel 0) and, with smooth_k, the dQ part
+    # from each sequence's own K mean, against the batched call's pieces on
+    # every sequence alone (host torch; the device call itself is
+    # test_device_call_gradients_are_each_sequences).
+    from fp4attn import _host, _validate, torch_ops
 
     lens_q, lens_k = [5, 30, 30, 12, 7], [9, 30, 30, 3, 2]
-    arrays = packed(rng, lens_q, lens_k, 4, 2, 64)
-    q, k, v = (torch.from_numpy(x).requires_grad_() for x in arrays[:3])
-    cu_q, cu_k = (torch.from_numpy(x) for x in arrays[3:])
-    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 30, causal=causal, return_attn_probs=True)
-    gen = torch.Generator().manual_seed(3)
-    d_o, d_lse = torch.randn(o.shape, generator=gen), torch.randn(lse.shape, generator=gen)
-    torch.autograd.backward((o, lse), (d_o, d_lse))
-    s = api._flash_attn_settings(causal, None, "fp8")
-    call = torch_ops._PackedCall(None, None, s, _host.options(s), lens_q, lens_k, lse_returned=True)
-    with torch.no_grad():
-        got = call.backward(q, k, v, o.detach(), lse.detach(), d_o, d_lse)
-    for name, g, x in zip(("dq", "dk", "dv"), got, (q, k, v)):
-        assert torch.equal(g, x.grad), name
+    hq, hkv, d = 4, 2, 64
+    q, k, _, cu_q, cu_k = (torch.from_numpy(x) for x in packed(rng, lens_q, lens_k, hq, hkv, d))
+    k = k.to(torch.bfloat16)
+    d_lse = torch.randn((hq, q.shape[0]), generator=torch.Generator().manual_seed(4))
+    s = _host.make_settings(layout="bshd", mask=_host.MASK_NONE, scale=scale, scale_name="softmax_scale",
+                            recipe="fp8", smooth_k=True, direct_p=True, gqa=True, names=("q", "k", "v"))
+    dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=hq, Hkv=hkv, D=d)
+    packing = torch_ops._Packing(cu_q, cu_k, q.shape[0])
+    dq_term = torch_ops._packed_smooth_k_lse_dq(d_lse, k, packing, dims, s)
+    o_term, d_o_term = torch_ops._lse_term_inputs(d_lse, q, s.layout)
+    for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        one = _validate.Dims(B=1, Sq=lq, Sk=lk, Hq=hq, Hkv=hkv, D=d)
+        d_lse_one = d_lse[None, :, rows]
+        k_one = k[None, keys]
+        expected = torch_ops._smooth_k_lse_dq(d_lse_one, torch_ops._k_mean(k_one, None, one, s), one, s)[0]
+        assert torch.equal(dq_term[rows], expected), i
+        o_one, d_o_one = torch_ops._lse_term_inputs(d_lse_one, q[None, rows], s.layout)
+        assert torch.equal(o_term[rows], o_one[0]) and torch.equal(d_o_term[rows], d_o_one[0]), i
 
 
 @pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype,lse_loss", [("bfloat16", True), ("float16", True), ("bfloat16", False)])
 def test_device_call_gradients_are_each_sequences(rng, causal, dtype, lse_loss):
-    # With autograd, recipe fp8's forward still runs in one device call; its
-    # backward runs per run of equal lengths. O, LSE and dQ, dK, dV (the loss
-    # using O, or O and the LSE) are bit for bit those of a call on each
-    # sequence, whose forward kept its operands (the smooth_k mean among them)
-    # where the packed one did not.
+    # With autograd, recipe fp8's forward and backward each run in one device
+    # call. O, LSE and dQ, dK, dV (the loss using O, or O and the LSE) are bit
+    # for bit those of batched calls on each run of equal lengths, whose
+    # forward kept its operands (the smooth_k mean among them) where the
+    # packed one did not.
     from fp4attn import _host
 
     lens_q = [5, 300, 300, 129, 7, 128]
@@ -271,7 +278,7 @@ def test_device_call_gradients_are_each_sequences(rng, causal, dtype, lse_loss):
     got = [x.grad.clone() for x in (q, k, v)]
     expected = [torch.zeros_like(x) for x in (q, k, v)]
     cq, ck = arrays[3], arrays[4]
-    # The same runs as the packed call's backward: consecutive equal lengths batched.
+    # Consecutive equal lengths batched, as the per-run path (no packed call) would run them.
     for first, n in _host.equal_length_runs(lens_q, lens_k):
         rows, keys = slice(cq[first], cq[first + n]), slice(ck[first], ck[first + n])
         for x in (q, k, v):

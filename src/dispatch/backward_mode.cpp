@@ -1,8 +1,10 @@
 // Which sm90 backward mode is faster for a problem (sm90_executor.hpp): a
 // host rule from measurements, the same with or without CUDA in the build.
 #include <algorithm>
+#include <vector>
 
 #include "dispatch/sm90_executor.hpp"
+#include "fp4attn/error.hpp"
 
 namespace fp4attn::dispatch {
 namespace {
@@ -29,6 +31,17 @@ double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk) {
 
 bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask) {
   return shape.D == 64 && mean_visible_keys(mask, shape.Sq, shape.Sk) >= kOnePassMinMeanKeys;
+}
+
+bool sm90_packed_backward_one_pass_faster(const std::vector<std::int64_t>& lens_q,
+                                          const std::vector<std::int64_t>& lens_k, std::int64_t D, MaskKind mask) {
+  if (lens_q.size() != lens_k.size()) throw Error("lens_k", "must give one length per sequence, as lens_q");
+  double pairs = 0.0, rows = 0.0;
+  for (std::size_t b = 0; b < lens_q.size(); ++b) {
+    pairs += static_cast<double>(lens_q[b]) * mean_visible_keys(mask, lens_q[b], lens_k[b]);
+    rows += static_cast<double>(lens_q[b]);
+  }
+  return D == 64 && rows > 0.0 && pairs / rows >= kOnePassMinMeanKeys;
 }
 
 }  // namespace fp4attn::dispatch

@@ -105,11 +105,13 @@ inline cuda_quantize::ElementType element_type(DeviceElement e) {
   throw Error("dtype", "unknown device element type");
 }
 
-// The quantizer's view of a (B, S, H, D) device tensor; `name` names a null pointer.
+// The quantizer's view of a (B, S, H, D) device tensor; `name` names a null
+// pointer. cu_seqlens: packed sequences (StridedInput::cu_seqlens), or null.
 inline cuda_quantize::StridedInput strided(const DeviceTensorView& x, DeviceElement e, std::int64_t B, std::int64_t S,
-                                           std::int64_t H, std::int64_t D, const char* name) {
+                                           std::int64_t H, std::int64_t D, const char* name,
+                                           const int* cu_seqlens = nullptr) {
   if (x.data == nullptr) throw Error(name, "is a null device pointer");
-  return {x.data, element_type(e), B, S, H, D, x.stride_b, x.stride_s, x.stride_h};
+  return {x.data, element_type(e), B, S, H, D, x.stride_b, x.stride_s, x.stride_h, cu_seqlens};
 }
 
 }  // namespace fp4attn::dispatch

@@ -148,6 +148,13 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
     throw Error("executor", "the sm90 backward does not implement this call (it runs recipes fp8 and mxfp4_train, "
                             "target sm90, 128-token tiles, D = 64 or 128, E4M3 dS)");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
+  if (args.cu_seqlens_q != nullptr || args.cu_seqlens_k != nullptr) {
+    if (args.cu_seqlens_q == nullptr || args.cu_seqlens_k == nullptr)
+      throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");
+    if (opt.recipe != Recipe::fp8) throw Error("recipe", "packed sequences run recipe fp8 on the device for now");
+    if (args.saved != nullptr) throw Error("saved", "packed sequences have no kept operands");
+    if (args.lse_pitch <= 0) throw Error("lse_pitch", "must be the number of query tokens in all");
+  }
   const BackwardLayout layout = backward_layout(s, opt.recipe);
   check_workspace(args.workspace, args.workspace_bytes, deterministic ? layout.dq_accum : layout.bytes);
   if (args.saved != nullptr) check_saved(args.saved, args.saved_bytes, s, opt.recipe);
@@ -177,9 +184,12 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   fwd.lse_shift = floats(layout.lse_shift);
   fwd.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);
   fwd.workspace = base + layout.scratch;
-  const auto in_q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q");
-  const auto in_k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k");
-  const auto in_v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
+  // Packed sequences: every input's rows come from cu_seqlens; the
+  // workspace keeps the (B, longest) layout the kernels' tensor maps address.
+  const int *cu_q = args.cu_seqlens_q, *cu_k = args.cu_seqlens_k;
+  const auto in_q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q", cu_q);
+  const auto in_k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k", cu_k);
+  const auto in_v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v", cu_k);
   // The forward's operands when it kept them: the codes, transposes and LSE
   // shift are read where they are; the scales are copied (below) so that
   // non-finite input poisons the copies, not the saved block. mxfp4_train
@@ -224,11 +234,11 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   grad.qt = base + layout.d_ot;  // dOᵀ; V is needed in its token-major form only
   // delta = Σ_d dO·O per row, taken while the call holds dO's blocks.
   cuda_quantize::QRowDot delta;
-  delta.with = strided(args.o, args.element, s.B, s.Sq, s.Hq, s.D, "o");
+  delta.with = strided(args.o, args.element, s.B, s.Sq, s.Hq, s.D, "o", cu_q);
   delta.out = floats(layout.delta);
   delta.pitch = sm90::bwd::padded_tokens(s.Sq);
-  cuda_quantize::quantize_fp8(strided(args.d_o, args.element, s.B, s.Sq, s.Hq, s.D, "d_o"), in_v, in_v, false, scale,
-                              grad, delta, stream);
+  cuda_quantize::quantize_fp8(strided(args.d_o, args.element, s.B, s.Sq, s.Hq, s.D, "d_o", cu_q), in_v, in_v, false,
+                              scale, grad, delta, stream);
   // Non-finite input cannot raise an error without a host synchronisation:
   // it makes the gradients NaN. After both quantizers, so that a non-finite
   // q, k, d_o or v counts.
@@ -242,7 +252,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   const int B = static_cast<int>(s.B), Sq = static_cast<int>(s.Sq), Sk = static_cast<int>(s.Sk);
   const int Hq = static_cast<int>(s.Hq), Hkv = static_cast<int>(s.Hkv), D = static_cast<int>(s.D);
   sm90::bwd::lse_statistics(args.lse, opt.smooth_k ? lse_shift : nullptr, floats(layout.delta),
-                            floats(layout.lse_log2), B, Sq, Hq, stream);
+                            floats(layout.lse_log2), B, Sq, Hq, cu_q, args.lse_pitch, stream);
 
   a.q = q_codes, a.k = k_codes, a.d_o = grad.q, a.v = grad.k;
   a.qt = qt, a.d_ot = base + layout.d_ot, a.kt = kt;
@@ -251,6 +261,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   a.ds_scales = floats(layout.ds_scales);
   a.out_type = element_type(args.element);
   a.B = B, a.Hq = Hq, a.Hkv = Hkv, a.Sq = Sq, a.Sk = Sk, a.D = D;
+  a.cu_seqlens_q = cu_q, a.cu_seqlens_k = cu_k;
   a.softmax_scale = scale;
   a.mask = opt.mask;
   a.p_code = opt.direct_p ? sm90::bwd::PCode::direct_p : sm90::bwd::PCode::exp2_cvt;

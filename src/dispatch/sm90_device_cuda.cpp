@@ -111,10 +111,9 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
     a.lse = args.lse;
     return a;
   };
-  auto q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q");
-  auto k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k");
-  auto v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v");
-  q.cu_seqlens = args.cu_seqlens_q, k.cu_seqlens = v.cu_seqlens = args.cu_seqlens_k;
+  const auto q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q", args.cu_seqlens_q);
+  const auto k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k", args.cu_seqlens_k);
+  const auto v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v", args.cu_seqlens_k);
 
   if (opt.recipe == Recipe::nvfp4) {
     // NVFP4: the quantizer and the BF16 expansion write into the workspace;

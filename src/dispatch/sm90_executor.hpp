@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "fp4attn/attention.hpp"
 
@@ -122,6 +123,15 @@ struct DeviceBackwardArgs {
   // only: one saved block serves any number of backward calls.
   const void* saved = nullptr;
   std::size_t saved_bytes = 0;
+  // Optional, recipe fp8 without `saved`: packed sequences, as in
+  // DeviceForwardArgs (shape.Sq, shape.Sk the longest; q, o, d_o and dq
+  // rows from cu_seqlens_q, k, v, dk and dv rows from cu_seqlens_k, batch
+  // strides not used; the LSE (Hq, lse_pitch) as that forward returns it).
+  // Each sequence's gradients are those of a call on it alone, bit for bit
+  // (deterministic; the one pass sums dQ in its own varying order).
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  std::int64_t lse_pitch = 0;
 };
 
 // Device bytes of DeviceBackwardArgs::workspace for `shape` and `recipe` (fp8
@@ -151,6 +161,11 @@ double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk);
 // that need no reproducible bits pass deterministic =
 // !sm90_backward_one_pass_faster(shape, mask).
 bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask);
+
+// The same for packed sequences of these query and key lengths (one pair per
+// sequence): the mean over all query rows of the keys each sees.
+bool sm90_packed_backward_one_pass_faster(const std::vector<std::int64_t>& lens_q,
+                                          const std::vector<std::int64_t>& lens_k, std::int64_t D, MaskKind mask);
 
 // Backward on device pointers (recipes fp8 and mxfp4_train), enqueued on
 // `stream`: the GPU quantizer (Q, K, smooth_k as the forward, unless `saved`

@@ -169,14 +169,12 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
   if (code_pitch_of(out, q.D) != q.D && (out.qt != nullptr || out.kt != nullptr))
     throw Error("code_pitch", "must be D with the backward's operands (they are read at D)");
   if (k.cu_seqlens != v.cu_seqlens) throw Error("cu_seqlens", "k and v must share their sequence boundaries");
-  if ((q.cu_seqlens != nullptr || k.cu_seqlens != nullptr) &&
-      (out.qt != nullptr || out.kt != nullptr || q_row_dot.out != nullptr))
-    throw Error("cu_seqlens", "packed sequences have no backward operands (Qᵀ, Kᵀ, the row dot) yet");
   if (q_row_dot.out != nullptr) {
     const StridedInput& w = q_row_dot.with;
     check_shape(w, "q_row_dot.with");
     if (w.B != q.B || w.S != q.S || w.H != q.H || w.D != q.D || w.type != q.type)
       throw Error("q_row_dot.with", "must have q's shape and element type");
+    if (w.cu_seqlens != q.cu_seqlens) throw Error("q_row_dot.with", "must share q's sequence boundaries");
     if (out.q == nullptr) throw Error("q_row_dot", "needs the q codes (a V-only call has no q blocks)");
     if (q_row_dot.pitch < padded_keys(q.S)) throw Error("q_row_dot.pitch", "must be at least Sq rounded up to 128");
   }

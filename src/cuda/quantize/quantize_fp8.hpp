@@ -119,18 +119,20 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 // every output keeps its layout for S tokens per batch entry, and entry b's
 // statistics (the smooth_k mean, V's channel scales), block scales and codes
 // are those of a call on its own tokens, bit for bit; its rows past its
-// length are zero codes up to its last block, and blocks wholly past it are
-// not written (the forward never reads them). Not with the backward's operands.
+// length are zero codes up to its last block (Qᵀ and Kᵀ: zero codes, the row
+// dot: 0), and blocks wholly past it are not written (neither the forward nor
+// the backward reads them).
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
                   float softmax_scale, const Fp8Buffers& out, cudaStream_t stream);
 
-// Optional companion of q for quantize_fp8: a tensor `with` of q's shape and
-// element type, and an fp32 output `out` of (B, Hq, pitch) rows with pitch
-// at least Sq rounded up to 128. The quantizer writes out[b, h, s] =
-// Σ_d q[b, s, h, d]·with[b, s, h, d] (fp32 products and sums: eight channels
-// in order, then a tree over the row's lanes) for every s below that rounded
-// length, 0 past Sq. The backward's delta = Σ dO·O, taken while its call
-// holds dO's blocks in registers, so dO is read once.
+// Optional companion of q for quantize_fp8: a tensor `with` of q's shape,
+// element type and cu_seqlens, and an fp32 output `out` of (B, Hq, pitch)
+// rows with pitch at least Sq rounded up to 128. The quantizer writes
+// out[b, h, s] = Σ_d q[b, s, h, d]·with[b, s, h, d] (fp32 products and sums:
+// eight channels in order, then a tree over the row's lanes) for every s
+// below that rounded length, 0 past Sq (packed: below the entry's length
+// rounded up, 0 past its length). The backward's delta = Σ dO·O, taken while
+// its call holds dO's blocks in registers, so dO is read once.
 struct QRowDot {
   StridedInput with;
   float* out = nullptr;

@@ -632,18 +632,19 @@ __device__ __forceinline__ void sum_over_token_lanes(int seg_shift, float (&x)[k
 }
 
 // QRowDot: Σ_d q·with per token of the block, for every token below the
-// block's end (q and `with` read as zeros past Sq, so those rows get 0).
-// `with` is loaded an item at a time, beside the q block already held.
+// block's end (q and `with` read as zeros past the entry's `tokens`, so
+// those rows get 0). `with` is loaded an item at a time, beside the q block
+// already held.
 template <class T>
 __device__ __forceinline__ void q_row_dot(const Job<T>& job, const ThreadItems& items, const Block<T>& c, int b, int h,
-                                          int s0) {
-  const bool whole = whole_block(job.dot_with, s0, job.Sq);
+                                          int s0, int tokens) {
+  const bool whole = whole_block(job.dot_with, s0, tokens);
   const T* first = job.dot_with.segment(b, s0, h, items.first_d);
   float dot[kMaxItems][kQuadTokens];
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) {
     Segment<T> w[kQuadTokens];
-    load_item<L2Reuse::last>(items, job.dot_with, first, r, s0, job.Sq, whole, w);
+    load_item<L2Reuse::last>(items, job.dot_with, first, r, s0, tokens, whole, w);
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i) {
       dot[r][i] = 0.0f;
@@ -672,7 +673,7 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   load_block<L2Reuse::last>(items, job.q, b, h, s0, tokens, whole, c);
   statistics_ready();
   // Before the codes, so that nothing but the block is live across it.
-  if (kBackwardOperands && job.dot_out != nullptr) q_row_dot(job, items, c, b, h, s0);
+  if (kBackwardOperands && job.dot_out != nullptr) q_row_dot(job, items, c, b, h, s0, tokens);
   float mean[kSegment] = {};
   if (job.smooth_k && items.present) {
     const int j = b * job.Hkv + kv_head;

@@ -74,6 +74,14 @@ struct Fp8BackwardArgs {
   ElementType out_type = ElementType::f32;
   TensorRef dq, dk, dv;
   int B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0;
+  // Packed sequences (FlashAttention's varlen batches), or null: B + 1 device
+  // ints each; entry b has cu_seqlens_q[b + 1] − cu_seqlens_q[b] queries and
+  // as many keys as cu_seqlens_k gives it, and Sq, Sk are the longest (the
+  // layout of every operand and statistic above). dq is then written at token
+  // rows cu_seqlens_q[b] .., dk and dv at cu_seqlens_k[b] .. (stride_b not
+  // used). Each entry's gradients are those of a call on it alone.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
   float softmax_scale = 0.0f;  // resolved (> 0)
   MaskKind mask = MaskKind::none;
   PCode p_code = PCode::direct_p;
@@ -83,9 +91,12 @@ struct Fp8BackwardArgs {
 // The backward's log2-domain LSE per row: lse_log2 = (lse − shift)·log2 e,
 // or +inf where lse is −inf (a row that sees no key); shift may be null (no
 // smooth_k). Padding rows get +inf. delta (Σ_d dO·O, written before by the
-// dO quantizer call) becomes NaN where lse is NaN, lse_log2 0 there.
+// dO quantizer call) becomes NaN where lse is NaN, lse_log2 0 there. lse is
+// (B, Hq, Sq), or for packed sequences (cu_seqlens_q, B + 1 device ints)
+// (Hq, lse_pitch) with entry b's rows from column cu_seqlens_q[b]; shift,
+// delta and lse_log2 keep their (B, Hq, ·) layouts either way.
 void lse_statistics(const float* lse, const float* shift, float* delta, float* lse_log2, int B, int Sq, int Hq,
-                    cudaStream_t stream);
+                    const int* cu_seqlens_q, std::int64_t lse_pitch, cudaStream_t stream);
 
 // One scale array of nan_scales_if_flagged: dst receives src (src null:
 // dst keeps its values), or NaN.
@@ -108,9 +119,11 @@ struct ScaleArray {
 void nan_scales_if_flagged(const int* flags, int flag_count, const int* more_flags, int more_count, ScaleArray a,
                            ScaleArray b, ScaleArray c, cudaStream_t stream);
 
-// dq = scale · accum (DqMode::one_pass's layout, dq_accum_elems) into `dq` of `type`.
+// dq = scale · accum (DqMode::one_pass's layout, dq_accum_elems) into `dq` of `type`;
+// for packed sequences (cu_seqlens_q not null) entry b's rows below its
+// length, at token rows cu_seqlens_q[b] ...
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
-                 cudaStream_t stream);
+                 const int* cu_seqlens_q, cudaStream_t stream);
 
 // The two deterministic passes: dQ (one CTA per query tile) and dK, dV (one
 // CTA per key tile of a KV head, over its whole GQA group). Throws

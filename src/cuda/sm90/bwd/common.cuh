@@ -23,6 +23,18 @@ inline constexpr float kPUnscale = 0x1p-8f;
 
 FP4ATTN_DEVICE_INLINE float neg_inf() { return __int_as_float(0xFF800000); }
 
+// Batch entry b's number of tokens: `longest` (the layout's), or for packed
+// sequences its own.
+FP4ATTN_DEVICE_INLINE int entry_tokens(const int* cu_seqlens, int b, int longest) {
+  return cu_seqlens != nullptr ? cu_seqlens[b + 1] - cu_seqlens[b] : longest;
+}
+
+// Element offset of batch entry b in a (B, S, H, D) gradient: b · stride_b,
+// or for packed sequences its first token row times stride_s.
+FP4ATTN_DEVICE_INLINE std::int64_t entry_offset(const TensorRef& out, const int* cu_seqlens, int b) {
+  return cu_seqlens != nullptr ? cu_seqlens[b] * out.stride_s : b * out.stride_b;
+}
+
 FP4ATTN_DEVICE_INLINE void wait_barrier(std::uint64_t* bar, std::uint32_t parity) {
   while (!cuda::ptx::mbarrier_try_wait_parity(bar, parity)) {
   }
@@ -355,17 +367,19 @@ FP4ATTN_DEVICE_INLINE std::uint32_t pair_bits(float a, float b) {
 }
 
 // Stores a 64 × HeadDim gradient tile times `scale` (rows from `first_row`,
-// those ≥ rows skipped) into a (B, S, H, D) tensor of `type`. A thread's
-// columns come in neighbouring pairs (col, col + 1 with col even): where the
-// tensor's layout keeps such a pair aligned (the usual one does), each pair
-// is one store of two elements, converted together; otherwise one by one.
+// those ≥ rows skipped) into a (B, S, H, D) tensor of `type`, whose batch
+// entry starts `entry` elements in (b · stride_b, or for packed sequences
+// the entry's first token row times stride_s). A thread's columns come in
+// neighbouring pairs (col, col + 1 with col even): where the tensor's layout
+// keeps such a pair aligned (the usual one does), each pair is one store of
+// two elements, converted together; otherwise one by one.
 template <int N>
 FP4ATTN_DEVICE_INLINE void store_rows(const float (&acc)[N], float scale, const Fragment& f, int first_row, int rows,
-                                      ElementType type, const TensorRef& out, int batch, int head) {
+                                      ElementType type, const TensorRef& out, std::int64_t entry, int head) {
   const auto store = [&](auto* base) {
     using T = std::remove_pointer_t<decltype(base)>;
     using Pair = decltype(ElementPair<T>::of(0.0f, 0.0f));
-    base += batch * out.stride_b + head * out.stride_h;
+    base += entry + head * out.stride_h;
     const bool pairs = reinterpret_cast<std::uintptr_t>(base) % sizeof(Pair) == 0 && out.stride_s % 2 == 0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -401,14 +415,14 @@ FP4ATTN_DEVICE_INLINE void store_rows(const float (&acc)[N], float scale, const 
 // 16-byte aligned, go through store_rows.
 template <int HeadDim, int N>
 FP4ATTN_DEVICE_INLINE void store_rows_staged(const float (&acc)[N], float scale, const Fragment& f, int first_row,
-                                             int rows, ElementType type, const TensorRef& out, int batch, int head,
-                                             std::uint8_t* piece0, std::uint8_t* piece1, int consumer,
+                                             int rows, ElementType type, const TensorRef& out, std::int64_t entry,
+                                             int head, std::uint8_t* piece0, std::uint8_t* piece1, int consumer,
                                              int thread_in_wg) {
   constexpr int kRowBytes = HeadDim * 2, kChunks = kRowBytes / 16, kPieceRows = 32;
   static_assert(N == HeadDim / 2, "a 64 × HeadDim tile over 128 threads");
-  auto* base = static_cast<std::uint8_t*>(out.data) + 2 * (batch * out.stride_b + head * out.stride_h);
+  auto* base = static_cast<std::uint8_t*>(out.data) + 2 * (entry + head * out.stride_h);
   if (type == ElementType::f32 || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || (out.stride_s * 2) % 16 != 0) {
-    store_rows(acc, scale, f, first_row, rows, type, out, batch, head);
+    store_rows(acc, scale, f, first_row, rows, type, out, entry, head);
     return;
   }
   const auto at = [&](int row, int chunk) {

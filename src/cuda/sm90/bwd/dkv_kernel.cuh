@@ -53,13 +53,19 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   const int group = args.Hq / args.Hkv;
   const int k0 = k_tile * Cfg::kBlock;
+  // This entry's lengths (packed sequences: its own; args.Sq, args.Sk are the layout's).
+  const int seq_q = entry_tokens(args.cu_seqlens_q, batch, args.Sq);
+  const int seq_k = entry_tokens(args.cu_seqlens_k, batch, args.Sk);
+  if (k0 >= seq_k) return;  // a tile past a packed sequence's end: no keys
   const bool causal = args.mask != MaskKind::none;
-  const int diagonal = args.mask == MaskKind::causal ? args.Sk - args.Sq : 0;
+  const int diagonal = args.mask == MaskKind::causal ? seq_k - seq_q : 0;
+  // Query tiles of the layout (scales and statistics are indexed by them) and of this entry.
   const int q_blocks = (args.Sq + Cfg::kBlock - 1) / Cfg::kBlock;
+  const int entry_q_blocks = (seq_q + Cfg::kBlock - 1) / Cfg::kBlock;
   // Query i sees key j iff j ≤ i + diagonal: the first query that sees key k0.
   const int first_query = causal ? max(0, k0 - diagonal) : 0;
-  const int first_q_tile = first_query >= args.Sq ? q_blocks : first_query / Cfg::kBlock;
-  const int q_tiles = q_blocks - first_q_tile;
+  const int first_q_tile = first_query >= seq_q ? entry_q_blocks : first_query / Cfg::kBlock;
+  const int q_tiles = entry_q_blocks - first_q_tile;
   const int iterations = q_tiles * group;
 
   const int wg = threadIdx.x / kWarpgroupThreads;
@@ -186,7 +192,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
           wgmma_wait<0>();
         }
         fence_registers(s);
-        const bool partial = k0 + Cfg::kBlock > args.Sk || q0 + Cfg::kBlock > args.Sq;
+        const bool partial = k0 + Cfg::kBlock > seq_k || q0 + Cfg::kBlock > seq_q;
         const bool on_diagonal = causal && first_key + Cfg::kRowsPerConsumer - 1 > q0 + diagonal;
         if (partial || on_diagonal) {
 #pragma unroll
@@ -196,7 +202,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int query = q0 + 8 * j + frag.col + e;
-                const bool hidden = key_abs[r] >= args.Sk || query >= args.Sq || (causal && key_abs[r] > query + diagonal);
+                const bool hidden = key_abs[r] >= seq_k || query >= seq_q || (causal && key_abs[r] > query + diagonal);
                 if (hidden) s[4 * j + 2 * r + e] = neg_inf();
               }
         }
@@ -330,10 +336,12 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   std::uint8_t* piece0 = smem.k + consumer * Cfg::kConsumerBytes;
   std::uint8_t* piece1 = smem.v + consumer * Cfg::kConsumerBytes;
   const int thread_in_wg = threadIdx.x % kWarpgroupThreads;
-  store_rows_staged<HeadDim>(dk, args.softmax_scale, frag, first_key, args.Sk, args.out_type, args.dk, batch, kv_head,
-                             piece0, piece1, consumer, thread_in_wg);
-  store_rows_staged<HeadDim>(dv, 1.0f, frag, first_key, args.Sk, args.out_type, args.dv, batch, kv_head, piece0, piece1,
-                             consumer, thread_in_wg);
+  store_rows_staged<HeadDim>(dk, args.softmax_scale, frag, first_key, seq_k, args.out_type, args.dk,
+                             entry_offset(args.dk, args.cu_seqlens_k, batch), kv_head, piece0, piece1, consumer,
+                             thread_in_wg);
+  store_rows_staged<HeadDim>(dv, 1.0f, frag, first_key, seq_k, args.out_type, args.dv,
+                             entry_offset(args.dv, args.cu_seqlens_k, batch), kv_head, piece0, piece1, consumer,
+                             thread_in_wg);
 }
 
 }  // namespace fp4attn::sm90::bwd

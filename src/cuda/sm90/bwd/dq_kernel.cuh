@@ -35,10 +35,14 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (args.Hq / args.Hkv);
   const int q0 = q_tile * Cfg::kBlock;
+  // This entry's lengths (packed sequences: its own; args.Sq, args.Sk are the layout's).
+  const int seq_q = entry_tokens(args.cu_seqlens_q, batch, args.Sq);
+  const int seq_k = entry_tokens(args.cu_seqlens_k, batch, args.Sk);
+  if (q0 >= seq_q) return;  // a tile past a packed sequence's end: no rows, and no pair the dK/dV kernel reads
   const bool causal = args.mask != MaskKind::none;
-  const int diagonal = args.mask == MaskKind::causal ? args.Sk - args.Sq : 0;
-  const int last_row = min(q0 + Cfg::kBlock, args.Sq) - 1;
-  const int last_key = causal ? min(args.Sk - 1, last_row + diagonal) : args.Sk - 1;
+  const int diagonal = args.mask == MaskKind::causal ? seq_k - seq_q : 0;
+  const int last_row = min(q0 + Cfg::kBlock, seq_q) - 1;
+  const int last_key = causal ? min(seq_k - 1, last_row + diagonal) : seq_k - 1;
   const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlock + 1;
 
   const int wg = threadIdx.x / kWarpgroupThreads;
@@ -94,7 +98,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const float q_scale = args.q_scale[q_head * q_blocks + q_tile];
   const float do_scale = args.do_scale[q_head * q_blocks + q_tile];
   const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
-  // Row statistics are padded to whole tiles: rows past Sq read +inf and 0.
+  // Row statistics are padded to whole tiles: rows past the entry's end read +inf and 0.
   const std::int64_t stat_base = q_head * (static_cast<std::int64_t>(q_blocks) * Cfg::kBlock);
   const float row_lse[2] = {args.lse_log2[stat_base + row_abs[0]], args.lse_log2[stat_base + row_abs[1]]};
   const float row_delta[2] = {args.delta[stat_base + row_abs[0]], args.delta[stat_base + row_abs[1]]};
@@ -129,13 +133,13 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       fence_registers(s);
       fence_registers(dp);
 
-      // −inf outside the mask: keys ≥ Sk, rows ≥ Sq, causally key > row + diagonal.
-      const bool partial = first_key + Cfg::kBlock > args.Sk || q0 + Cfg::kBlock > args.Sq;
+      // −inf outside the mask: keys ≥ seq_k, rows ≥ seq_q, causally key > row + diagonal.
+      const bool partial = first_key + Cfg::kBlock > seq_k || q0 + Cfg::kBlock > seq_q;
       const bool on_diagonal = causal && first_key + Cfg::kBlock - 1 > first_row + diagonal;
       if (partial || on_diagonal) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int limit = row_abs[r] >= args.Sq ? -1 : causal ? min(args.Sk - 1, row_abs[r] + diagonal) : args.Sk - 1;
+          const int limit = row_abs[r] >= seq_q ? -1 : causal ? min(seq_k - 1, row_abs[r] + diagonal) : seq_k - 1;
 #pragma unroll
           for (int j = 0; j < Cfg::kSRegs / 4; ++j)
 #pragma unroll
@@ -170,7 +174,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     }
   }
   // Staged in this consumer's halves of Q and dO, which no product reads any more.
-  store_rows_staged<HeadDim>(dq, args.softmax_scale, frag, first_row, args.Sq, args.out_type, args.dq, batch, head,
+  store_rows_staged<HeadDim>(dq, args.softmax_scale, frag, first_row, seq_q, args.out_type, args.dq,
+                             entry_offset(args.dq, args.cu_seqlens_q, batch), head,
                              smem.q + consumer * Cfg::kConsumerBytes, smem.d_o + consumer * Cfg::kConsumerBytes,
                              consumer, threadIdx.x % kWarpgroupThreads);
 }

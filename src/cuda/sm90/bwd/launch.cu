@@ -60,7 +60,7 @@ void launch(const Fp8BackwardArgs& a, cudaStream_t stream) {
   dkv_kernel<<<dkv_grid, Cfg::kThreads, kDkvSmem, stream>>>(a, tm_q, tm_do, tm_qt, tm_dot, tm_k, tm_v, tm_kt);
   check_cuda(cudaGetLastError(), "fp8_dkv_kernel launch");
   if (a.dq_mode == DqMode::one_pass)
-    finalize_dq(a.dq_accum, a.out_type, a.dq, a.softmax_scale, a.B, a.Sq, a.Hq, D, stream);
+    finalize_dq(a.dq_accum, a.out_type, a.dq, a.softmax_scale, a.B, a.Sq, a.Hq, D, a.cu_seqlens_q, stream);
 }
 
 }  // namespace
@@ -72,6 +72,8 @@ void backward_fp8(const Fp8BackwardArgs& a, cudaStream_t stream) {
     throw Error("dq_accum", "DqMode::one_pass needs the buffer");
   if (a.dq_mode == DqMode::two_pass && a.ds_scales == nullptr)
     throw Error("ds_scales", "DqMode::two_pass needs the dS scale buffer");
+  if ((a.cu_seqlens_q == nullptr) != (a.cu_seqlens_k == nullptr))
+    throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");
   const bool direct = a.p_code == PCode::direct_p;
   switch (a.D) {
     case 64: return direct ? launch<64, PCode::direct_p>(a, stream) : launch<64, PCode::exp2_cvt>(a, stream);

@@ -34,8 +34,10 @@ struct LseJob {
   const float* shift;
   float* delta;
   float* lse_log2;
-  int Sq;
+  int Sq, Hq;
   std::int64_t padded, rows;
+  const int* cu_seqlens_q;  // packed sequences: lse is (Hq, lse_pitch)
+  std::int64_t lse_pitch;
 };
 
 // One thread per (b, h, padded row). delta itself comes from the dO
@@ -47,10 +49,12 @@ __global__ void __launch_bounds__(kStatThreads) lse_rows_kernel(const LseJob job
   if (index >= job.rows) return;
   const int i = static_cast<int>(index % job.padded);
   const std::int64_t bh = index / job.padded;
+  const int b = static_cast<int>(bh / job.Hq), h = static_cast<int>(bh % job.Hq);
+  const bool packed = job.cu_seqlens_q != nullptr;
   float lse_log2 = __int_as_float(0x7F800000);
-  if (i < job.Sq) {
-    const std::int64_t row = bh * job.Sq + i;
-    const float lse = job.lse[row];
+  if (i < (packed ? job.cu_seqlens_q[b + 1] - job.cu_seqlens_q[b] : job.Sq)) {
+    const std::int64_t row = bh * job.Sq + i;  // the shift's (B, Hq, Sq) layout
+    const float lse = job.lse[packed ? h * job.lse_pitch + job.cu_seqlens_q[b] + i : row];
     // The forward's LSE is that of the original scores; the recomputed scores
     // use the smoothed K, so its smooth_k shift comes back out.
     if (isfinite(lse)) lse_log2 = __fmul_rn(__fsub_rn(lse, job.shift != nullptr ? job.shift[row] : 0.0f), direct_p::kLog2e);
@@ -60,11 +64,13 @@ __global__ void __launch_bounds__(kStatThreads) lse_rows_kernel(const LseJob job
 }
 
 // Thread i: element i of dQ in (B, Sq, Hq, D) order, read from its place in
-// the sums' layout (dq_accum_elems, dq_accum_column).
+// the sums' layout (dq_accum_elems, dq_accum_column); for packed sequences
+// rows past the entry's length are skipped.
 template <class T>
 __global__ void __launch_bounds__(kStatThreads) finalize_dq_kernel(const float* __restrict__ accum, TensorRef dq,
                                                                     float scale, int Sq, std::int64_t padded,
-                                                                    int Hq, int D, std::int64_t count) {
+                                                                    int Hq, int D, std::int64_t count,
+                                                                    const int* __restrict__ cu_seqlens_q) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kStatThreads + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * kStatThreads) {
     const int d = static_cast<int>(i % D);
@@ -72,7 +78,9 @@ __global__ void __launch_bounds__(kStatThreads) finalize_dq_kernel(const float* 
     const int h = static_cast<int>(row % Hq);
     const std::int64_t bs = row / Hq;
     const int s = static_cast<int>(bs % Sq), b = static_cast<int>(bs / Sq);
-    T* out = static_cast<T*>(dq.data) + b * dq.stride_b + s * dq.stride_s + h * dq.stride_h + d;
+    if (cu_seqlens_q != nullptr && s >= cu_seqlens_q[b + 1] - cu_seqlens_q[b]) continue;
+    const std::int64_t entry = cu_seqlens_q != nullptr ? cu_seqlens_q[b] * dq.stride_s : b * dq.stride_b;
+    T* out = static_cast<T*>(dq.data) + entry + s * dq.stride_s + h * dq.stride_h + d;
     const float sum = accum[((static_cast<std::int64_t>(b) * Hq + h) * padded + s) * D + dq_accum_column(s, d)];
     *out = from_float<T>(__fmul_rn(scale, sum));
   }
@@ -107,28 +115,32 @@ void nan_scales_if_flagged(const int* flags, int flag_count, const int* more_fla
 }
 
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
-                 cudaStream_t stream) {
+                 const int* cu_seqlens_q, cudaStream_t stream) {
   const std::int64_t count = static_cast<std::int64_t>(B) * Sq * Hq * D, padded = padded_tokens(Sq);
   constexpr std::int64_t kMaxBlocks = 1 << 16;
   const unsigned grid = static_cast<unsigned>(std::min(kMaxBlocks, (count + kStatThreads - 1) / kStatThreads));
   switch (type) {
     case ElementType::f32:
-      finalize_dq_kernel<float><<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count);
+      finalize_dq_kernel<float>
+          <<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count, cu_seqlens_q);
       break;
     case ElementType::f16:
-      finalize_dq_kernel<__half><<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count);
+      finalize_dq_kernel<__half>
+          <<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count, cu_seqlens_q);
       break;
     case ElementType::bf16:
-      finalize_dq_kernel<__nv_bfloat16><<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count);
+      finalize_dq_kernel<__nv_bfloat16>
+          <<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count, cu_seqlens_q);
       break;
   }
   check_cuda(cudaGetLastError(), "finalize_dq launch");
 }
 
 void lse_statistics(const float* lse, const float* shift, float* delta, float* lse_log2, int B, int Sq, int Hq,
-                    cudaStream_t stream) {
+                    const int* cu_seqlens_q, std::int64_t lse_pitch, cudaStream_t stream) {
   const std::int64_t padded = padded_tokens(Sq);
-  const LseJob job{lse, shift, delta, lse_log2, Sq, padded, static_cast<std::int64_t>(B) * Hq * padded};
+  const LseJob job{lse, shift, delta, lse_log2, Sq, Hq, padded, static_cast<std::int64_t>(B) * Hq * padded,
+                   cu_seqlens_q, lse_pitch};
   const unsigned grid = static_cast<unsigned>((job.rows + kStatThreads - 1) / kStatThreads);
   lse_rows_kernel<<<grid, kStatThreads, 0, stream>>>(job);
   check_cuda(cudaGetLastError(), "lse_statistics launch");

@@ -1,0 +1,234 @@
+// GPU suite of packed sequences (DeviceBackwardArgs::cu_seqlens_q / _k,
+// FlashAttention's varlen batches) on the zero-copy backward: one call over
+// every sequence gives each sequence the gradients of a call on it alone,
+// bit for bit in the deterministic mode (dK and dV also in the one pass,
+// whose dQ sums in a varying order), for lengths on and off the 128-token
+// tiles, sequences whose queries outnumber their keys (causal rows that see
+// no key), GQA, smooth_k and Direct-P on and off, both head dims. Outputs
+// start as NaN, so every row must be written.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dispatch/sm90_executor.hpp"
+#include "fp4attn/attention.hpp"
+#include "fp4attn/error.hpp"
+#include "gpu/device_forward_args.hpp"
+#include "gpu/gpu_test_util.hpp"
+
+namespace fp4attn {
+namespace {
+
+using gpu_test::DeviceArray;
+using Bf16 = __nv_bfloat16;
+
+// The one pass's dQ against a call on the sequence alone: the same terms
+// summed in another order, rounded to bf16 (one ulp is 2^-8 relative).
+constexpr double kOnePassMaxRelL2 = 2e-3;
+
+struct PackedCase {
+  std::int64_t D;
+  MaskKind mask;
+  bool smooth_k;
+  bool direct_p;
+  bool deterministic;
+};
+
+std::vector<Bf16> to_bf16(const std::vector<float>& x) {
+  std::vector<Bf16> h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) h[i] = __float2bfloat16_rn(x[i]);
+  return h;
+}
+
+std::uint16_t bits(Bf16 x) {
+  std::uint16_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+
+// Rows first .. first + rows − 1 of a (rows, width) matrix.
+template <class T>
+std::vector<T> rows_of(const std::vector<T>& x, std::int64_t first, std::int64_t rows, std::int64_t width) {
+  return std::vector<T>(x.begin() + first * width, x.begin() + (first + rows) * width);
+}
+
+std::string named_argument(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.argument();
+  }
+  return "";
+}
+
+// Device tensors of one backward call (bf16, tokens × heads × D with the
+// batch stride of a dense (B, S, H, D) tensor, or 0 for packed rows).
+struct BackwardCall {
+  AttentionShape shape;
+  std::int64_t q_rows, k_rows;  // token rows of q and of k (B · S, or the packed totals)
+  DeviceArray<Bf16> q, k, v, o, d_o, dq, dk, dv;
+  DeviceArray<float> lse;
+
+  BackwardCall(const AttentionShape& s, std::int64_t q_tokens, std::int64_t k_tokens)
+      : shape(s), q_rows(q_tokens), k_rows(k_tokens),
+        q(static_cast<std::size_t>(q_tokens * s.Hq * s.D)), k(static_cast<std::size_t>(k_tokens * s.Hkv * s.D)),
+        v(k.count), o(q.count), d_o(q.count), dq(q.count), dk(k.count), dv(k.count),
+        lse(static_cast<std::size_t>(q_tokens * s.Hq)) {}
+
+  // Enqueues the backward on poisoned gradients and waits; packed: cu_seqlens on the device.
+  void run(const AttentionOptions& opt, bool deterministic, const int* cu_q = nullptr, const int* cu_k = nullptr) {
+    const AttentionShape& s = shape;
+    const bool packed = cu_q != nullptr;
+    const std::int64_t q_batch = packed ? 0 : s.Sq * s.Hq * s.D, k_batch = packed ? 0 : s.Sk * s.Hkv * s.D;
+    dispatch::DeviceBackwardArgs a;
+    a.shape = s;
+    a.element = dispatch::DeviceElement::bf16;
+    a.q = {q.ptr, q_batch, s.Hq * s.D, s.D};
+    a.k = {k.ptr, k_batch, s.Hkv * s.D, s.D};
+    a.v = {v.ptr, k_batch, s.Hkv * s.D, s.D};
+    a.o = {o.ptr, q_batch, s.Hq * s.D, s.D};
+    a.d_o = {d_o.ptr, q_batch, s.Hq * s.D, s.D};
+    a.lse = lse.ptr;
+    a.dq = dq.ptr, a.dq_stride_b = q_batch, a.dq_stride_s = s.Hq * s.D, a.dq_stride_h = s.D;
+    a.dk = dk.ptr, a.dk_stride_b = k_batch, a.dk_stride_s = s.Hkv * s.D, a.dk_stride_h = s.D;
+    a.dv = dv.ptr, a.dv_stride_b = k_batch, a.dv_stride_s = s.Hkv * s.D, a.dv_stride_h = s.D;
+    DeviceArray<unsigned char> workspace(dispatch::sm90_device_backward_workspace_bytes(s, deterministic));
+    workspace.poison();
+    a.workspace = workspace.ptr, a.workspace_bytes = workspace.bytes();
+    a.cu_seqlens_q = cu_q, a.cu_seqlens_k = cu_k, a.lse_pitch = packed ? q_rows : 0;
+    dq.poison(), dk.poison(), dv.poison();
+    dispatch::sm90_backward_device(a, opt, deterministic, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  }
+};
+
+class GpuBackwardPacked : public ::testing::TestWithParam<PackedCase> {};
+
+TEST_P(GpuBackwardPacked, EachSequenceIsItsOwnCall) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const PackedCase c = GetParam();
+  const std::vector<std::int64_t> lens_q = {5, 300, 129, 128, 700};
+  const std::vector<std::int64_t> lens_k = {9, 300, 3, 200, 700};
+  const std::int64_t Hq = 4, Hkv = 2, D = c.D, n = static_cast<std::int64_t>(lens_q.size());
+  std::vector<int> cu_q = {0}, cu_k = {0};
+  std::int64_t max_q = 0, max_k = 0;
+  for (std::int64_t b = 0; b < n; ++b) {
+    cu_q.push_back(cu_q.back() + static_cast<int>(lens_q[b]));
+    cu_k.push_back(cu_k.back() + static_cast<int>(lens_k[b]));
+    max_q = std::max(max_q, lens_q[b]), max_k = std::max(max_k, lens_k[b]);
+  }
+  const std::int64_t total_q = cu_q.back(), total_k = cu_k.back();
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const auto q = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_q * Hq * D), D, 0.5f, rng));
+  const auto k = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_k * Hkv * D), D, 3.0f, rng));
+  const auto v = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_k * Hkv * D), D, 1.0f, rng));
+  const auto d_o = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_q * Hq * D), D, 0.1f, rng));
+  AttentionOptions opt;
+  opt.mask = c.mask;
+  opt.smooth_k = c.smooth_k;
+  opt.direct_p = c.direct_p;
+
+  // The packed forward gives O and the (Hq, total_q) LSE, each sequence's
+  // those of its own call (test_fwd_packed_gpu.cu).
+  const AttentionShape packed_shape{n, Hq, Hkv, max_q, max_k, D};
+  BackwardCall packed(packed_shape, total_q, total_k);
+  DeviceArray<int> dcu_q(cu_q.size()), dcu_k(cu_k.size());
+  dcu_q.upload(cu_q), dcu_k.upload(cu_k);
+  packed.q.upload(q), packed.k.upload(k), packed.v.upload(v), packed.d_o.upload(d_o);
+  {
+    DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(packed_shape, Recipe::fp8));
+    dispatch::DeviceForwardArgs a;
+    a.shape = packed_shape;
+    a.element = dispatch::DeviceElement::bf16;
+    a.q = {packed.q.ptr, 0, Hq * D, D};
+    a.k = {packed.k.ptr, 0, Hkv * D, D};
+    a.v = {packed.v.ptr, 0, Hkv * D, D};
+    a.o = packed.o.ptr;
+    a.o_stride_b = 0, a.o_stride_s = Hq * D, a.o_stride_h = D;
+    a.lse = packed.lse.ptr;
+    a.workspace = workspace.ptr, a.workspace_bytes = workspace.bytes();
+    a.cu_seqlens_q = dcu_q.ptr, a.cu_seqlens_k = dcu_k.ptr, a.lse_pitch = total_q;
+    packed.o.poison(), packed.lse.poison();
+    dispatch::sm90_forward_device(a, opt, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "seed " << seed;
+  }
+  const auto o = packed.o.download();
+  const auto lse = packed.lse.download();
+  packed.run(opt, c.deterministic, dcu_q.ptr, dcu_k.ptr);
+  const auto dq_packed = packed.dq.download(), dk_packed = packed.dk.download(), dv_packed = packed.dv.download();
+
+  for (std::int64_t b = 0; b < n; ++b) {
+    const std::int64_t lq = lens_q[b], lk = lens_k[b];
+    BackwardCall one(AttentionShape{1, Hq, Hkv, lq, lk, D}, lq, lk);
+    one.q.upload(rows_of(q, cu_q[b], lq, Hq * D)), one.o.upload(rows_of(o, cu_q[b], lq, Hq * D));
+    one.d_o.upload(rows_of(d_o, cu_q[b], lq, Hq * D));
+    one.k.upload(rows_of(k, cu_k[b], lk, Hkv * D)), one.v.upload(rows_of(v, cu_k[b], lk, Hkv * D));
+    std::vector<float> one_lse(static_cast<std::size_t>(Hq * lq));
+    for (std::int64_t h = 0; h < Hq; ++h)
+      for (std::int64_t r = 0; r < lq; ++r) one_lse[h * lq + r] = lse[h * total_q + cu_q[b] + r];
+    one.lse.upload(one_lse);
+    one.run(opt, c.deterministic);
+    const std::string where = "sequence " + std::to_string(b) + " (" + std::to_string(lq) + " queries, " +
+                              std::to_string(lk) + " keys), seed " + std::to_string(seed);
+    const auto count_differ = [](const std::vector<Bf16>& mine, const std::vector<Bf16>& all, std::int64_t first) {
+      std::int64_t differ = 0;
+      for (std::size_t i = 0; i < mine.size(); ++i) differ += bits(mine[i]) != bits(all[first + i]);
+      return differ;
+    };
+    EXPECT_EQ(count_differ(one.dk.download(), dk_packed, cu_k[b] * Hkv * D), 0) << "dK, " << where;
+    EXPECT_EQ(count_differ(one.dv.download(), dv_packed, cu_k[b] * Hkv * D), 0) << "dV, " << where;
+    const auto dq_one = one.dq.download();
+    if (c.deterministic) {
+      EXPECT_EQ(count_differ(dq_one, dq_packed, cu_q[b] * Hq * D), 0) << "dQ, " << where;
+    } else {
+      double diff = 0.0, norm = 0.0;
+      bool finite = true;
+      for (std::size_t i = 0; i < dq_one.size(); ++i) {
+        const double x = __bfloat162float(dq_one[i]), y = __bfloat162float(dq_packed[cu_q[b] * Hq * D + i]);
+        finite = finite && std::isfinite(x) && std::isfinite(y);
+        diff += (x - y) * (x - y), norm += x * x;
+      }
+      EXPECT_TRUE(finite) << "dQ, " << where;
+      EXPECT_LE(std::sqrt(diff), kOnePassMaxRelL2 * std::sqrt(norm)) << "dQ, " << where;
+    }
+  }
+}
+
+std::string packed_name(const ::testing::TestParamInfo<PackedCase>& info) {
+  const PackedCase& c = info.param;
+  return "D" + std::to_string(c.D) + (c.mask == MaskKind::causal ? "_causal" : "_full") +
+         (c.smooth_k ? "_smoothk" : "") + (c.direct_p ? "_directp" : "_exp2") +
+         (c.deterministic ? "" : "_onepass");
+}
+
+INSTANTIATE_TEST_SUITE_P(Packed, GpuBackwardPacked,
+                         ::testing::Values(PackedCase{128, MaskKind::none, true, true, true},
+                                           PackedCase{128, MaskKind::causal, true, true, true},
+                                           PackedCase{128, MaskKind::causal, false, false, true},
+                                           PackedCase{64, MaskKind::none, false, true, true},
+                                           PackedCase{64, MaskKind::causal, true, true, true},
+                                           PackedCase{64, MaskKind::causal, true, true, false},
+                                           PackedCase{128, MaskKind::none, false, true, false}),
+                         packed_name);
+
+TEST(GpuBackwardPackedErrors, NameTheArgument) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{2, 2, 2, 128, 128, 64};
+  BackwardCall call(s, 256, 256);
+  DeviceArray<int> cu(3);
+  cu.upload({0, 100, 256});
+  AttentionOptions opt;
+  const auto run = [&](const int* cu_q, const int* cu_k) { call.run(opt, true, cu_q, cu_k); };
+  EXPECT_EQ(named_argument([&] { run(cu.ptr, nullptr); }), "cu_seqlens");
+  opt.recipe = Recipe::mxfp4_train;
+  EXPECT_EQ(named_argument([&] { run(cu.ptr, cu.ptr); }), "recipe");
+}
+
+}  // namespace
+}  // namespace fp4attn
