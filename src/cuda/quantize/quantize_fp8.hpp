@@ -119,9 +119,10 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 // every output keeps its layout for S tokens per batch entry, and entry b's
 // statistics (the smooth_k mean, V's channel scales), block scales and codes
 // are those of a call on its own tokens, bit for bit; its rows past its
-// length are zero codes up to its last block (Qᵀ and Kᵀ: zero codes, the row
-// dot: 0), and blocks wholly past it are not written (neither the forward nor
-// the backward reads them).
+// length are zero codes up to its last block's end or S, whichever comes
+// first (Qᵀ and Kᵀ: up to the block's end; the row dot: 0 there), and blocks
+// wholly past it are not written (neither the forward nor the backward reads
+// them).
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
                   float softmax_scale, const Fp8Buffers& out, cudaStream_t stream);
 

@@ -515,6 +515,8 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   }
 
   // Codes are (B, S, H, D) rows code_pitch bytes apart: one token further is H · code_pitch bytes.
+  // Rows past the entry's S but inside the layout (packed sequences, layout_S > S) get zero codes:
+  // the backward's dP = dO·Vᵀ reads them, where a masked P of 0 cannot cancel a NaN of stale bytes.
   std::uint8_t* first =
       codes + ((static_cast<std::int64_t>(b) * layout_S + s0) * H + h) * job.code_pitch + items.first_d;
   const std::int64_t token_bytes = static_cast<std::int64_t>(H) * job.code_pitch;
@@ -522,9 +524,14 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   for (int r = 0; r < kMaxItems; ++r) {
     std::uint8_t* row = first + items.base[r] * token_bytes;
 #pragma unroll
-    for (int i = 0; i < kQuadTokens; ++i)
-      if (items.present && (whole || item_token(items, r, i, s0, S) >= 0))
-        __stcs(reinterpret_cast<uint2*>(row + quad_offset(i) * token_bytes), make_uint2(words[r][i][0], words[r][i][1]));
+    for (int i = 0; i < kQuadTokens; ++i) {
+      const int s = s0 + items.base[r] + quad_offset(i);
+      if (items.present && (whole || s < layout_S)) {
+        const bool inside = whole || s < S;
+        __stcs(reinterpret_cast<uint2*>(row + quad_offset(i) * token_bytes),
+               inside ? make_uint2(words[r][i][0], words[r][i][1]) : make_uint2(0u, 0u));
+      }
+    }
   }
   if (transposed != nullptr) {
     const std::int64_t pitch = static_cast<std::int64_t>(blocks) * kTokenBlock;
