@@ -146,6 +146,25 @@ TEST(BackwardApi, OnePassRuleCountsTheKeysRowsSee) {
   EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(2046, 2046, 64), MaskKind::causal));  // 1023.5
 }
 
+// Packed sequences: the same rule on the mean over every query row of the
+// batch, a long sequence's rows outweighing a short one's.
+TEST(BackwardApi, PackedOnePassRuleWeighsEachSequencesRows) {
+  using Lens = std::vector<std::int64_t>;
+  // One sequence: the batched rule.
+  EXPECT_TRUE(dispatch::sm90_packed_backward_one_pass_faster(Lens{2048}, Lens{2048}, 64, MaskKind::causal));
+  EXPECT_FALSE(dispatch::sm90_packed_backward_one_pass_faster(Lens{2046}, Lens{2046}, 64, MaskKind::causal));
+  // (4096·4096 + 100·100) / 4196 ≈ 4001 keys a row.
+  EXPECT_TRUE(dispatch::sm90_packed_backward_one_pass_faster(Lens{4096, 100}, Lens{4096, 100}, 64, MaskKind::none));
+  // (1000·1000 + 100·3000) / 1100 ≈ 1182 keys a row.
+  EXPECT_TRUE(dispatch::sm90_packed_backward_one_pass_faster(Lens{1000, 100}, Lens{1000, 3000}, 64, MaskKind::none));
+  // 100 rows of 3000 keys and 3000 rows of 100: 194 keys a row (the sequences' means average 1550).
+  EXPECT_FALSE(dispatch::sm90_packed_backward_one_pass_faster(Lens{100, 3000}, Lens{3000, 100}, 64, MaskKind::none));
+  EXPECT_FALSE(dispatch::sm90_packed_backward_one_pass_faster(Lens{4096}, Lens{4096}, 128, MaskKind::none));
+  EXPECT_FALSE(dispatch::sm90_packed_backward_one_pass_faster(Lens{0}, Lens{0}, 64, MaskKind::none));
+  EXPECT_EQ(thrown_argument([] { dispatch::sm90_packed_backward_one_pass_faster(Lens{1}, Lens{}, 64, MaskKind::none); }),
+            "lens_k");
+}
+
 TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
   if (!cuda_built()) GTEST_SKIP() << "CPU-only build: the device entry only reports that";
   const AttentionShape s{1, 2, 1, 70, 90, 64};
