@@ -432,23 +432,35 @@ def _lse_term_inputs(d_lse: torch.Tensor, like_o: torch.Tensor, layout: str):
     return o, d_o
 
 
-def _smooth_k_lse_dq(d_lse: torch.Tensor, k_mean: torch.Tensor, dims: _validate.Dims, s: _host.Settings) -> torch.Tensor:
+def _smooth_k_lse_dq(d_lse: torch.Tensor, k_mean: torch.Tensor, dims: _validate.Dims, s: _host.Settings,
+                     packing: Optional[_Packing] = None) -> torch.Tensor:
     """The part of the LSE term's dQ that the backward, working on the smoothed K, leaves out.
 
     With smooth_k the scores are recomputed from K − k̄, so the backward returns
     scale·dS·(K − k̄); for the O term that is scale·dS·K, since rows of dS sum
     to zero, but the LSE term's rows sum to dLSE_i: dQ_i lacks scale·dLSE_i·k̄.
     (dK needs nothing: there the mean's own gradient cancels the LSE shift's.)
-    k_mean: (B, Hkv, D) float32 (_k_mean).
+    k_mean: (B, Hkv, D) float32 (_k_mean). Packed sequences: d_lse (Hq, tokens), the result
+    (tokens, Hq, D), each token's row from its own sequence's mean.
     """
     k_mean = k_mean.repeat_interleave(dims.Hq // dims.Hkv, dim=1)  # query head h reads key head h // group
     scale = s.scale if s.scale > 0 else dims.D**-0.5
+    if packing is not None:
+        per_query = k_mean[_sequence_of_token(packing.cu_q, packing.total_q)]
+        return d_lse.to(torch.float32).transpose(0, 1)[..., None] * per_query * scale
     pattern = "bhi,bhd->bihd" if s.layout == "bshd" else "bhi,bhd->bhid"
     return torch.einsum(pattern, d_lse.to(torch.float32), k_mean) * scale
 
 
-def _k_mean(k: torch.Tensor, kept: Optional[torch.Tensor], dims: _validate.Dims, s: _host.Settings) -> torch.Tensor:
-    """K's mean over the sequence, (B, Hkv, D) float32: the one the forward smoothed K by where it kept it."""
+def _sequence_of_token(cu: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The packed sequence each of `tokens` token rows belongs to (on cu's device, no host wait)."""
+    return torch.searchsorted(cu[1:], torch.arange(tokens, dtype=cu.dtype, device=cu.device), right=True)
+
+
+def _k_mean(k: torch.Tensor, kept: Optional[torch.Tensor], dims: _validate.Dims, s: _host.Settings,
+            packing: Optional[_Packing] = None) -> torch.Tensor:
+    """K's mean over the sequence, (B, Hkv, D) float32: the one the forward smoothed K by where it
+    kept it. Packed sequences (k (tokens, Hkv, D)): each sequence's own."""
     if kept is not None:
         at = _ext.device_saved_k_mean_offset(_device_shape(dims), _host.options(s).recipe)
         return kept[at:at + 4 * dims.B * dims.Hkv * dims.D].view(torch.float32).view(dims.B, dims.Hkv, dims.D)
@@ -456,25 +468,13 @@ def _k_mean(k: torch.Tensor, kept: Optional[torch.Tensor], dims: _validate.Dims,
     # sum runs in 128-token chunks in ascending order, this one in torch's order: the same value
     # wherever the double sum is exact, as it is for 16-bit inputs whose magnitudes span less
     # than about 2^40 (53 bits of double against 8 or 11 of each value and log2 S of carries).
+    if packing is not None:
+        lens = (packing.cu_k[1:] - packing.cu_k[:-1]).to(torch.float64)
+        sums = torch.zeros((dims.B, dims.Hkv, dims.D), dtype=torch.float64, device=k.device)
+        sums.index_add_(0, _sequence_of_token(packing.cu_k, k.shape[0]), k.to(torch.float64))
+        return (sums / lens[:, None, None]).to(torch.float32)
     seq = 1 if s.layout == "bshd" else 2
     return (k.to(torch.float64).sum(dim=seq) / k.shape[seq]).to(torch.float32)
-
-
-def _packed_smooth_k_lse_dq(d_lse: torch.Tensor, k: torch.Tensor, packing: _Packing, dims: _validate.Dims,
-                            s: _host.Settings) -> torch.Tensor:
-    """_smooth_k_lse_dq of packed sequences, each with its own K mean: d_lse (Hq, tokens), k
-    (key tokens, Hkv, D); (query tokens, Hq, D) float32, every row that of its sequence's call."""
-    def sequence_of_token(cu: torch.Tensor, tokens: int) -> torch.Tensor:
-        return torch.searchsorted(cu[1:], torch.arange(tokens, dtype=cu.dtype, device=cu.device), right=True)
-
-    # _k_mean's double sum over each sequence (exact, so in any order), / its length in double.
-    lens_k = (packing.cu_k[1:] - packing.cu_k[:-1]).to(torch.float64)
-    sums = torch.zeros((dims.B, dims.Hkv, dims.D), dtype=torch.float64, device=k.device)
-    sums.index_add_(0, sequence_of_token(packing.cu_k, k.shape[0]), k.to(torch.float64))
-    k_mean = (sums / lens_k[:, None, None]).to(torch.float32).repeat_interleave(dims.Hq // dims.Hkv, dim=1)
-    scale = s.scale if s.scale > 0 else dims.D**-0.5
-    per_query = k_mean[sequence_of_token(packing.cu_q, packing.total_q)]
-    return d_lse.to(torch.float32).transpose(0, 1)[..., None] * per_query * scale
 
 
 def _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt, deterministic: bool,
@@ -494,10 +494,8 @@ def _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt, 
                 packing
             )
             dq_term = dq_term.float()
-            if s.smooth_k and packing is not None:
-                dq_term = dq_term + _packed_smooth_k_lse_dq(d_lse, k, packing, dims, s)
-            elif s.smooth_k:
-                dq_term = dq_term + _smooth_k_lse_dq(d_lse, _k_mean(k, kept, dims, s), dims, s)
+            if s.smooth_k:
+                dq_term = dq_term + _smooth_k_lse_dq(d_lse, _k_mean(k, kept, dims, s, packing), dims, s, packing)
             # Summed in fp32, rounded once to the gradients' type.
             dq, dk = (dq.float() + dq_term).to(element), (dk.float() + dk_term.float()).to(element)
     return tuple(x.to(dtype) for x in (dq, dk, dv))
@@ -854,9 +852,7 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
           for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
     call = _PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        # Sequences all of one length are one batched call whose forward keeps Q's and K's operands
-        # for its backward, which the packed call cannot (its backward would quantize them again:
-        # 3 % slower at 8 x 2048, bench/bench_varlen.py --backward).
+        # Sequences all of one length are one batched call: the same work without cu_seqlens.
         if not _uses_device_backward(q, dims, opt) or len(_host.equal_length_runs(lens_q, lens_k)) == 1:
             return None
         return _PackedAttention.apply(q, k, v, call)
@@ -871,7 +867,8 @@ class _PackedCall:
         self.cu, self.dims, self.s, self.opt = cu, dims, s, opt
         self.lens_q, self.lens_k, self.lse_returned = lens_q, lens_k, lse_returned
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, keep: bool = False):
+        """(O, LSE, kept): with `keep`, kept holds Q's and K's operands for the backward (else empty)."""
         dims, opt = self.dims, self.opt
         shape = _device_shape(dims)
         total_q = q.shape[0]
@@ -882,16 +879,19 @@ class _PackedCall:
             lse = torch.empty((dims.Hq, total_q), dtype=torch.float32, device=q.device)
             workspace = torch.empty(_ext.device_workspace_bytes(shape, opt.recipe), dtype=torch.uint8,
                                     device=q.device)
+            kept = torch.empty(_ext.device_saved_bytes(shape, opt.recipe) if keep else 0, dtype=torch.uint8,
+                               device=q.device)
             _ext.forward_device(shape, _DEVICE_ELEMENTS[q.dtype], q.data_ptr(), packed[0], k.data_ptr(), packed[1],
                                 v.data_ptr(), packed[2], o.data_ptr(), (0, o.stride(0), o.stride(1)), lse.data_ptr(),
                                 workspace.data_ptr(), workspace.numel(), opt, _current_stream(q.device),
+                                saved=kept.data_ptr() if keep else 0, saved_bytes=kept.numel(),
                                 cu_seqlens_q=self.cu[0].data_ptr(), cu_seqlens_k=self.cu[1].data_ptr(),
                                 lse_pitch=total_q)
-        return o.to(q.dtype), lse
+        return o.to(q.dtype), lse, kept
 
-    def backward(self, q, k, v, o, lse, d_o, d_lse):
+    def backward(self, q, k, v, o, lse, d_o, d_lse, kept: Optional[torch.Tensor] = None):
         """dQ, dK, dV of every sequence in one device call (a second for an LSE gradient), each
-        sequence's those of a call on it alone."""
+        sequence's those of a call on it alone. kept: the forward's (q and k are then not read)."""
         if d_o is None:
             d_o = torch.zeros_like(o)
         if not self.lse_returned:
@@ -901,8 +901,8 @@ class _PackedCall:
             deterministic = not _ext.device_backward_one_pass_faster_packed(
                 self.lens_q, self.lens_k, self.dims.D, _ext.MaskKind.__members__[self.s.mask])
         packing = _Packing(self.cu[0], self.cu[1], q.shape[0])
-        return _backward_device(d_o, d_lse, q, k, v, o, lse, self.dims, self.s, self.opt, deterministic,
-                                packing=packing)
+        return _backward_device(d_o, d_lse, q, k, v, o, lse, self.dims, self.s, self.opt, deterministic, kept,
+                                packing)
 
 
 class _PackedAttention(torch.autograd.Function):
@@ -910,13 +910,18 @@ class _PackedAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, call):
-        o, lse = call.forward(q, k, v)
+        # The forward keeps Q's and K's operands for the backward, which then reads neither q nor k:
+        # they are not saved (stand-ins carry their shapes), as in the batched path.
+        o, lse, kept = call.forward(q, k, v, keep=True)
         ctx.call = call
-        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.q_k_meta = ((q.shape, q.dtype), (k.shape, k.dtype), q.device)
+        ctx.save_for_backward(v, o, lse, kept)
         ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
     def backward(ctx, grad_o, grad_lse):
-        q, k, v, o, lse = ctx.saved_tensors
-        return ctx.call.backward(q, k, v, o, lse, grad_o, grad_lse) + (None,)
+        v, o, lse, kept = ctx.saved_tensors
+        (q_shape, q_dtype), (k_shape, k_dtype), device = ctx.q_k_meta
+        q, k = _stand_in(q_shape, q_dtype, device), _stand_in(k_shape, k_dtype, device)
+        return ctx.call.backward(q, k, v, o, lse, grad_o, grad_lse, kept) + (None,)

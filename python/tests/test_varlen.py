@@ -239,7 +239,7 @@ def test_packed_lse_terms_are_each_sequences(rng, scale):
                             recipe="fp8", smooth_k=True, direct_p=True, gqa=True, names=("q", "k", "v"))
     dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=hq, Hkv=hkv, D=d)
     packing = torch_ops._Packing(cu_q, cu_k, q.shape[0])
-    dq_term = torch_ops._packed_smooth_k_lse_dq(d_lse, k, packing, dims, s)
+    dq_term = torch_ops._smooth_k_lse_dq(d_lse, torch_ops._k_mean(k, None, dims, s, packing), dims, s, packing)
     o_term, d_o_term = torch_ops._lse_term_inputs(d_lse, q, s.layout)
     for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
@@ -257,10 +257,10 @@ def test_packed_lse_terms_are_each_sequences(rng, scale):
 @pytest.mark.parametrize("dtype,lse_loss", [("bfloat16", True), ("float16", True), ("bfloat16", False)])
 def test_device_call_gradients_are_each_sequences(rng, causal, dtype, lse_loss):
     # With autograd, recipe fp8's forward and backward each run in one device
-    # call. O, LSE and dQ, dK, dV (the loss using O, or O and the LSE) are bit
-    # for bit those of batched calls on each run of equal lengths, whose
-    # forward kept its operands (the smooth_k mean among them) where the
-    # packed one did not.
+    # call, the forward keeping Q's and K's operands (the smooth_k mean among
+    # them) for the backward. O, LSE and dQ, dK, dV (the loss using O, or O
+    # and the LSE) are bit for bit those of batched calls on each run of
+    # equal lengths.
     from fp4attn import _host
 
     lens_q = [5, 300, 300, 129, 7, 128]

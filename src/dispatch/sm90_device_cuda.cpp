@@ -99,7 +99,6 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
     if (args.cu_seqlens_q == nullptr || args.cu_seqlens_k == nullptr)
       throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");
     if (opt.recipe != Recipe::fp8) throw Error("recipe", "packed sequences run recipe fp8 on the device for now");
-    if (args.saved != nullptr) throw Error("saved", "packed sequences keep no operands for a backward yet");
     if (args.lse_pitch <= 0) throw Error("lse_pitch", "must be the number of query tokens in all");
   }
 

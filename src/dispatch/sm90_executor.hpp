@@ -59,13 +59,15 @@ struct DeviceForwardArgs {
   // Q and K again. Null: nothing is kept.
   void* saved = nullptr;
   std::size_t saved_bytes = 0;
-  // Optional, recipe fp8 without `saved`: packed sequences of different
+  // Optional, recipe fp8: packed sequences of different
   // lengths (FlashAttention's varlen batches). shape.B device ints + 1 each;
   // sequence b is token rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] − 1 of q
   // and O, and cu_seqlens_k[b] .. of k and v, whose batch strides are not
   // used; shape.Sq and shape.Sk are the longest sequences (the workspace's
   // layout); the LSE is (Hq, lse_pitch), lse_pitch the query tokens in all.
   // Each sequence's O and LSE are those of a call on it alone, bit for bit.
+  // `saved` keeps the operands in that (B, longest) layout: its backward
+  // takes the same cu_seqlens.
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
   std::int64_t lse_pitch = 0;
@@ -123,7 +125,7 @@ struct DeviceBackwardArgs {
   // only: one saved block serves any number of backward calls.
   const void* saved = nullptr;
   std::size_t saved_bytes = 0;
-  // Optional, recipe fp8 without `saved`: packed sequences, as in
+  // Optional, recipe fp8: packed sequences, as in
   // DeviceForwardArgs (shape.Sq, shape.Sk the longest; q, o, d_o and dq
   // rows from cu_seqlens_q, k, v, dk and dv rows from cu_seqlens_k, batch
   // strides not used; the LSE (Hq, lse_pitch) as that forward returns it).

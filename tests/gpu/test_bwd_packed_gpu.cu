@@ -4,8 +4,9 @@
 // bit for bit in the deterministic mode (dK and dV also in the one pass,
 // whose dQ sums in a varying order), for lengths on and off the 128-token
 // tiles, sequences whose queries outnumber their keys (causal rows that see
-// no key), GQA, smooth_k and Direct-P on and off, both head dims. Outputs
-// start as NaN, so every row must be written.
+// no key), GQA, smooth_k and Direct-P on and off, both head dims, with and
+// without the operands the packed forward keeps. Outputs start as NaN, so
+// every row must be written.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,6 +38,7 @@ struct PackedCase {
   bool smooth_k;
   bool direct_p;
   bool deterministic;
+  bool kept = false;  // the packed forward keeps Q's and K's operands for the packed backward
 };
 
 std::vector<Bf16> to_bf16(const std::vector<float>& x) {
@@ -80,8 +82,10 @@ struct BackwardCall {
         v(k.count), o(q.count), d_o(q.count), dq(q.count), dk(k.count), dv(k.count),
         lse(static_cast<std::size_t>(q_tokens * s.Hq)) {}
 
-  // Enqueues the backward on poisoned gradients and waits; packed: cu_seqlens on the device.
-  void run(const AttentionOptions& opt, bool deterministic, const int* cu_q = nullptr, const int* cu_k = nullptr) {
+  // Enqueues the backward on poisoned gradients and waits; packed: cu_seqlens on the
+  // device; kept: what the forward kept (q and k are then not read).
+  void run(const AttentionOptions& opt, bool deterministic, const int* cu_q = nullptr, const int* cu_k = nullptr,
+           const DeviceArray<unsigned char>* kept = nullptr) {
     const AttentionShape& s = shape;
     const bool packed = cu_q != nullptr;
     const std::int64_t q_batch = packed ? 0 : s.Sq * s.Hq * s.D, k_batch = packed ? 0 : s.Sk * s.Hkv * s.D;
@@ -101,6 +105,7 @@ struct BackwardCall {
     workspace.poison();
     a.workspace = workspace.ptr, a.workspace_bytes = workspace.bytes();
     a.cu_seqlens_q = cu_q, a.cu_seqlens_k = cu_k, a.lse_pitch = packed ? q_rows : 0;
+    if (kept != nullptr) a.saved = kept->ptr, a.saved_bytes = kept->bytes();
     dq.poison(), dk.poison(), dv.poison();
     dispatch::sm90_backward_device(a, opt, deterministic, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
@@ -141,6 +146,8 @@ TEST_P(GpuBackwardPacked, EachSequenceIsItsOwnCall) {
   DeviceArray<int> dcu_q(cu_q.size()), dcu_k(cu_k.size());
   dcu_q.upload(cu_q), dcu_k.upload(cu_k);
   packed.q.upload(q), packed.k.upload(k), packed.v.upload(v), packed.d_o.upload(d_o);
+  DeviceArray<unsigned char> kept(c.kept ? dispatch::sm90_device_saved_bytes(packed_shape, Recipe::fp8) : 0);
+  kept.poison();
   {
     DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(packed_shape, Recipe::fp8));
     dispatch::DeviceForwardArgs a;
@@ -154,13 +161,18 @@ TEST_P(GpuBackwardPacked, EachSequenceIsItsOwnCall) {
     a.lse = packed.lse.ptr;
     a.workspace = workspace.ptr, a.workspace_bytes = workspace.bytes();
     a.cu_seqlens_q = dcu_q.ptr, a.cu_seqlens_k = dcu_k.ptr, a.lse_pitch = total_q;
+    if (c.kept) a.saved = kept.ptr, a.saved_bytes = kept.bytes();
     packed.o.poison(), packed.lse.poison();
     dispatch::sm90_forward_device(a, opt, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "seed " << seed;
   }
   const auto o = packed.o.download();
   const auto lse = packed.lse.download();
-  packed.run(opt, c.deterministic, dcu_q.ptr, dcu_k.ptr);
+  if (c.kept) {
+    // The backward takes Q and K from the kept block only: poisoned inputs would show otherwise.
+    packed.q.poison(), packed.k.poison();
+  }
+  packed.run(opt, c.deterministic, dcu_q.ptr, dcu_k.ptr, c.kept ? &kept : nullptr);
   const auto dq_packed = packed.dq.download(), dk_packed = packed.dk.download(), dv_packed = packed.dv.download();
 
   for (std::int64_t b = 0; b < n; ++b) {
@@ -204,7 +216,7 @@ std::string packed_name(const ::testing::TestParamInfo<PackedCase>& info) {
   const PackedCase& c = info.param;
   return "D" + std::to_string(c.D) + (c.mask == MaskKind::causal ? "_causal" : "_full") +
          (c.smooth_k ? "_smoothk" : "") + (c.direct_p ? "_directp" : "_exp2") +
-         (c.deterministic ? "" : "_onepass");
+         (c.deterministic ? "" : "_onepass") + (c.kept ? "_kept" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Packed, GpuBackwardPacked,
@@ -214,7 +226,9 @@ INSTANTIATE_TEST_SUITE_P(Packed, GpuBackwardPacked,
                                            PackedCase{64, MaskKind::none, false, true, true},
                                            PackedCase{64, MaskKind::causal, true, true, true},
                                            PackedCase{64, MaskKind::causal, true, true, false},
-                                           PackedCase{128, MaskKind::none, false, true, false}),
+                                           PackedCase{128, MaskKind::none, false, true, false},
+                                           PackedCase{128, MaskKind::causal, true, true, true, true},
+                                           PackedCase{64, MaskKind::none, false, false, true, true}),
                          packed_name);
 
 TEST(GpuBackwardPackedErrors, NameTheArgument) {
