@@ -1,0 +1,80 @@
+"""Kernel time of one varlen forward + backward (flash_attn_varlen_func, recipe
+fp8, dO random) against torch's packed varlen attention (FA2's varlen
+kernel), by the torch profiler: each kernel's device time per step, largest
+first, and the step's event-timed wall time and host issue time.
+
+    python3 bench/profile_varlen.py [--case NAME ...]
+
+Cases are bench_varlen.py's. Diagnostic output only (no JSON): the figures
+that go into results come from bench_varlen.py.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_varlen import CASES, torch_varlen  # noqa: E402
+from capi_lib import time_ms  # noqa: E402
+
+import fp4attn  # noqa: E402
+
+STEPS = 10
+
+
+def kernel_table(step) -> list:
+    """(name, launches per step, µs per step) of every kernel `step` runs, largest first."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(STEPS):
+            step(i)
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            times.setdefault(e.name[:90], []).append(us)
+    return sorted(((n, len(t) / STEPS, sum(t) / STEPS) for n, t in times.items()), key=lambda x: -x[2])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", action="append", help="bench_varlen.py case names (default: all)")
+    args = ap.parse_args()
+    varlen_attn = torch_varlen()
+    for name, lens, hq, hkv, d, causal in CASES:
+        if args.case and name not in args.case:
+            continue
+        total = sum(lens)
+        cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+        q = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        k = (torch.randn(total, hkv, d, device="cuda", dtype=torch.bfloat16) + 0.5).requires_grad_()
+        v = torch.randn(total, hkv, d, device="cuda", dtype=torch.bfloat16).requires_grad_()
+        d_o = torch.randn_like(q)
+        steps = {"fp8": lambda i: fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens),
+                                                                 causal=causal).backward(d_o)}
+        if varlen_attn is not None:
+            kk, vv = (x.detach().repeat_interleave(hq // hkv, dim=1).requires_grad_() for x in (k, v))
+            window = (-1, 0) if causal else (-1, -1)
+            steps["torch_varlen_fa2"] = lambda i: varlen_attn(q, kk, vv, cu, cu, max(lens), max(lens),
+                                                              window_size=window).backward(d_o)
+        for impl, step in steps.items():
+            wall = min(time_ms(step, STEPS, 2, queued=True) for _ in range(3))
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for i in range(STEPS):
+                step(i)
+            host_us = (time.perf_counter() - t0) / STEPS * 1e6
+            torch.cuda.synchronize()
+            table = kernel_table(step)
+            print(f"{name} {impl}: step {wall * 1e3:.0f} us (events), host issue {host_us:.0f} us, kernels "
+                  f"{sum(t for _, _, t in table):.0f} us", flush=True)
+            for kernel, launches, us in table[:14]:
+                print(f"    {us:8.1f} us  x{launches:g}  {kernel}")
+
+
+if __name__ == "__main__":
+    main()
