@@ -220,6 +220,57 @@ def test_device_call_on_random_batches(seed):
     assert seen == batch
 
 
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("seed", range(6))
+def test_device_gradients_on_random_batches(seed, monkeypatch):
+    # Random batches for the packed backward: 2 to 24 sequences of 1 to 700
+    # tokens (queries and keys drawn apart), the backward kernels' head dims,
+    # GQA, causal or not, bf16 or fp16, the softmax scale given or not, a
+    # loss on O alone or on O and the LSE. dQ, dK, dV of every sequence
+    # against its own call, bit for bit (the two passes).
+    from fp4attn import torch_ops
+
+    monkeypatch.setattr(torch_ops, "DETERMINISTIC_BACKWARD", True)
+    gen = np.random.default_rng(2000 + seed)
+    batch = int(gen.integers(2, 25))
+    lens_q = [int(x) for x in gen.choice([1, 7, 128, 129, 300, int(gen.integers(1, 701))], size=batch)]
+    lens_k = lens_q if gen.random() < 0.5 else [int(x) for x in gen.integers(1, 701, size=batch)]
+    if len(set(zip(lens_q, lens_k))) == 1:  # one length takes the batched call, not the packed one
+        lens_q[0] += 1
+        lens_k[0] += 1
+    d = int(gen.choice([64, 128]))
+    hkv = int(gen.choice([1, 2, 4]))
+    hq = hkv * int(gen.choice([1, 2, 4]))
+    causal = bool(gen.random() < 0.5)
+    dtype = getattr(torch, str(gen.choice(["bfloat16", "float16"])))
+    kw = dict(causal=causal, softmax_scale=None if gen.random() < 0.5 else float(gen.uniform(0.05, 0.2)))
+    lse_loss = bool(gen.random() < 0.5)
+    draw = (lens_q, lens_k, d, hq, hkv, dtype, kw, lse_loss)
+    arrays = packed(gen, lens_q, lens_k, hq, hkv, d)
+    q, k, v = (torch.from_numpy(x).to("cuda", dtype).requires_grad_() for x in arrays[:3])
+    cu_q, cu_k = (torch.from_numpy(x).cuda() for x in arrays[3:])
+    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                               return_attn_probs=True, **kw)
+    assert type(o.grad_fn).__name__ == "_PackedAttentionBackward", draw
+    g = torch.Generator().manual_seed(seed)
+    d_o = torch.randn(o.shape, generator=g).to("cuda", o.dtype)
+    d_lse = torch.randn(lse.shape, generator=g).to("cuda")
+    torch.autograd.backward((o, lse) if lse_loss else o, (d_o, d_lse) if lse_loss else d_o)
+    got = [x.grad for x in (q, k, v)]
+    cq, ck = arrays[3], arrays[4]
+    for i in range(batch):
+        rows, keys = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        one = [x[span].detach()[None].requires_grad_() for x, span in ((q, rows), (k, keys), (v, keys))]
+        o1, lse1, _ = fp4attn.flash_attn_func(*one, return_attn_probs=True, **kw)
+        assert torch.equal(o[rows], o1[0]) and torch.equal(lse[:, rows], lse1[0]), (i, draw)
+        if lse_loss:
+            torch.autograd.backward((o1, lse1), (d_o[None, rows], d_lse[None, :, rows]))
+        else:
+            o1.backward(d_o[None, rows])
+        for name, grad, x, span in zip(("dq", "dk", "dv"), got, one, (rows, keys, keys)):
+            assert torch.equal(grad[span], x.grad[0]), (name, i, draw)
+
+
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 @pytest.mark.parametrize("scale", [None, 0.3])
 def test_packed_lse_terms_are_each_sequences(rng, scale):
