@@ -833,7 +833,7 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed sequences in one device call, or None where
     that call cannot run them: recipe fp8's forward on a Hopper GPU, the kernels' head dims read in
     place, every sequence with queries and keys, nothing tracing the call; where a gradient is
-    wanted, also the device backward and more than one length.
+    wanted, also the device backward.
 
     The quantizer and the kernel take each sequence's own length from cu_seqlens, so every
     sequence's O and LSE are those of a call on it alone, bit for bit (test_varlen.py); so are its
@@ -852,8 +852,10 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
           for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
     call = _PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned)
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        # Sequences all of one length are one batched call: the same work without cu_seqlens.
-        if not _uses_device_backward(q, dims, opt) or len(_host.equal_length_runs(lens_q, lens_k)) == 1:
+        # Also for sequences all of one length: as one batched call on views of q, k and v, autograd
+        # would fill a zero gradient of each and copy the views' into it (6 % of the step at
+        # 8 x 2048, perf log v5).
+        if not _uses_device_backward(q, dims, opt):
             return None
         return _PackedAttention.apply(q, k, v, call)
     return call.forward(q, k, v)

@@ -235,9 +235,6 @@ def test_device_gradients_on_random_batches(seed, monkeypatch):
     batch = int(gen.integers(2, 25))
     lens_q = [int(x) for x in gen.choice([1, 7, 128, 129, 300, int(gen.integers(1, 701))], size=batch)]
     lens_k = lens_q if gen.random() < 0.5 else [int(x) for x in gen.integers(1, 701, size=batch)]
-    if len(set(zip(lens_q, lens_k))) == 1:  # one length takes the batched call, not the packed one
-        lens_q[0] += 1
-        lens_k[0] += 1
     d = int(gen.choice([64, 128]))
     hkv = int(gen.choice([1, 2, 4]))
     hq = hkv * int(gen.choice([1, 2, 4]))
@@ -347,10 +344,17 @@ def test_device_call_gradients_are_each_sequences(rng, causal, dtype, lse_loss):
             e[span] = x.grad[span]
     differing = [name for name, g, e in zip(("dq", "dk", "dv"), got, expected) if not torch.equal(g, e)]
     assert not differing, differing
-    # One length only: the batched call, whose forward keeps operands for its backward.
-    two = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")  # sequences 1 and 2
-    one_run = fp4attn.flash_attn_varlen_func(q[5:605], k[9:609], v[9:609], two, two, 300, 300, causal=causal)
-    assert type(one_run.grad_fn).__name__ != "_PackedAttentionBackward"
+    rows_12, keys_12 = slice(5, 605), slice(9, 609)
+    # One length only (sequences 1 and 2): the packed call too, with the batched call's gradients.
+    two = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")
+    leaves = [x[span].detach().requires_grad_() for x, span in ((q, rows_12), (k, keys_12), (v, keys_12))]
+    one_run = fp4attn.flash_attn_varlen_func(*leaves, two, two, 300, 300, causal=causal)
+    assert type(one_run.grad_fn).__name__ == "_PackedAttentionBackward"
+    one_run.backward(d_o[rows_12])
+    batched = [x.detach().unflatten(0, (2, 300)).requires_grad_() for x in leaves]
+    fp4attn.flash_attn_func(*batched, causal=causal).backward(d_o[rows_12].unflatten(0, (2, 300)))
+    for name, a, b in zip(("dq", "dk", "dv"), leaves, batched):
+        assert torch.equal(a.grad, b.grad.flatten(0, 1)), name
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
