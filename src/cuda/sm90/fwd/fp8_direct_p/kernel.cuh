@@ -518,7 +518,10 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
     };
     bool stored = false;
     if constexpr (!kFp4In) {
-      if (o_by_tma) {
+      // Packed sequences: TMA for a consumer whose 64 rows all lie in its
+      // entry (the map spans every entry's rows, so it would not clip at
+      // the entry's end); the entry's last rows go by the threads below.
+      if (o_by_tma && (!packed || first_row + Cfg::kRowsPerConsumer <= seq_q)) {
         // Row ρ's 16-byte chunk c of a box sits at chunk c ^ (ρ mod 8): the
         // 128-byte swizzle, which also spreads each warp store (8 rows, one
         // chunk each) over all banks. Rows past Sq are clipped by TMA. A
@@ -551,7 +554,10 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
         if (issuer) {
 #pragma unroll
           for (int box = 0; box < Stage::kBoxes; ++box) {
-            const std::int32_t coord[4] = {2 * first_column + box * Stage::kBoxRowBytes, first_row, head, batch};
+            // Packed: one map over all entries' rows (token row cu_seqlens_q[batch] + first_row).
+            const std::int32_t coord[4] = {2 * first_column + box * Stage::kBoxRowBytes,
+                                           packed ? args.cu_seqlens_q[batch] + first_row : first_row, head,
+                                           packed ? 0 : batch};
             cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &tm_o, coord,
                                             stage + box * Stage::kBoxBytes);
           }

@@ -39,14 +39,19 @@ void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensor
                 "shared memory with FP4 P's fold table over budget");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
   const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ * Cfg::kOSplits, a.Hq, a.B);
-  // Packed sequences: O's rows by the threads, which stop at each entry's end
-  // (TMA would write a block's rows past it into the next entry's).
-  const bool o_by_tma = !kFp4In && a.cu_seqlens_q == nullptr && o_rows_aligned(a);
+  // Packed sequences: one map over all lse_pitch token rows (a batch of one);
+  // the kernel stores by TMA only the 64-row halves that end inside their
+  // entry (the map would not clip at an entry's end), the rest by threads.
+  const bool packed = a.cu_seqlens_q != nullptr;
+  const bool o_by_tma = !kFp4In && o_rows_aligned(a);
   CUtensorMap tm_o{};
-  if (o_by_tma)
-    tm_o = make_byte_tensor_map(a.o, {u64(a.D * 2), u64(a.Sq), u64(a.Hq), u64(a.B)},
-                                {u64(a.o_stride_s * 2), u64(a.o_stride_h * 2), u64(a.o_stride_b * 2)},
+  if (o_by_tma) {
+    const std::uint64_t rows = u64(packed ? a.lse_pitch : a.Sq), batches = packed ? 1 : u64(a.B);
+    const std::uint64_t batch_bytes = packed ? rows * u64(a.o_stride_s * 2) : u64(a.o_stride_b * 2);
+    tm_o = make_byte_tensor_map(a.o, {u64(a.D * 2), rows, u64(a.Hq), batches},
+                                {u64(a.o_stride_s * 2), u64(a.o_stride_h * 2), batch_bytes},
                                 {OStaging<Cfg>::kBoxRowBytes, Cfg::kRowsPerConsumer, 1, 1}, TmaSwizzle::b128, "o");
+  }
   kernel<<<grid, Cfg::kThreads, kSmem, stream>>>(a, tm_q, tm_k, tm_vt, tm_o, o_by_tma);
   check_cuda(cudaGetLastError(), "fp8_forward_kernel launch");
 }
