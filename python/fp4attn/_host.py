@@ -76,6 +76,32 @@ def equal_length_runs(lens_q: list, lens_k: list) -> list:
     return runs
 
 
+# A packed device call lays its operands out for (sequences, longest sequence) tokens; past
+# this many times the tokens it holds (plus a tile per sequence), a batch is cut into groups.
+PACKED_LAYOUT_WASTE = 2
+
+
+def packed_groups(lens_q: list, lens_k: list) -> list:
+    """(first sequence, count) of consecutive groups, each one packed device call: a group grows
+    while (count · longest) stays within PACKED_LAYOUT_WASTE times its tokens plus 128 per
+    sequence, for queries and for keys, so that the call's operands (laid out for count ·
+    longest tokens) stay near the packed tensors' size."""
+    def fits(count, longest, total):
+        return count * longest <= PACKED_LAYOUT_WASTE * total + 128 * count
+
+    groups, first = [], 0
+    while first < len(lens_q):
+        n, max_q, max_k, sum_q, sum_k = 1, lens_q[first], lens_k[first], lens_q[first], lens_k[first]
+        while first + n < len(lens_q):
+            lq, lk = lens_q[first + n], lens_k[first + n]
+            if not (fits(n + 1, max(max_q, lq), sum_q + lq) and fits(n + 1, max(max_k, lk), sum_k + lk)):
+                break
+            max_q, max_k, sum_q, sum_k, n = max(max_q, lq), max(max_k, lk), sum_q + lq, sum_k + lk, n + 1
+        groups.append((first, n))
+        first += n
+    return groups
+
+
 def to_host(x, name: str) -> np.ndarray:
     """A NumPy view of `x` where one exists (NumPy arrays, CPU DLPack producers), else a host copy."""
     if isinstance(x, np.ndarray):

@@ -168,13 +168,14 @@ def flash_attn_varlen_func(
     entries from 0 to total). causal is bottom-right aligned per sequence.
     Each sequence's output is bit for bit what attention() gives on that
     sequence alone (quantization is per sequence and head), and so are its
-    gradients. Recipe fp8's forward on a Hopper GPU runs every sequence in
-    one call whose quantizer and kernel read the packed tensors
-    (torch_ops.varlen_forward_device). Its backward, and every other call,
-    run consecutive sequences of equal lengths as one batched call on views
-    of the packed tensors and each other sequence as a call of its own, so
-    there a batch of many different lengths pays a call's host cost per
-    sequence. cu_seqlens are checked on the host: a CUDA tensor's entries
+    gradients. Recipe fp8 on a Hopper GPU runs every sequence in one
+    forward call and one backward call whose quantizers and kernels read the
+    packed tensors (torch_ops.varlen_forward_device; a batch whose longest
+    sequence is far longer than the rest runs as a few such calls). Every
+    other call runs consecutive sequences of equal lengths as one batched
+    call on views of the packed tensors and each other sequence as a call
+    of its own, so there a batch of many different lengths pays a call's
+    host cost per sequence. cu_seqlens are checked on the host: a CUDA tensor's entries
     are read there (a wait for the device) once and kept while torch's
     version counter says the tensor is unchanged, so a model's layers
     sharing one cu_seqlens wait once; inference tensors (made under

@@ -80,6 +80,7 @@ its gradient is zero. The host path also skips it when dLSE is all zeros.
 # signature's annotations to build the op schema.
 import contextlib
 import functools
+import itertools
 import warnings
 from typing import NamedTuple, Optional
 
@@ -837,7 +838,9 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
 
     The quantizer and the kernel take each sequence's own length from cu_seqlens, so every
     sequence's O and LSE are those of a call on it alone, bit for bit (test_varlen.py); so are its
-    gradients from the packed backward (_PackedAttention), also one call.
+    gradients from the packed backward (_PackedAttention), also one call. The call's operands are
+    laid out for (sequences, longest) tokens: where that is far more than the batch holds (one long
+    sequence among short ones), the batch runs as a few packed calls (_host.packed_groups).
     lse_returned: whether the caller gets the LSE (only then can it carry a gradient).
     """
     if q.device.type != "cuda" or s.recipe != "fp8" or s.target != "sm90" or q.dtype not in _DEVICE_ELEMENTS:
@@ -848,17 +851,35 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     opt = _host.options(s)
     if not _uses_device_path(q, dims, opt):
         return None
+    # Also for sequences all of one length: as one batched call on views of q, k and v, autograd
+    # would fill a zero gradient of each and copy the views' into it (6 % of the step at 8 x 2048,
+    # perf log v5).
+    differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if differentiable and not _uses_device_backward(q, dims, opt):
+        return None
     cu = [_device_cu_seqlens(c, lens, q.device, name)
           for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
-    call = _PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        # Also for sequences all of one length: as one batched call on views of q, k and v, autograd
-        # would fill a zero gradient of each and copy the views' into it (6 % of the step at
-        # 8 x 2048, perf log v5).
-        if not _uses_device_backward(q, dims, opt):
-            return None
-        return _PackedAttention.apply(q, k, v, call)
-    return call.forward(q, k, v)
+
+    def run(call, q, k, v):
+        return _PackedAttention.apply(q, k, v, call) if differentiable else call.forward(q, k, v)[:2]
+
+    groups = _host.packed_groups(lens_q, lens_k)
+    if len(groups) == 1:
+        return run(_PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned), q, k, v)
+    starts_q = list(itertools.accumulate(lens_q, initial=0))
+    starts_k = list(itertools.accumulate(lens_k, initial=0))
+    outs, lses = [], []
+    for first, n in groups:
+        last = first + n
+        group_q, group_k = lens_q[first:last], lens_k[first:last]
+        group_dims = _validate.Dims(B=n, Sq=max(group_q), Sk=max(group_k), Hq=dims.Hq, Hkv=dims.Hkv, D=dims.D)
+        group_cu = [c[first:last + 1] - c[first] for c in cu]  # on the device: no wait
+        rows, keys = slice(starts_q[first], starts_q[last]), slice(starts_k[first], starts_k[last])
+        o, lse = run(_PackedCall(group_cu, group_dims, s, opt, group_q, group_k, lse_returned), q[rows], k[keys],
+                     v[keys])
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses, dim=1)
 
 
 class _PackedCall:

@@ -4,6 +4,8 @@ that sequence alone (on the CPU emulator with NumPy arrays, and through the
 torch layer on the CPU and, where there is one, the GPU); its errors name the
 argument."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -152,6 +154,36 @@ def test_torch_each_sequence_is_its_own_call(rng, device, causal):
         assert torch.equal(g, e), name
 
 
+def test_packed_groups_bound_the_layout():
+    # A packed call's operands are laid out for (sequences x longest) tokens:
+    # consecutive groups keep that within twice the group's tokens (plus a
+    # tile per sequence), each as long as the bound allows.
+    from fp4attn import _host
+
+    def waste_ok(lens):
+        return len(lens) * max(lens) <= _host.PACKED_LAYOUT_WASTE * sum(lens) + 128 * len(lens)
+
+    gen = np.random.default_rng(7)
+    batches = [([2048] * 8, [2048] * 8), ([131072] + [1000] * 100, [131072] + [1000] * 100),
+               ([5, 300, 129, 128, 700], [9, 300, 3, 200, 700])]
+    for _ in range(50):
+        n = int(gen.integers(1, 40))
+        lens_q = [int(x) for x in gen.integers(1, 20000, size=n)]
+        batches.append((lens_q, lens_q if gen.random() < 0.5 else [int(x) for x in gen.integers(1, 20000, size=n)]))
+    for lens_q, lens_k in batches:
+        groups = _host.packed_groups(lens_q, lens_k)
+        assert [f for f, _ in groups] == list(itertools.accumulate((n for _, n in groups[:-1]), initial=0))
+        assert sum(n for _, n in groups) == len(lens_q)
+        for first, n in groups:
+            group = slice(first, first + n)
+            assert waste_ok(lens_q[group]) and waste_ok(lens_k[group]), (lens_q, lens_k, groups)
+            if first + n < len(lens_q):  # the next sequence would break the bound
+                grown = slice(first, first + n + 1)
+                assert not (waste_ok(lens_q[grown]) and waste_ok(lens_k[grown])), (lens_q, lens_k, groups)
+    assert _host.packed_groups([2048] * 8, [2048] * 8) == [(0, 8)]
+    assert _host.packed_groups([131072] + [1000] * 100, [131072] + [1000] * 100) == [(0, 2), (2, 99)]
+
+
 @pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d,hq,hkv,dtype,qkv_packed", [(128, 4, 2, "bfloat16", False), (64, 4, 4, "float16", True),
@@ -226,7 +258,8 @@ def test_device_gradients_on_random_batches(seed, monkeypatch):
     # Random batches for the packed backward: 2 to 24 sequences of 1 to 700
     # tokens (queries and keys drawn apart), the backward kernels' head dims,
     # GQA, causal or not, bf16 or fp16, the softmax scale given or not, a
-    # loss on O alone or on O and the LSE. dQ, dK, dV of every sequence
+    # loss on O alone or on O and the LSE; seeds 2 and 4 run as several
+    # packed groups (_host.packed_groups). dQ, dK, dV of every sequence
     # against its own call, bit for bit (the two passes).
     from fp4attn import torch_ops
 
