@@ -21,11 +21,15 @@
 #include "fp4attn/error.hpp"
 #include "gpu/device_forward_args.hpp"
 #include "gpu/gpu_test_util.hpp"
+#include "gpu/packed_batch.hpp"
 
 namespace fp4attn {
 namespace {
 
+using gpu_test::bits;
 using gpu_test::DeviceArray;
+using gpu_test::named_argument;
+using gpu_test::to_bf16;
 using Bf16 = __nv_bfloat16;
 
 // The one pass's dQ against a call on the sequence alone: the same terms
@@ -41,31 +45,10 @@ struct PackedCase {
   bool kept = false;  // the packed forward keeps Q's and K's operands for the packed backward
 };
 
-std::vector<Bf16> to_bf16(const std::vector<float>& x) {
-  std::vector<Bf16> h(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) h[i] = __float2bfloat16_rn(x[i]);
-  return h;
-}
-
-std::uint16_t bits(Bf16 x) {
-  std::uint16_t b;
-  std::memcpy(&b, &x, sizeof(b));
-  return b;
-}
-
 // Rows first .. first + rows − 1 of a (rows, width) matrix.
 template <class T>
 std::vector<T> rows_of(const std::vector<T>& x, std::int64_t first, std::int64_t rows, std::int64_t width) {
   return std::vector<T>(x.begin() + first * width, x.begin() + (first + rows) * width);
-}
-
-std::string named_argument(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.argument();
-  }
-  return "";
 }
 
 // Device tensors of one backward call (bf16, tokens × heads × D with the
@@ -117,17 +100,9 @@ class GpuBackwardPacked : public ::testing::TestWithParam<PackedCase> {};
 TEST_P(GpuBackwardPacked, EachSequenceIsItsOwnCall) {
   FP4ATTN_REQUIRE_HOPPER();
   const PackedCase c = GetParam();
-  const std::vector<std::int64_t> lens_q = {5, 300, 129, 128, 700};
-  const std::vector<std::int64_t> lens_k = {9, 300, 3, 200, 700};
-  const std::int64_t Hq = 4, Hkv = 2, D = c.D, n = static_cast<std::int64_t>(lens_q.size());
-  std::vector<int> cu_q = {0}, cu_k = {0};
-  std::int64_t max_q = 0, max_k = 0;
-  for (std::int64_t b = 0; b < n; ++b) {
-    cu_q.push_back(cu_q.back() + static_cast<int>(lens_q[b]));
-    cu_k.push_back(cu_k.back() + static_cast<int>(lens_k[b]));
-    max_q = std::max(max_q, lens_q[b]), max_k = std::max(max_k, lens_k[b]);
-  }
-  const std::int64_t total_q = cu_q.back(), total_k = cu_k.back();
+  const gpu_test::PackedBatch batch;
+  const auto& [lens_q, lens_k, cu_q, cu_k, n, max_q, max_k, total_q, total_k] = batch;
+  const std::int64_t Hq = 4, Hkv = 2, D = c.D;
   const std::uint32_t seed = gpu_test::fresh_seed();
   std::mt19937 rng(seed);
   const auto q = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_q * Hq * D), D, 0.5f, rng));
@@ -141,7 +116,7 @@ TEST_P(GpuBackwardPacked, EachSequenceIsItsOwnCall) {
 
   // The packed forward gives O and the (Hq, total_q) LSE, each sequence's
   // those of its own call (test_fwd_packed_gpu.cu).
-  const AttentionShape packed_shape{n, Hq, Hkv, max_q, max_k, D};
+  const AttentionShape packed_shape = batch.shape(Hq, Hkv, D);
   BackwardCall packed(packed_shape, total_q, total_k);
   DeviceArray<int> dcu_q(cu_q.size()), dcu_k(cu_k.size());
   dcu_q.upload(cu_q), dcu_k.upload(cu_k);

@@ -1,0 +1,71 @@
+// The packed batch of the packed-sequence GPU suites (test_fwd_packed_gpu.cu,
+// test_bwd_packed_gpu.cu) and the helpers they share: lengths on and off the
+// 128-token tiles, a sequence whose queries outnumber its keys (causal rows
+// that see no key), the longest last, with its cu_seqlens and sizes.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fp4attn/error.hpp"
+#include "fp4attn/tensor.hpp"
+
+namespace fp4attn::gpu_test {
+
+struct PackedBatch {
+  std::vector<std::int64_t> lens_q = {5, 300, 129, 128, 700};
+  std::vector<std::int64_t> lens_k = {9, 300, 3, 200, 700};
+  std::vector<int> cu_q = {0}, cu_k = {0};
+  std::int64_t n = 0, max_q = 0, max_k = 0, total_q = 0, total_k = 0;
+
+  PackedBatch() {
+    n = static_cast<std::int64_t>(lens_q.size());
+    for (std::int64_t b = 0; b < n; ++b) {
+      cu_q.push_back(cu_q.back() + static_cast<int>(lens_q[b]));
+      cu_k.push_back(cu_k.back() + static_cast<int>(lens_k[b]));
+      max_q = std::max(max_q, lens_q[b]), max_k = std::max(max_k, lens_k[b]);
+    }
+    total_q = cu_q.back(), total_k = cu_k.back();
+  }
+
+  // The packed call's shape: one entry per sequence, the longest lengths.
+  AttentionShape shape(std::int64_t Hq, std::int64_t Hkv, std::int64_t D) const {
+    return {n, Hq, Hkv, max_q, max_k, D};
+  }
+};
+
+inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+  std::vector<__nv_bfloat16> h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) h[i] = __float2bfloat16_rn(x[i]);
+  return h;
+}
+
+inline std::uint16_t bits(__nv_bfloat16 x) {
+  std::uint16_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+
+inline std::uint32_t bits(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof(b));
+  return b;
+}
+
+// The argument an fp4attn::Error from `call` names ("" when nothing is thrown).
+inline std::string named_argument(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.argument();
+  }
+  return "";
+}
+
+}  // namespace fp4attn::gpu_test
