@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "fp4attn/error.hpp"
 #include "fp4attn/tensor.hpp"
+#include "gpu/gpu_test_util.hpp"
 
 namespace fp4attn::gpu_test {
 
@@ -44,6 +46,21 @@ inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
   std::vector<__nv_bfloat16> h(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) h[i] = __float2bfloat16_rn(x[i]);
   return h;
+}
+
+// Random bf16 q (total_q, Hq, D), k and v (total_k, Hkv, D) of the suites' scales.
+struct PackedInputs {
+  std::vector<__nv_bfloat16> q, k, v;
+};
+inline PackedInputs packed_inputs(const PackedBatch& batch, std::int64_t Hq, std::int64_t Hkv, std::int64_t D,
+                                  std::mt19937& rng) {
+  const auto q_elems = static_cast<std::size_t>(batch.total_q * Hq * D);
+  const auto kv_elems = static_cast<std::size_t>(batch.total_k * Hkv * D);
+  PackedInputs in;
+  in.q = to_bf16(attention_input(q_elems, D, 0.5f, rng));
+  in.k = to_bf16(attention_input(kv_elems, D, 3.0f, rng));
+  in.v = to_bf16(attention_input(kv_elems, D, 1.0f, rng));
+  return in;
 }
 
 inline std::uint16_t bits(__nv_bfloat16 x) {

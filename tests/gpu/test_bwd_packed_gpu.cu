@@ -105,9 +105,7 @@ TEST_P(GpuBackwardPacked, EachSequenceIsItsOwnCall) {
   const std::int64_t Hq = 4, Hkv = 2, D = c.D;
   const std::uint32_t seed = gpu_test::fresh_seed();
   std::mt19937 rng(seed);
-  const auto q = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_q * Hq * D), D, 0.5f, rng));
-  const auto k = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_k * Hkv * D), D, 3.0f, rng));
-  const auto v = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_k * Hkv * D), D, 1.0f, rng));
+  const auto [q, k, v] = gpu_test::packed_inputs(batch, Hq, Hkv, D, rng);
   const auto d_o = to_bf16(gpu_test::attention_input(static_cast<std::size_t>(total_q * Hq * D), D, 0.1f, rng));
   AttentionOptions opt;
   opt.mask = c.mask;
