@@ -9,10 +9,14 @@ has it, all in one process.
 
 fp8 passes the same cu_seqlens tensor on every call, as a model's layers do
 (its entries are read to the host once); fp8_new_cu_seqlens a new one each
-call (read, and so a wait for the device, on every call).
+call (read, and so a wait for the device, on every call). Where fp8 cuts the
+batch into packed groups (one long sequence among short ones), fp8_one_call
+runs it as one packed call.
 
 A case is a list of sequence lengths (query = key length), heads and head
-dim; TFLOP/s count each sequence's pairs (L·(L+1)/2 when causal).
+dim; TFLOP/s count each sequence's pairs (L·(L+1)/2 when causal). peak_mib:
+the device memory one call takes at its peak beyond what was allocated
+before it.
 Every implementation's O is compared with an fp64 reference on one sequence
 so that a fast wrong answer shows.
 """
@@ -31,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from capi_lib import time_ms  # noqa: E402
 
 import fp4attn  # noqa: E402
-from fp4attn import torch_ops  # noqa: E402
+from fp4attn import _host, torch_ops  # noqa: E402
 
 # (name, lengths, Hq, Hkv, D, causal)
 CASES = [
@@ -39,6 +43,8 @@ CASES = [
     ("equal_8x2048", [2048] * 8, 32, 8, 128, True),
     ("long_and_short", [16384, 300, 900, 4096], 16, 16, 128, True),
     ("encoder_64_short", [96 + (37 * i) % 500 for i in range(64)], 16, 16, 64, False),
+    # One long document among many short ones: fp8 runs it as two packed groups (_host.packed_groups).
+    ("one_long_64_short", [32768] + [512] * 64, 32, 8, 128, True),
 ]
 
 
@@ -61,6 +67,32 @@ def drop_failing(impls, errors=(RuntimeError, TypeError)) -> dict:
             skipped[n] = str(e).splitlines()[0][:200]
             del impls[n]
     return skipped
+
+
+def one_call(fn):
+    """fn with every batch in one packed call, however long its longest sequence (no groups)."""
+    def run(i):
+        waste = _host.PACKED_LAYOUT_WASTE
+        _host.PACKED_LAYOUT_WASTE = float("inf")
+        try:
+            return fn(i)
+        finally:
+            _host.PACKED_LAYOUT_WASTE = waste
+    return run
+
+
+def peak_mib(impls) -> dict:
+    """Device memory each implementation's call takes at its peak beyond what was allocated
+    before it (MiB; its outputs, workspaces and, under autograd, what it saves)."""
+    peaks = {}
+    for n, fn in impls.items():
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn(0)
+        torch.cuda.synchronize()
+        peaks[n] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+    return peaks
 
 
 def interleaved_ms(impls, rounds, reps, warmup) -> dict:
@@ -113,16 +145,19 @@ def training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa,
             torch.cat(outs).backward(d_o)
 
     impls = {"fp8": fp8, "fp8_per_run": fp8_per_run, "cudnn_per_sequence": cudnn}
+    if len(_host.packed_groups(lens, lens)) > 1:
+        impls["fp8_one_call"] = one_call(fp8)
     if varlen_attn is not None:
         kk, vv = ((x.detach().repeat_interleave(hq // hkv, dim=1) if gqa else x.detach().clone()).requires_grad_()
                   for x in (k, v))
         impls["torch_varlen_fa2"] = lambda i: varlen_attn(qg, kk, vv, cu, cu, max(lens), max(lens),
                                                           **mask_kw).backward(d_o)
     skipped = drop_failing(impls, (RuntimeError, TypeError, NotImplementedError))
+    peaks = peak_mib(impls)
     times = interleaved_ms(impls, args.rounds, max(2, args.reps // 2), 1)
-    row = timing_row("fwd_bwd_varlen", name, lens, hq, hkv, d, causal, times, flop, skipped)
+    row = timing_row("fwd_bwd_varlen", name, lens, hq, hkv, d, causal, times, flop, skipped, peak_mib=peaks)
     print(f"{name} fwd+bwd: TFLOP/s " + "  ".join(f"{n} {t}" for n, t in row["tflops"].items()) +
-          f"  | vs cuDNN {row['vs_cudnn']}  | skipped {list(skipped)}", flush=True)
+          f"  | vs cuDNN {row['vs_cudnn']}  | peak MiB {peaks}  | skipped {list(skipped)}", flush=True)
     return row
 
 
@@ -166,6 +201,8 @@ def main():
             "cudnn_per_sequence": per_sequence(SDPBackend.CUDNN_ATTENTION),
             "fa2_per_sequence": per_sequence(SDPBackend.FLASH_ATTENTION),
         }
+        if len(_host.packed_groups(lens, lens)) > 1:  # the groups against one call over the whole batch
+            impls["fp8_one_call"] = one_call(impls["fp8"])
         if varlen_attn is not None:
             # Its causal flag changed across torch versions: is_causal, later window_size=(-1, 0).
             kk, vv = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v)) if gqa else (k, v)
@@ -188,16 +225,19 @@ def main():
                                                                      (v, bounds[1], keys))),
                                                  is_causal=causal, enable_gqa=gqa).transpose(1, 2)[0]
             rel_l2 = {n: round(float((fn(0)[a:b].double() - ref).norm() / ref.norm()), 5) for n, fn in impls.items()}
+            peaks = peak_mib(impls)
             times = interleaved_ms(impls, args.rounds, args.reps, 2)
         pairs = sum(L * (L + 1) / 2 if causal else L * L for L in lens)
         flop = 4.0 * hq * d * pairs
         if args.backward:
             rows.append(training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa, varlen_attn,
                                      mask_kw, 3.5 * flop))
-        row = timing_row("fwd_varlen", name, lens, hq, hkv, d, causal, times, flop, skipped, rel_l2_vs_fp64=rel_l2)
+        row = timing_row("fwd_varlen", name, lens, hq, hkv, d, causal, times, flop, skipped, rel_l2_vs_fp64=rel_l2,
+                         peak_mib=peaks)
         rows.append(row)
         print(f"{name}: TFLOP/s " + "  ".join(f"{n} {t}" for n, t in row["tflops"].items()) +
-              f"  | vs cuDNN {row['vs_cudnn']}  | rel L2 {rel_l2}  | skipped {list(skipped)}", flush=True)
+              f"  | vs cuDNN {row['vs_cudnn']}  | peak MiB {peaks}  | rel L2 {rel_l2}  | skipped {list(skipped)}",
+              flush=True)
     out = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), commit=args.commit,
                torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                command="python3 bench/bench_varlen.py " + " ".join(sys.argv[1:]), rows=rows)
