@@ -67,8 +67,9 @@ def host_gap_us(fn, reps):
     return (wall_ms - total_event) / reps * 1e3
 
 
-def kernel_breakdown(fn, calls=5):
-    """Mean µs per call of every kernel that fn launches (CUPTI via torch.profiler), longest first."""
+def kernel_launches(fn, calls=5):
+    """(launches per call, mean µs per call) of every kernel that fn launches (CUPTI via
+    torch.profiler), longest first."""
     fn(0)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -78,5 +79,11 @@ def kernel_breakdown(fn, calls=5):
     totals = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            totals[e.name] = totals.get(e.name, 0.0) + e.device_time / calls
-    return {n: round(t, 1) for n, t in sorted(totals.items(), key=lambda kv: -kv[1])}
+            launches, us = totals.get(e.name, (0, 0.0))
+            totals[e.name] = (launches + 1, us + e.device_time / calls)
+    return {n: (launches / calls, us) for n, (launches, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])}
+
+
+def kernel_breakdown(fn, calls=5):
+    """Mean µs per call of every kernel that fn launches (CUPTI via torch.profiler), longest first."""
+    return {n: round(us, 1) for n, (_, us) in kernel_launches(fn, calls).items()}

@@ -10,34 +10,18 @@ that go into results come from bench_varlen.py.
 """
 import argparse
 import os
-import statistics
 import sys
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_varlen import CASES, torch_varlen  # noqa: E402
-from capi_lib import time_ms  # noqa: E402
+from capi_lib import kernel_launches, time_ms  # noqa: E402
 
 import fp4attn  # noqa: E402
 
 STEPS = 10
-
-
-def kernel_table(step) -> list:
-    """(name, launches per step, µs per step) of every kernel `step` runs, largest first."""
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(STEPS):
-            step(i)
-        torch.cuda.synchronize()
-    times = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-            times.setdefault(e.name[:90], []).append(us)
-    return sorted(((n, len(t) / STEPS, sum(t) / STEPS) for n, t in times.items()), key=lambda x: -x[2])
 
 
 def main():
@@ -69,11 +53,11 @@ def main():
                 step(i)
             host_us = (time.perf_counter() - t0) / STEPS * 1e6
             torch.cuda.synchronize()
-            table = kernel_table(step)
+            table = kernel_launches(step, STEPS)
             print(f"{name} {impl}: step {wall * 1e3:.0f} us (events), host issue {host_us:.0f} us, kernels "
-                  f"{sum(t for _, _, t in table):.0f} us", flush=True)
-            for kernel, launches, us in table[:14]:
-                print(f"    {us:8.1f} us  x{launches:g}  {kernel}")
+                  f"{sum(us for _, us in table.values()):.0f} us", flush=True)
+            for kernel, (launches, us) in list(table.items())[:14]:
+                print(f"    {us:8.1f} us  x{launches:g}  {kernel[:90]}")
 
 
 if __name__ == "__main__":
