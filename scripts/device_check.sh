@@ -66,6 +66,8 @@ if has_stage sanitize; then
   small+=':Packed/GpuForwardPacked.EachSequenceIsItsOwnCall/D64_causal_smoothk_directp'
   small+=':Packed/GpuBackwardPacked.EachSequenceIsItsOwnCall/D64_causal_smoothk_directp'
   small+=':Packed/GpuBackwardPacked.EachSequenceIsItsOwnCall/D64_causal_smoothk_directp_onepass'
+  # the packed backward on the forward's kept operands, in the workspace sized for them
+  small+=':Packed/GpuBackwardPacked.EachSequenceIsItsOwnCall/D64_full_exp2_kept'
   # the backward's preparation: transposed codes and the row dot from the FP8
   # quantizer, transposed folded codes from the MX fold
   small+=':GpuQuantizeFp8.TransposedCodesAreTheCodesTransposed:GpuQuantizeFp8.RowDotIsTheSumOfProductsInItsOrder'

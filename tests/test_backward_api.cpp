@@ -225,6 +225,25 @@ TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
   EXPECT_LT(mx_kept, kept);
   EXPECT_EQ(dispatch::sm90_device_saved_bytes(s, Recipe::mxfp4), 0u);
   EXPECT_EQ(dispatch::sm90_device_saved_bytes(s, Recipe::nvfp4), 0u);
+  // Given the kept block, the workspace leaves out what it holds: fp8 Q's
+  // and K's codes and their transposed copies (Sq, Sk padded to 128), for
+  // mxfp4_train K's codes and Kᵀ and the MXFP4 codes, scales and scratch.
+  // Each region is rounded up to 256 bytes, so the saving is at least that.
+  const auto pad128 = [](std::int64_t n) { return (n + 127) / 128 * 128; };
+  const auto fp8_owned = static_cast<std::size_t>(s.q_elems() + s.kv_elems() + s.B * s.Hq * s.D * pad128(s.Sq) +
+                                                  s.B * s.Hkv * s.D * pad128(s.Sk));
+  const std::size_t kept_ws = dispatch::sm90_device_backward_workspace_bytes(s, true, Recipe::fp8, true);
+  EXPECT_LE(kept_ws + fp8_owned, a.workspace_bytes);
+  EXPECT_GT(kept_ws + fp8_owned + 4 * 256, a.workspace_bytes);
+  EXPECT_EQ(dispatch::sm90_device_backward_workspace_bytes(s, false, Recipe::fp8, true), kept_ws + sums_region);
+  const std::size_t mx_kept_ws = dispatch::sm90_device_backward_workspace_bytes(s, true, Recipe::mxfp4_train, true);
+  EXPECT_LE(mx_kept_ws + static_cast<std::size_t>(s.kv_elems() + s.B * s.Hkv * s.D * pad128(s.Sk)) +
+                static_cast<std::size_t>(s.q_elems() + s.kv_elems()) / 2,
+            mx_bytes);
+  EXPECT_GT(mx_kept_ws, kept_ws);  // mxfp4_train folds the kept Q into its own codes and Qᵀ
+  bad = a;
+  bad.workspace_bytes = kept_ws;  // without the kept block the call needs the full workspace
+  EXPECT_EQ(check(bad), "workspace");
   bad = a;
   bad.saved = fake, bad.saved_bytes = kept - 1;
   EXPECT_EQ(check(bad), "saved");

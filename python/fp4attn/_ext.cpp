@@ -350,11 +350,14 @@ NB_MODULE(_ext, m) {
   m.def("device_backward_supported", &py::device_backward_supported, nb::arg("shape"), nb::arg("options"),
         "Validates a (B, Sq, Sk, Hq, Hkv, D) backward call; True when backward_device can run it.");
   m.def("device_backward_workspace_bytes",
-        [](const py::ShapeTuple& shape, bool deterministic, fp4attn::Recipe recipe) {
-          return fp4attn::dispatch::sm90_device_backward_workspace_bytes(py::shape_of(shape), deterministic, recipe);
+        [](const py::ShapeTuple& shape, bool deterministic, fp4attn::Recipe recipe, bool kept) {
+          return fp4attn::dispatch::sm90_device_backward_workspace_bytes(py::shape_of(shape), deterministic, recipe,
+                                                                         kept);
         },
         nb::arg("shape"), nb::arg("deterministic") = true, nb::arg("recipe") = fp4attn::Recipe::fp8,
-        "Device bytes of backward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call of `recipe` in that mode.");
+        nb::arg("kept") = false,
+        "Device bytes of backward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call of `recipe` in that mode; "
+        "kept: for a call given the forward's kept block (smaller: its operands are read there).");
   m.def(
       "device_backward_one_pass_faster",
       [](const py::ShapeTuple& shape, fp4attn::MaskKind mask) {

@@ -387,8 +387,8 @@ def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.S
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    workspace = torch.empty(_ext.device_backward_workspace_bytes(shape, deterministic, opt.recipe), dtype=torch.uint8,
-                            device=q.device)
+    workspace = torch.empty(_ext.device_backward_workspace_bytes(shape, deterministic, opt.recipe, kept is not None),
+                            dtype=torch.uint8, device=q.device)
     _ext.backward_device(
         shape,
         _DEVICE_ELEMENTS[q.dtype],

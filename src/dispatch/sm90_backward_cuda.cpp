@@ -35,6 +35,12 @@ std::int64_t token_blocks(std::int64_t S) { return (S + cuda_quantize::kTokenBlo
 // mxfp4_train adds the MXFP4 codes and scales of Q and K and the MXFP4
 // quantizer's scratch (mx_*); its folded E4M3 operands and their per-tile
 // factors take the places of the fp8 recipe's Q, K codes and scales.
+// With the forward's kept operands (DeviceBackwardArgs::saved) the regions
+// those replace are left out (kAbsent): K's codes and Kᵀ, for fp8 also Q's
+// codes and Qᵀ (mxfp4_train still folds the kept Q per tile into them), and
+// the MXFP4 codes and their quantizer's scratch.
+constexpr std::size_t kAbsent = ~std::size_t{0};
+
 struct BackwardLayout {
   std::size_t q, k, d_o, v, qt, d_ot, kt;
   std::size_t q_scale, k_scale, do_scale, v_scale, k_mean, lse_shift, nonfinite, scratch;
@@ -43,19 +49,22 @@ struct BackwardLayout {
   std::size_t dq_accum, bytes;
 };
 
-BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe) {
+BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe, bool kept) {
   const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
   const std::int64_t pq = sm90::bwd::padded_tokens(s.Sq), pk = sm90::bwd::padded_tokens(s.Sk);
+  const bool mx = recipe == Recipe::mxfp4_train;
+  const bool own_q = !kept || mx, own_k = !kept;
   BackwardLayout l{};
   WorkspaceRegions regions;
   const auto take = [&regions](std::size_t bytes) { return regions.take(bytes); };
-  l.q = take(static_cast<std::size_t>(s.q_elems()));
-  l.k = take(static_cast<std::size_t>(s.kv_elems()));
+  const auto take_if = [&regions](bool needed, std::size_t bytes) { return needed ? regions.take(bytes) : kAbsent; };
+  l.q = take_if(own_q, static_cast<std::size_t>(s.q_elems()));
+  l.k = take_if(own_k, static_cast<std::size_t>(s.kv_elems()));
   l.d_o = take(static_cast<std::size_t>(s.q_elems()));
   l.v = take(static_cast<std::size_t>(s.kv_elems()));
-  l.qt = take(static_cast<std::size_t>(s.B * s.Hq * s.D * pq));
+  l.qt = take_if(own_q, static_cast<std::size_t>(s.B * s.Hq * s.D * pq));
   l.d_ot = take(static_cast<std::size_t>(s.B * s.Hq * s.D * pq));
-  l.kt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * pk));
+  l.kt = take_if(own_k, static_cast<std::size_t>(s.B * s.Hkv * s.D * pk));
   l.q_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
   l.do_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
   l.k_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
@@ -71,7 +80,7 @@ BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe) {
   // the linear terms up to sequences of millions of tokens (8 bytes per
   // 128 × 128 pair and head).
   l.ds_scales = take(floats(s.B * s.Hq * token_blocks(s.Sq) * token_blocks(s.Sk) * sm90::bwd::kDsScalesPerPair));
-  if (recipe == Recipe::mxfp4_train) {
+  if (mx && !kept) {
     namespace cq = cuda_quantize;
     const cq::Fp4Sizes zq = cq::fp4_sizes(cq::Fp4Operand::q, TensorFormat::mxfp4, s.B, s.Sq, s.Hq, s.D);
     const cq::Fp4Sizes zk = cq::fp4_sizes(cq::Fp4Operand::k, TensorFormat::mxfp4, s.B, s.Sk, s.Hkv, s.D);
@@ -130,11 +139,12 @@ bool sm90_backward_supports(const AttentionShape& shape, const AttentionOptions&
          opt.ds_format == GradFormat::e4m3;
 }
 
-std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic, Recipe recipe) {
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic, Recipe recipe,
+                                                 bool kept) {
   check_shape(shape);
   if (recipe != Recipe::fp8 && recipe != Recipe::mxfp4_train)
     throw Error("recipe", "the sm90 backward runs recipes fp8 and mxfp4_train, not " + std::string(to_string(recipe)));
-  const BackwardLayout layout = backward_layout(shape, recipe);
+  const BackwardLayout layout = backward_layout(shape, recipe, kept);
   return deterministic ? layout.dq_accum : layout.bytes;
 }
 
@@ -154,7 +164,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
     if (opt.recipe != Recipe::fp8) throw Error("recipe", "packed sequences run recipe fp8 on the device for now");
     if (args.lse_pitch <= 0) throw Error("lse_pitch", "must be the number of query tokens in all");
   }
-  const BackwardLayout layout = backward_layout(s, opt.recipe);
+  const BackwardLayout layout = backward_layout(s, opt.recipe, args.saved != nullptr);
   check_workspace(args.workspace, args.workspace_bytes, deterministic ? layout.dq_accum : layout.bytes);
   if (args.saved != nullptr) check_saved(args.saved, args.saved_bytes, s, opt.recipe);
 
@@ -171,12 +181,13 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
   auto* base = static_cast<unsigned char*>(args.workspace);
   const auto floats = [base](std::size_t offset) { return reinterpret_cast<float*>(base + offset); };
+  const auto region = [base](std::size_t offset) { return offset == kAbsent ? nullptr : base + offset; };
 
   // Q, K as the forward quantized them; V's forward format is not needed
   // (vt null: the quantizer skips V).
   cuda_quantize::Fp8Buffers fwd;
-  fwd.q = base + layout.q;
-  fwd.k = base + layout.k;
+  fwd.q = region(layout.q);
+  fwd.k = region(layout.k);
   fwd.q_scale = floats(layout.q_scale);
   fwd.k_scale = floats(layout.k_scale);
   fwd.k_mean = floats(layout.k_mean);
@@ -200,8 +211,8 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   const auto kept_floats = [kept](std::size_t offset) { return reinterpret_cast<const float*>(kept + offset); };
   const std::uint8_t* q_codes = kept_q ? kept + sl.q : fwd.q;
   const std::uint8_t* k_codes = kept != nullptr ? kept + sl.k : fwd.k;
-  const std::uint8_t* qt = kept_q ? kept + sl.qt : base + layout.qt;
-  const std::uint8_t* kt = kept != nullptr ? kept + sl.kt : base + layout.kt;
+  const std::uint8_t* qt = kept_q ? kept + sl.qt : region(layout.qt);
+  const std::uint8_t* kt = kept != nullptr ? kept + sl.kt : region(layout.kt);
   const float* lse_shift = kept != nullptr ? kept_floats(sl.lse_shift) : fwd.lse_shift;
   // The workspace arrives with any content: the flags start clear on every call.
   cuda_common::check_cuda(cudaMemsetAsync(fwd.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream),

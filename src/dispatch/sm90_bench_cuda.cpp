@@ -118,7 +118,8 @@ void time_training(const AttentionShape& shape, const BenchOptions& opt, const s
   const std::size_t fwd_bytes = sm90_device_workspace_bytes(shape, Recipe::fp8);
   const bool deterministic = !sm90_backward_one_pass_faster(shape, opt.mask);
   result.deterministic_backward = deterministic;
-  const std::size_t bwd_bytes = sm90_device_backward_workspace_bytes(shape, deterministic, Recipe::fp8);
+  // Every backward below is given its set's kept operands.
+  const std::size_t bwd_bytes = sm90_device_backward_workspace_bytes(shape, deterministic, Recipe::fp8, true);
   const DeviceMemory fwd_ws = cuda_common::device_alloc(fwd_bytes), bwd_ws = cuda_common::device_alloc(bwd_bytes);
   const std::size_t kept_bytes = sm90_device_saved_bytes(shape, Recipe::fp8);
 

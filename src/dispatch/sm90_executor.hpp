@@ -114,8 +114,8 @@ struct DeviceBackwardArgs {
   std::int64_t dk_stride_b = 0, dk_stride_s = 0, dk_stride_h = 0;
   void* dv = nullptr;  // (B, Sk, Hkv, D)
   std::int64_t dv_stride_b = 0, dv_stride_s = 0, dv_stride_h = 0;
-  // Scratch of at least sm90_device_backward_workspace_bytes(shape, deterministic, recipe)
-  // device bytes, any content, 256-byte aligned; used by one call at a time.
+  // Scratch of at least sm90_device_backward_workspace_bytes(shape, deterministic, recipe,
+  // saved != nullptr) device bytes, any content, 256-byte aligned; used by one call at a time.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   // Optional: the block a forward on the same q, k, v, shape and options
@@ -142,9 +142,10 @@ struct DeviceBackwardArgs {
 // row statistics, for
 // mxfp4_train the MXFP4 codes of Q and K, and, for `deterministic = false`
 // only, the fp32 sums of dQ (4·Hq·D bytes per query, Sq padded to 128, per
-// batch entry).
+// batch entry). `kept`: for calls given the forward's `saved` block, whose
+// operands the workspace then leaves out (2 bytes per Q and K element less).
 std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic,
-                                                 Recipe recipe = Recipe::fp8);
+                                                 Recipe recipe = Recipe::fp8, bool kept = false);
 
 // Mean number of keys a query row sees under `mask` (the pairs each row
 // forms); 0 for Sq = 0.

@@ -28,7 +28,7 @@ void sm90_forward_device(const DeviceForwardArgs&, const AttentionOptions&, void
   throw Error("executor", "this build has no CUDA executors");
 }
 
-std::size_t sm90_device_backward_workspace_bytes(const AttentionShape&, bool, Recipe) { return 0; }
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape&, bool, Recipe, bool) { return 0; }
 
 void sm90_backward_device(const DeviceBackwardArgs&, const AttentionOptions&, bool, void*) {
   throw Error("executor", "this build has no CUDA executors");

@@ -84,7 +84,8 @@ struct BackwardCall {
     a.dq = dq.ptr, a.dq_stride_b = q_batch, a.dq_stride_s = s.Hq * s.D, a.dq_stride_h = s.D;
     a.dk = dk.ptr, a.dk_stride_b = k_batch, a.dk_stride_s = s.Hkv * s.D, a.dk_stride_h = s.D;
     a.dv = dv.ptr, a.dv_stride_b = k_batch, a.dv_stride_s = s.Hkv * s.D, a.dv_stride_h = s.D;
-    DeviceArray<unsigned char> workspace(dispatch::sm90_device_backward_workspace_bytes(s, deterministic));
+    DeviceArray<unsigned char> workspace(
+        dispatch::sm90_device_backward_workspace_bytes(s, deterministic, Recipe::fp8, kept != nullptr));
     workspace.poison();
     a.workspace = workspace.ptr, a.workspace_bytes = workspace.bytes();
     a.cu_seqlens_q = cu_q, a.cu_seqlens_k = cu_k, a.lse_pitch = packed ? q_rows : 0;
