@@ -11,7 +11,8 @@ a third time with the backward's two deterministic passes forced
 (`two_pass`: DETERMINISTIC_BACKWARD = True), which differs from the shipped
 run only where the shipped default takes the one pass (D = 64). The
 variants and the baselines alternate over --rounds rounds; a figure is the
-median round. Steps are queued back to back (--queued 1, the default), as in
+median round. peak_mib: the device memory one step takes at its peak beyond
+what was allocated before it. Steps are queued back to back (--queued 1, the default), as in
 a training loop whose host runs ahead of the GPU; --queued 0 waits for each
 step, so the host's time before a step's first kernel counts too. Needs the fp4attn package importable (e.g. built with
 `pip install --no-build-isolation .`).
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from capi_lib import host_gap_us, kernel_breakdown, time_ms  # noqa: E402
+from capi_lib import host_gap_us, kernel_breakdown, peak_mib, time_ms  # noqa: E402
 
 import fp4attn  # noqa: E402
 from fp4attn import _validate, torch_ops  # noqa: E402
@@ -105,12 +106,14 @@ def main():
         # the host's time before a step's first kernel (Python, checks, launches).
         gaps = {n: round(host_gap_us(impls[n], args.reps), 1) for n in ("kept", "cudnn")}
         kernels = {n: kernel_breakdown(impls[n]) for n in ("kept", "cudnn")} if args.kernels else None
+        # Device memory a step takes at its peak (its workspaces, what autograd saves, the gradients).
+        peaks = peak_mib(impls)
         pairs = S * (S + 1) / 2 if causal else S * S
         flop = 3.5 * 4.0 * B * H * D * pairs
         row = dict(op="fwdbwd_torch", D=D, S=S, B=B, H=H, causal=causal, queued=bool(args.queued),
                    ms={n: round(statistics.median(t), 4) for n, t in times.items()},
                    tflops={n: round(flop / (statistics.median(t) * 1e-3) / 1e12, 1) for n, t in times.items()},
-                   host_gap_us=gaps, kernels_us=kernels,
+                   host_gap_us=gaps, kernels_us=kernels, peak_mib=peaks,
                    backward=("one pass" if torch_ops.one_pass_faster(
                        _validate.Dims(B=B, Sq=S, Sk=S, Hq=H, Hkv=H, D=D),
                        "causal" if causal else "none") else "two passes"),
@@ -123,7 +126,8 @@ def main():
               f"cudnn {t['cudnn']:.1f}  fa2 {t['fa2']:.1f}  | kept/cudnn {t['kept'] / t['cudnn']:.3f}  "
               f"not/cudnn {t['not_kept'] / t['cudnn']:.3f}  | paired kept/not {row['paired_kept_vs_not']:.3f}  "
               f"kept ({row['backward']})/two_pass {row['paired_kept_vs_two_pass']:.3f}  | "
-              f"host gap us ours {gaps['kept']} cudnn {gaps['cudnn']}",
+              f"host gap us ours {gaps['kept']} cudnn {gaps['cudnn']}  | peak MiB kept {peaks['kept']} "
+              f"not kept {peaks['not_kept']} cudnn {peaks['cudnn']} fa2 {peaks['fa2']}",
               flush=True)
         for name, ks in (kernels or {}).items():
             print(f"    {name:6s} " + "  ".join(f"{k.split('<')[0].split('(')[0][-40:]} {t}" for k, t in ks.items()),

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from capi_lib import time_ms  # noqa: E402
+from capi_lib import peak_mib, time_ms  # noqa: E402
 
 import fp4attn  # noqa: E402
 from fp4attn import _host, torch_ops  # noqa: E402
@@ -79,20 +79,6 @@ def one_call(fn):
         finally:
             _host.PACKED_LAYOUT_WASTE = waste
     return run
-
-
-def peak_mib(impls) -> dict:
-    """Device memory each implementation's call takes at its peak beyond what was allocated
-    before it (MiB; its outputs, workspaces and, under autograd, what it saves)."""
-    peaks = {}
-    for n, fn in impls.items():
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        fn(0)
-        torch.cuda.synchronize()
-        peaks[n] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
-    return peaks
 
 
 def interleaved_ms(impls, rounds, reps, warmup) -> dict:

@@ -67,6 +67,20 @@ def host_gap_us(fn, reps):
     return (wall_ms - total_event) / reps * 1e3
 
 
+def peak_mib(impls) -> dict:
+    """Device memory each implementation's call takes at its peak beyond what was allocated
+    before it (MiB; its outputs, workspaces and, under autograd, what it saves)."""
+    peaks = {}
+    for n, fn in impls.items():
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn(0)
+        torch.cuda.synchronize()
+        peaks[n] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+    return peaks
+
+
 def kernel_launches(fn, calls=5):
     """(launches per call, mean µs per call) of every kernel that fn launches (CUPTI via
     torch.profiler), longest first."""
