@@ -255,5 +255,40 @@ TEST(BackwardApi, DeviceEntryNamesNullPointersAndSmallWorkspace) {
   EXPECT_EQ(thrown_argument([&] { dispatch::sm90_backward_device(bad, mx, true, nullptr); }), "saved");
 }
 
+// Packed sequences lay every per-token buffer out tile-aligned, sequence
+// after sequence: the forward's workspace, the saved block and the
+// backward's workspace grow with the tokens in all, not with the number of
+// sequences times the longest (one sequence of 32768 tokens and 64 of 512:
+// 65 · 32768 rows in the (B, longest) layout, at most 65536 + 65 · 127
+// packed).
+TEST(BackwardApi, PackedLayoutsGrowWithTheTokens) {
+  if (!cuda_built()) GTEST_SKIP() << "CPU-only build: the device sizes are 0 there";
+  const AttentionShape s{65, 32, 8, 32768, 32768, 128};
+  const dispatch::PackedTokens packed{32768 + 64 * 512, 32768 + 64 * 512};
+  const auto rows = (packed.q + 127 * s.B + 127) / 128 * 128;  // the layout's bound
+  // Q's codes alone take rows · Hq · D bytes in the packed layout.
+  const auto q_codes = static_cast<std::size_t>(rows * s.Hq * s.D);
+  for (const auto& [dense, tiled] :
+       {std::pair{dispatch::sm90_device_workspace_bytes(s, Recipe::fp8),
+                  dispatch::sm90_device_workspace_bytes(s, Recipe::fp8, packed)},
+        std::pair{dispatch::sm90_device_saved_bytes(s, Recipe::fp8),
+                  dispatch::sm90_device_saved_bytes(s, Recipe::fp8, packed)},
+        std::pair{dispatch::sm90_device_backward_workspace_bytes(s, false, Recipe::fp8, true),
+                  dispatch::sm90_device_backward_workspace_bytes(s, false, Recipe::fp8, true, packed)}}) {
+    EXPECT_GT(tiled, q_codes);
+    EXPECT_LT(tiled * 20, dense);  // 65 · 32768 / 73984 ≈ 29 times the rows
+  }
+  // Per-token bytes: doubling the tokens about doubles the block.
+  const dispatch::PackedTokens twice{2 * packed.q, 2 * packed.k};
+  const std::size_t one = dispatch::sm90_device_saved_bytes(s, Recipe::fp8, packed);
+  const std::size_t two = dispatch::sm90_device_saved_bytes(s, Recipe::fp8, twice);
+  EXPECT_GT(two, one * 17 / 10);
+  EXPECT_LT(two, one * 2);
+  // Only recipe fp8 runs packed on the device, and packed calls need both counts.
+  EXPECT_EQ(thrown_argument([&] { dispatch::sm90_device_workspace_bytes(s, Recipe::mxfp4, packed); }), "recipe");
+  EXPECT_EQ(thrown_argument([&] { dispatch::sm90_device_workspace_bytes(s, Recipe::fp8, {packed.q, 0}); }),
+            "cu_seqlens");
+}
+
 }  // namespace
 }  // namespace fp4attn

@@ -77,6 +77,11 @@ using ShapeTuple = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int
 // Element strides on B, S and H of a (B, S, H, D) view.
 using Strides = std::tuple<std::int64_t, std::int64_t, std::int64_t>;
 
+// Packed sequences' (query tokens, key tokens) in all; (0, 0): not packed.
+using PackedTokenTuple = std::tuple<std::int64_t, std::int64_t>;
+
+dispatch::PackedTokens packed_of(const PackedTokenTuple& t) { return {std::get<0>(t), std::get<1>(t)}; }
+
 AttentionShape shape_of(const ShapeTuple& t) {
   AttentionShape shape;
   std::tie(shape.B, shape.Sq, shape.Sk, shape.Hq, shape.Hkv, shape.D) = t;
@@ -109,7 +114,7 @@ void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, st
                     const Strides& v_strides, std::uintptr_t o, const Strides& o_strides, std::uintptr_t lse,
                     std::uintptr_t workspace, std::size_t workspace_bytes, const AttentionOptions& opt,
                     std::uintptr_t stream, std::uintptr_t saved, std::size_t saved_bytes, std::uintptr_t cu_seqlens_q,
-                    std::uintptr_t cu_seqlens_k, std::int64_t lse_pitch) {
+                    std::uintptr_t cu_seqlens_k, std::int64_t lse_pitch, std::int64_t k_tokens) {
   dispatch::DeviceForwardArgs a;
   a.shape = shape_of(shape);
   a.element = element;
@@ -126,6 +131,7 @@ void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, st
   a.cu_seqlens_q = pointer<const int*>(cu_seqlens_q);
   a.cu_seqlens_k = pointer<const int*>(cu_seqlens_k);
   a.lse_pitch = lse_pitch;
+  a.k_tokens = k_tokens;
   nb::gil_scoped_release no_gil;  // only enqueues work; other Python threads may go on
   dispatch::sm90_forward_device(a, opt, pointer<void*>(stream));
 }
@@ -173,7 +179,8 @@ void backward_device(const ShapeTuple& shape, dispatch::DeviceElement element, s
                      std::uintptr_t dk, const Strides& dk_strides, std::uintptr_t dv, const Strides& dv_strides,
                      std::uintptr_t workspace, std::size_t workspace_bytes, const AttentionOptions& opt,
                      bool deterministic, std::uintptr_t stream, std::uintptr_t saved, std::size_t saved_bytes,
-                     std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_k, std::int64_t lse_pitch) {
+                     std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_k, std::int64_t lse_pitch,
+                     std::int64_t k_tokens) {
   dispatch::DeviceBackwardArgs a;
   a.shape = shape_of(shape);
   a.element = element;
@@ -196,6 +203,7 @@ void backward_device(const ShapeTuple& shape, dispatch::DeviceElement element, s
   a.cu_seqlens_q = pointer<const int*>(cu_seqlens_q);
   a.cu_seqlens_k = pointer<const int*>(cu_seqlens_k);
   a.lse_pitch = lse_pitch;
+  a.k_tokens = k_tokens;
   nb::gil_scoped_release no_gil;  // only enqueues work
   dispatch::sm90_backward_device(a, opt, deterministic, pointer<void*>(stream));
 }
@@ -315,34 +323,36 @@ NB_MODULE(_ext, m) {
   m.def("device_forward_supported", &py::device_forward_supported, nb::arg("shape"), nb::arg("options"),
         "Validates a (B, Sq, Sk, Hq, Hkv, D) call; True when forward_device can run it.");
   m.def("device_workspace_bytes",
-        [](const py::ShapeTuple& shape, fp4attn::Recipe recipe) {
-          return fp4attn::dispatch::sm90_device_workspace_bytes(py::shape_of(shape), recipe);
+        [](const py::ShapeTuple& shape, fp4attn::Recipe recipe, const py::PackedTokenTuple& packed) {
+          return fp4attn::dispatch::sm90_device_workspace_bytes(py::shape_of(shape), recipe, py::packed_of(packed));
         },
-        nb::arg("shape"), nb::arg("recipe") = fp4attn::Recipe::fp8,
-        "Device bytes of forward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call of `recipe`.");
+        nb::arg("shape"), nb::arg("recipe") = fp4attn::Recipe::fp8, nb::arg("packed") = py::PackedTokenTuple{0, 0},
+        "Device bytes of forward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call of `recipe`; packed: "
+        "(total_q, total_k) of packed sequences ((0, 0): none).");
   m.def("forward_device", &py::forward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
         nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
         nb::arg("o_strides"), nb::arg("lse"), nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"),
         nb::arg("stream"), nb::arg("saved") = 0, nb::arg("saved_bytes") = 0, nb::arg("cu_seqlens_q") = 0,
-        nb::arg("cu_seqlens_k") = 0, nb::arg("lse_pitch") = 0,
+        nb::arg("cu_seqlens_k") = 0, nb::arg("lse_pitch") = 0, nb::arg("k_tokens") = 0,
         "Forward (recipes fp8, mxfp4_train, mxfp4) on device pointers (q, k, v of one element type; O bf16; "
         "LSE fp32), "
         "enqueued on the CUDA stream handle `stream` without host synchronisation. `saved` (recipes fp8 and "
         "mxfp4_train, device_saved_bytes bytes; 0: none) receives Q's and K's operands for backward_device. "
         "cu_seqlens_q / cu_seqlens_k (device int32 pointers, B + 1 each; recipe fp8): packed sequences, shape's "
-        "Sq and Sk the longest, O packed (total_q, Hq, D), the LSE (Hq, lse_pitch = total_q).");
+        "Sq and Sk the longest, O packed (total_q, Hq, D), the LSE (Hq, lse_pitch = total_q), k_tokens = total_k.");
   m.def("device_saved_bytes",
-        [](const py::ShapeTuple& shape, fp4attn::Recipe recipe) {
-          return fp4attn::dispatch::sm90_device_saved_bytes(py::shape_of(shape), recipe);
+        [](const py::ShapeTuple& shape, fp4attn::Recipe recipe, const py::PackedTokenTuple& packed) {
+          return fp4attn::dispatch::sm90_device_saved_bytes(py::shape_of(shape), recipe, py::packed_of(packed));
         },
-        nb::arg("shape"), nb::arg("recipe") = fp4attn::Recipe::fp8,
+        nb::arg("shape"), nb::arg("recipe") = fp4attn::Recipe::fp8, nb::arg("packed") = py::PackedTokenTuple{0, 0},
         "Device bytes of the block where forward_device keeps Q's and K's operands for backward_device "
         "(0: the recipe keeps none).");
   m.def("device_saved_k_mean_offset",
-        [](const py::ShapeTuple& shape, fp4attn::Recipe recipe) {
-          return fp4attn::dispatch::sm90_device_saved_k_mean_offset(py::shape_of(shape), recipe);
+        [](const py::ShapeTuple& shape, fp4attn::Recipe recipe, const py::PackedTokenTuple& packed) {
+          return fp4attn::dispatch::sm90_device_saved_k_mean_offset(py::shape_of(shape), recipe,
+                                                                    py::packed_of(packed));
         },
-        nb::arg("shape"), nb::arg("recipe") = fp4attn::Recipe::fp8,
+        nb::arg("shape"), nb::arg("recipe") = fp4attn::Recipe::fp8, nb::arg("packed") = py::PackedTokenTuple{0, 0},
         "Byte offset of the smooth_k mean (fp32, (B, Hkv, D)) inside that block.");
   m.def("backward", &py::backward_host, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("o"), nb::arg("lse"),
         nb::arg("d_o"), nb::arg("options"), nb::arg("executor") = Executor::automatic,
@@ -350,12 +360,13 @@ NB_MODULE(_ext, m) {
   m.def("device_backward_supported", &py::device_backward_supported, nb::arg("shape"), nb::arg("options"),
         "Validates a (B, Sq, Sk, Hq, Hkv, D) backward call; True when backward_device can run it.");
   m.def("device_backward_workspace_bytes",
-        [](const py::ShapeTuple& shape, bool deterministic, fp4attn::Recipe recipe, bool kept) {
+        [](const py::ShapeTuple& shape, bool deterministic, fp4attn::Recipe recipe, bool kept,
+           const py::PackedTokenTuple& packed) {
           return fp4attn::dispatch::sm90_device_backward_workspace_bytes(py::shape_of(shape), deterministic, recipe,
-                                                                         kept);
+                                                                         kept, py::packed_of(packed));
         },
         nb::arg("shape"), nb::arg("deterministic") = true, nb::arg("recipe") = fp4attn::Recipe::fp8,
-        nb::arg("kept") = false,
+        nb::arg("kept") = false, nb::arg("packed") = py::PackedTokenTuple{0, 0},
         "Device bytes of backward_device's workspace for a (B, Sq, Sk, Hq, Hkv, D) call of `recipe` in that mode; "
         "kept: for a call given the forward's kept block (smaller: its operands are read there).");
   m.def(
@@ -375,11 +386,11 @@ NB_MODULE(_ext, m) {
         nb::arg("dq_strides"), nb::arg("dk"), nb::arg("dk_strides"), nb::arg("dv"), nb::arg("dv_strides"),
         nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"), nb::arg("deterministic"),
         nb::arg("stream"), nb::arg("saved") = 0, nb::arg("saved_bytes") = 0, nb::arg("cu_seqlens_q") = 0,
-        nb::arg("cu_seqlens_k") = 0, nb::arg("lse_pitch") = 0,
+        nb::arg("cu_seqlens_k") = 0, nb::arg("lse_pitch") = 0, nb::arg("k_tokens") = 0,
         "Enqueues the sm90 backward (recipes fp8, mxfp4_train) on device pointers (ints) and a CUDA stream "
         "handle; dq, dk, dv in the element type of the inputs. `saved`: what forward_device kept (0: none; "
-        "q and k are then not read). cu_seqlens_q / cu_seqlens_k (recipe fp8, no `saved`): packed sequences "
-        "as forward_device takes them, the gradients packed like q, k, v.");
+        "q and k are then not read). cu_seqlens_q / cu_seqlens_k, lse_pitch, k_tokens (recipe fp8): packed "
+        "sequences as forward_device takes them, the gradients packed like q, k, v.");
   m.def("sm90_head_dim_for", &fp4attn::dispatch::sm90_head_dim_for, nb::arg("d"),
         "The sm90 kernels' head dim that runs head dim d (d itself, the next wider one, which the call pads to "
         "with zero channels), or 0 when d is wider than all of them.");

@@ -361,11 +361,17 @@ def _uses_device_backward(q: torch.Tensor, dims: _validate.Dims, opt) -> bool:
 
 class _Packing(NamedTuple):
     """Packed sequences of a backward call: device int32 cu_seqlens of the queries and of the keys,
-    and the number of query tokens (the LSE's row pitch). Tensors are then (tokens, H, D)."""
+    and the numbers of query tokens (the LSE's row pitch) and key tokens, which size the device
+    call's packed layout. Tensors are then (tokens, H, D)."""
 
     cu_q: torch.Tensor
     cu_k: torch.Tensor
     total_q: int
+    total_k: int
+
+    @property
+    def tokens(self) -> tuple:
+        return (self.total_q, self.total_k)
 
 
 def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.Settings, opt, deterministic: bool,
@@ -378,16 +384,17 @@ def _backward_device_call(d_o, q, k, v, o, lse, dims: _validate.Dims, s: _host.S
     if packing is None:
         def strides(x):
             return _bshd_strides(x, s.layout)
-        cu = (0, 0, 0)
+        cu = (0, 0, 0, 0)
     else:
         def strides(x):
             return (0, x.stride(0), x.stride(1))
-        cu = (packing.cu_q.data_ptr(), packing.cu_k.data_ptr(), packing.total_q)
+        cu = (packing.cu_q.data_ptr(), packing.cu_k.data_ptr(), packing.total_q, packing.total_k)
     shape = _device_shape(dims)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    workspace = torch.empty(_ext.device_backward_workspace_bytes(shape, deterministic, opt.recipe, kept is not None),
+    workspace = torch.empty(_ext.device_backward_workspace_bytes(shape, deterministic, opt.recipe, kept is not None,
+                                                                 packing.tokens if packing else (0, 0)),
                             dtype=torch.uint8, device=q.device)
     _ext.backward_device(
         shape,
@@ -463,7 +470,8 @@ def _k_mean(k: torch.Tensor, kept: Optional[torch.Tensor], dims: _validate.Dims,
     """K's mean over the sequence, (B, Hkv, D) float32: the one the forward smoothed K by where it
     kept it. Packed sequences (k (tokens, Hkv, D)): each sequence's own."""
     if kept is not None:
-        at = _ext.device_saved_k_mean_offset(_device_shape(dims), _host.options(s).recipe)
+        at = _ext.device_saved_k_mean_offset(_device_shape(dims), _host.options(s).recipe,
+                                             packing.tokens if packing else (0, 0))
         return kept[at:at + 4 * dims.B * dims.Hkv * dims.D].view(torch.float32).view(dims.B, dims.Hkv, dims.D)
     # The quantizer's mean: a double sum over the sequence, / S in double, rounded to float. Its
     # sum runs in 128-token chunks in ascending order, this one in torch's order: the same value
@@ -894,22 +902,24 @@ class _PackedCall:
         """(O, LSE, kept): with `keep`, kept holds Q's and K's operands for the backward (else empty)."""
         dims, opt = self.dims, self.opt
         shape = _device_shape(dims)
-        total_q = q.shape[0]
+        total_q, total_k = q.shape[0], k.shape[0]
         # (B, S, H) strides with the batch stride unused: the sequences' rows come from cu_seqlens.
         packed = [(0, x.stride(0), x.stride(1)) for x in (q, k, v)]
         with _on_device(q.device):
             o = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
             lse = torch.empty((dims.Hq, total_q), dtype=torch.float32, device=q.device)
-            workspace = torch.empty(_ext.device_workspace_bytes(shape, opt.recipe), dtype=torch.uint8,
+            # The operands take the packed layout, sized by the tokens in all.
+            tokens = (total_q, total_k)
+            workspace = torch.empty(_ext.device_workspace_bytes(shape, opt.recipe, tokens), dtype=torch.uint8,
                                     device=q.device)
-            kept = torch.empty(_ext.device_saved_bytes(shape, opt.recipe) if keep else 0, dtype=torch.uint8,
+            kept = torch.empty(_ext.device_saved_bytes(shape, opt.recipe, tokens) if keep else 0, dtype=torch.uint8,
                                device=q.device)
             _ext.forward_device(shape, _DEVICE_ELEMENTS[q.dtype], q.data_ptr(), packed[0], k.data_ptr(), packed[1],
                                 v.data_ptr(), packed[2], o.data_ptr(), (0, o.stride(0), o.stride(1)), lse.data_ptr(),
                                 workspace.data_ptr(), workspace.numel(), opt, _current_stream(q.device),
                                 saved=kept.data_ptr() if keep else 0, saved_bytes=kept.numel(),
                                 cu_seqlens_q=self.cu[0].data_ptr(), cu_seqlens_k=self.cu[1].data_ptr(),
-                                lse_pitch=total_q)
+                                lse_pitch=total_q, k_tokens=total_k)
         return o.to(q.dtype), lse, kept
 
     def backward(self, q, k, v, o, lse, d_o, d_lse, kept: Optional[torch.Tensor] = None):
@@ -923,7 +933,7 @@ class _PackedCall:
         if deterministic is None:
             deterministic = not _ext.device_backward_one_pass_faster_packed(
                 self.lens_q, self.lens_k, self.dims.D, _ext.MaskKind.__members__[self.s.mask])
-        packing = _Packing(self.cu[0], self.cu[1], q.shape[0])
+        packing = _Packing(self.cu[0], self.cu[1], q.shape[0], k.shape[0])
         return _backward_device(d_o, d_lse, q, k, v, o, lse, self.dims, self.s, self.opt, deterministic, kept,
                                 packing)
 

@@ -349,7 +349,7 @@ def test_packed_lse_terms_are_each_sequences(rng, scale):
     s = _host.make_settings(layout="bshd", mask=_host.MASK_NONE, scale=scale, scale_name="softmax_scale",
                             recipe="fp8", smooth_k=True, direct_p=True, gqa=True, names=("q", "k", "v"))
     dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=hq, Hkv=hkv, D=d)
-    packing = torch_ops._Packing(cu_q, cu_k, q.shape[0])
+    packing = torch_ops._Packing(cu_q, cu_k, q.shape[0], k.shape[0])
     dq_term = torch_ops._smooth_k_lse_dq(d_lse, torch_ops._k_mean(k, None, dims, s, packing), dims, s, packing)
     o_term, d_o_term = torch_ops._lse_term_inputs(d_lse, q, s.layout)
     for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/packed_rows.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/error.hpp"
@@ -40,6 +41,24 @@ inline void check_workspace(const void* workspace, std::size_t given, std::size_
     throw Error("workspace", "must be " + std::to_string(kWorkspaceAlign) + "-byte aligned");
 }
 
+// The shape every per-token buffer (codes, transposed copies, block scales,
+// row statistics) is laid out for: `s` itself, or for packed sequences one
+// batch entry of the tile-aligned layout's rows (cuda/common/packed_rows.hpp).
+// Per-sequence buffers (the smooth_k mean, V's channel scales) keep s.B.
+inline AttentionShape layout_shape(const AttentionShape& s, PackedTokens packed) {
+  if (!packed.packed()) return s;
+  if (packed.q <= 0 || packed.k <= 0)
+    throw Error("cu_seqlens", "packed sequences need the query and the key tokens in all (lse_pitch, k_tokens)");
+  return {1, s.Hq, s.Hkv, cuda_common::packed_layout_rows(packed.q, s.B), cuda_common::packed_layout_rows(packed.k, s.B),
+          s.D};
+}
+
+// Where a packed call keeps its sequences' first rows (fill_packed_rows):
+// B + 1 ints for the queries, B + 1 for the keys.
+inline std::size_t packed_rows_bytes(const AttentionShape& s) {
+  return 2 * static_cast<std::size_t>(s.B + 1) * sizeof(int);
+}
+
 // Where a training forward leaves Q's and K's quantized operands for the
 // backward (DeviceForwardArgs::saved, DeviceBackwardArgs::saved): what the
 // backward's first quantizer call would compute again, the transposed copies
@@ -60,9 +79,11 @@ struct SavedLayout {
 // Whether `recipe` keeps operands for its backward.
 inline bool keeps_operands(Recipe recipe) { return recipe == Recipe::fp8 || recipe == Recipe::mxfp4_train; }
 
-inline SavedLayout saved_layout(const AttentionShape& s, Recipe recipe) {
+// Packed sequences: the tile-aligned layout of `packed` (layout_shape).
+inline SavedLayout saved_layout(const AttentionShape& entries, Recipe recipe, PackedTokens packed = {}) {
   const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
   const auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  const AttentionShape s = layout_shape(entries, packed);
   const std::int64_t pq = cuda_quantize::padded_keys(s.Sq), pk = cuda_quantize::padded_keys(s.Sk);
   WorkspaceRegions regions;
   SavedLayout l{};
@@ -77,7 +98,7 @@ inline SavedLayout saved_layout(const AttentionShape& s, Recipe recipe) {
   l.kt = regions.take(bytes(s.B * s.Hkv * s.D * pk));
   if (recipe != Recipe::mxfp4_train) l.q_scale = regions.take(floats(s.B * s.Hq * (pq / cuda_quantize::kTokenBlock)));
   l.k_scale = regions.take(floats(s.B * s.Hkv * (pk / cuda_quantize::kTokenBlock)));
-  l.k_mean = regions.take(floats(s.B * s.Hkv * s.D));
+  l.k_mean = regions.take(floats(entries.B * s.Hkv * s.D));
   l.lse_shift = regions.take(floats(s.lse_elems()));
   l.nonfinite = regions.take(kSavedFlags * sizeof(int));
   l.bytes = regions.bytes();
@@ -86,10 +107,11 @@ inline SavedLayout saved_layout(const AttentionShape& s, Recipe recipe) {
 
 // Throws fp4attn::Error("saved", ...) unless `saved` is an aligned block of
 // at least saved_layout(shape, recipe).bytes for a recipe that keeps operands.
-inline void check_saved(const void* saved, std::size_t given, const AttentionShape& s, Recipe recipe) {
+inline void check_saved(const void* saved, std::size_t given, const AttentionShape& s, Recipe recipe,
+                        PackedTokens packed = {}) {
   if (!keeps_operands(recipe))
     throw Error("saved", "only recipes fp8 and mxfp4_train keep the forward's operands for the backward");
-  const std::size_t needed = saved_layout(s, recipe).bytes;
+  const std::size_t needed = saved_layout(s, recipe, packed).bytes;
   if (given < needed)
     throw Error("saved", "needs " + std::to_string(needed) + " device bytes, got " + std::to_string(given));
   if (reinterpret_cast<std::uintptr_t>(saved) % kWorkspaceAlign != 0)

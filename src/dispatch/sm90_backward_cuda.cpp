@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cuda/common/device_memory.hpp"
+#include "cuda/common/packed_rows.hpp"
 #include "cuda/quantize/fold_mx.hpp"
 #include "cuda/quantize/quantize_fp4.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
@@ -41,16 +42,20 @@ std::int64_t token_blocks(std::int64_t S) { return (S + cuda_quantize::kTokenBlo
 // the MXFP4 codes and their quantizer's scratch.
 constexpr std::size_t kAbsent = ~std::size_t{0};
 
+// Packed sequences lay the per-token regions out tile-aligned (layout_shape;
+// the dS scales per query tile of that layout and key tile of the longest
+// sequence) and add their first rows (packed_rows).
 struct BackwardLayout {
   std::size_t q, k, d_o, v, qt, d_ot, kt;
   std::size_t q_scale, k_scale, do_scale, v_scale, k_mean, lse_shift, nonfinite, scratch;
-  std::size_t delta, lse_log2, ds_scales;
+  std::size_t delta, lse_log2, ds_scales, packed_rows = 0;
   std::size_t mx_q_codes = 0, mx_q_scales = 0, mx_k_codes = 0, mx_k_scales = 0, mx_scratch = 0;
   std::size_t dq_accum, bytes;
 };
 
-BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe, bool kept) {
+BackwardLayout backward_layout(const AttentionShape& entries, Recipe recipe, bool kept, PackedTokens packed) {
   const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
+  const AttentionShape s = layout_shape(entries, packed);
   const std::int64_t pq = sm90::bwd::padded_tokens(s.Sq), pk = sm90::bwd::padded_tokens(s.Sk);
   const bool mx = recipe == Recipe::mxfp4_train;
   const bool own_q = !kept || mx, own_k = !kept;
@@ -69,17 +74,19 @@ BackwardLayout backward_layout(const AttentionShape& s, Recipe recipe, bool kept
   l.do_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
   l.k_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
   l.v_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
-  l.k_mean = take(floats(s.B * s.Hkv * s.D));
+  l.k_mean = take(floats(entries.B * s.Hkv * s.D));
   l.lse_shift = take(floats(s.lse_elems()));
   l.nonfinite = take(kNonfiniteFlags * sizeof(int));
-  l.scratch = take(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
+  l.scratch = take(cuda_quantize::fp8_workspace_bytes(entries.B, s.Hkv, entries.Sk, s.D, packed.packed() ? s.Sk : 0));
   l.delta = take(floats(s.B * s.Hq * pq));
   l.lse_log2 = take(floats(s.B * s.Hq * pq));
   // Two dS scales per (query tile, key tile) pair, one per 64-query half:
   // the dQ kernel hands them to the dK/dV kernel. Quadratic in S, but below
   // the linear terms up to sequences of millions of tokens (8 bytes per
   // 128 × 128 pair and head).
-  l.ds_scales = take(floats(s.B * s.Hq * token_blocks(s.Sq) * token_blocks(s.Sk) * sm90::bwd::kDsScalesPerPair));
+  l.ds_scales =
+      take(floats(s.B * s.Hq * token_blocks(s.Sq) * token_blocks(entries.Sk) * sm90::bwd::kDsScalesPerPair));
+  if (packed.packed()) l.packed_rows = take(packed_rows_bytes(entries));
   if (mx && !kept) {
     namespace cq = cuda_quantize;
     const cq::Fp4Sizes zq = cq::fp4_sizes(cq::Fp4Operand::q, TensorFormat::mxfp4, s.B, s.Sq, s.Hq, s.D);
@@ -140,11 +147,13 @@ bool sm90_backward_supports(const AttentionShape& shape, const AttentionOptions&
 }
 
 std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic, Recipe recipe,
-                                                 bool kept) {
+                                                 bool kept, PackedTokens packed) {
   check_shape(shape);
   if (recipe != Recipe::fp8 && recipe != Recipe::mxfp4_train)
     throw Error("recipe", "the sm90 backward runs recipes fp8 and mxfp4_train, not " + std::string(to_string(recipe)));
-  const BackwardLayout layout = backward_layout(shape, recipe, kept);
+  if (packed.packed() && recipe != Recipe::fp8)
+    throw Error("recipe", "packed sequences run recipe fp8 on the device for now");
+  const BackwardLayout layout = backward_layout(shape, recipe, kept, packed);
   return deterministic ? layout.dq_accum : layout.bytes;
 }
 
@@ -163,10 +172,14 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
       throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");
     if (opt.recipe != Recipe::fp8) throw Error("recipe", "packed sequences run recipe fp8 on the device for now");
     if (args.lse_pitch <= 0) throw Error("lse_pitch", "must be the number of query tokens in all");
+    if (args.k_tokens <= 0) throw Error("k_tokens", "must be the number of key tokens in all");
   }
-  const BackwardLayout layout = backward_layout(s, opt.recipe, args.saved != nullptr);
+  const bool packed = args.cu_seqlens_q != nullptr;
+  const PackedTokens tokens = packed ? PackedTokens{args.lse_pitch, args.k_tokens} : PackedTokens{};
+  const AttentionShape lay = layout_shape(s, tokens);
+  const BackwardLayout layout = backward_layout(s, opt.recipe, args.saved != nullptr, tokens);
   check_workspace(args.workspace, args.workspace_bytes, deterministic ? layout.dq_accum : layout.bytes);
-  if (args.saved != nullptr) check_saved(args.saved, args.saved_bytes, s, opt.recipe);
+  if (args.saved != nullptr) check_saved(args.saved, args.saved_bytes, s, opt.recipe, tokens);
 
   sm90::bwd::Fp8BackwardArgs a;
   a.dq = output_ref(args.dq, args.dq_stride_b, args.dq_stride_s, args.dq_stride_h, "dq");
@@ -195,8 +208,15 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   fwd.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);
   fwd.workspace = base + layout.scratch;
   // Packed sequences: every input's rows come from cu_seqlens; the
-  // workspace keeps the (B, longest) layout the kernels' tensor maps address.
+  // workspace takes the tile-aligned layout the kernels' tensor maps address.
   const int *cu_q = args.cu_seqlens_q, *cu_k = args.cu_seqlens_k;
+  if (packed) {
+    auto* rows = reinterpret_cast<int*>(base + layout.packed_rows);
+    cuda_common::fill_packed_rows(cu_q, static_cast<int>(s.B), rows, stream);
+    cuda_common::fill_packed_rows(cu_k, static_cast<int>(s.B), rows + s.B + 1, stream);
+    fwd.rows_q = rows, fwd.rows_k = rows + s.B + 1;
+    fwd.q_rows = lay.Sq, fwd.k_rows = lay.Sk;
+  }
   const auto in_q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q", cu_q);
   const auto in_k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k", cu_k);
   const auto in_v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v", cu_k);
@@ -207,7 +227,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   const auto* kept = static_cast<const unsigned char*>(args.saved);
   const bool mx = opt.recipe == Recipe::mxfp4_train;
   const bool kept_q = kept != nullptr && !mx;
-  const SavedLayout sl = saved_layout(s, opt.recipe);
+  const SavedLayout sl = saved_layout(s, opt.recipe, tokens);
   const auto kept_floats = [kept](std::size_t offset) { return reinterpret_cast<const float*>(kept + offset); };
   const std::uint8_t* q_codes = kept_q ? kept + sl.q : fwd.q;
   const std::uint8_t* k_codes = kept != nullptr ? kept + sl.k : fwd.k;
@@ -246,13 +266,13 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   cuda_quantize::QRowDot delta;
   delta.with = strided(args.o, args.element, s.B, s.Sq, s.Hq, s.D, "o", cu_q);
   delta.out = floats(layout.delta);
-  delta.pitch = sm90::bwd::padded_tokens(s.Sq);
+  delta.pitch = sm90::bwd::padded_tokens(lay.Sq);
   cuda_quantize::quantize_fp8(strided(args.d_o, args.element, s.B, s.Sq, s.Hq, s.D, "d_o", cu_q), in_v, in_v, false,
                               scale, grad, delta, stream);
   // Non-finite input cannot raise an error without a host synchronisation:
   // it makes the gradients NaN. After both quantizers, so that a non-finite
   // q, k, d_o or v counts.
-  const std::int64_t q_blocks = s.B * s.Hq * token_blocks(s.Sq), k_blocks = s.B * s.Hkv * token_blocks(s.Sk);
+  const std::int64_t q_blocks = lay.B * s.Hq * token_blocks(lay.Sq), k_blocks = lay.B * s.Hkv * token_blocks(lay.Sk);
   sm90::bwd::nan_scales_if_flagged(
       fwd.nonfinite, kNonfiniteFlags, kept != nullptr ? reinterpret_cast<const int*>(kept + sl.nonfinite) : nullptr,
       kSavedFlags, {fwd.q_scale, kept_q ? kept_floats(sl.q_scale) : nullptr, q_blocks},
@@ -261,8 +281,10 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
 
   const int B = static_cast<int>(s.B), Sq = static_cast<int>(s.Sq), Sk = static_cast<int>(s.Sk);
   const int Hq = static_cast<int>(s.Hq), Hkv = static_cast<int>(s.Hkv), D = static_cast<int>(s.D);
+  sm90::bwd::PackedRows rows;
+  if (packed) rows = {fwd.rows_q, fwd.rows_k, static_cast<int>(lay.Sq), static_cast<int>(lay.Sk)};
   sm90::bwd::lse_statistics(args.lse, opt.smooth_k ? lse_shift : nullptr, floats(layout.delta),
-                            floats(layout.lse_log2), B, Sq, Hq, cu_q, args.lse_pitch, stream);
+                            floats(layout.lse_log2), B, Sq, Hq, cu_q, args.lse_pitch, rows, stream);
 
   a.q = q_codes, a.k = k_codes, a.d_o = grad.q, a.v = grad.k;
   a.qt = qt, a.d_ot = base + layout.d_ot, a.kt = kt;
@@ -272,6 +294,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   a.out_type = element_type(args.element);
   a.B = B, a.Hq = Hq, a.Hkv = Hkv, a.Sq = Sq, a.Sk = Sk, a.D = D;
   a.cu_seqlens_q = cu_q, a.cu_seqlens_k = cu_k;
+  a.rows = rows;
   a.softmax_scale = scale;
   a.mask = opt.mask;
   a.p_code = opt.direct_p ? sm90::bwd::PCode::direct_p : sm90::bwd::PCode::exp2_cvt;
@@ -279,7 +302,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
     // One pass: the dK/dV kernel adds dQ to fp32 sums (order varies run to run).
     a.dq_mode = sm90::bwd::DqMode::one_pass;
     a.dq_accum = floats(layout.dq_accum);
-    const auto sums = static_cast<std::size_t>(sm90::bwd::dq_accum_elems(s.B, s.Hq, s.Sq, s.D));
+    const auto sums = static_cast<std::size_t>(sm90::bwd::dq_accum_elems(lay.B, s.Hq, lay.Sq, s.D));
     cuda_common::check_cuda(cudaMemsetAsync(a.dq_accum, 0, sums * sizeof(float), stream), "cudaMemsetAsync");
   }
   sm90::bwd::backward_fp8(a, stream);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/packed_rows.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/sm90/fwd/fp8_operands.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
@@ -33,12 +34,15 @@ std::int64_t token_blocks(std::int64_t S) {
 
 // Byte offsets of cuda_quantize::Fp8Buffers inside the workspace, with the
 // sizes that cuda/quantize/quantize_fp8.hpp documents (as Fp8Operands allocates them).
+// Packed sequences lay the per-token regions out tile-aligned (layout_shape)
+// and add their first rows (packed_rows).
 struct WorkspaceLayout {
-  std::size_t q, k, vt, q_scale, k_scale, v_scale, k_mean, lse_shift, nonfinite, scratch, bytes;
+  std::size_t q, k, vt, q_scale, k_scale, v_scale, k_mean, lse_shift, nonfinite, scratch, packed_rows, bytes;
 };
 
-WorkspaceLayout workspace_layout(const AttentionShape& s) {
+WorkspaceLayout workspace_layout(const AttentionShape& entries, PackedTokens packed) {
   const auto floats = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); };
+  const AttentionShape s = layout_shape(entries, packed);
   WorkspaceLayout l{};
   WorkspaceRegions regions;
   const auto take = [&regions](std::size_t bytes) { return regions.take(bytes); };
@@ -48,32 +52,42 @@ WorkspaceLayout workspace_layout(const AttentionShape& s) {
   l.vt = take(static_cast<std::size_t>(s.B * s.Hkv * s.D * cuda_quantize::padded_keys(s.Sk)));
   l.q_scale = take(floats(s.B * s.Hq * token_blocks(s.Sq)));
   l.k_scale = take(floats(s.B * s.Hkv * token_blocks(s.Sk)));
-  l.v_scale = take(floats(s.B * s.Hkv * s.D));
-  l.k_mean = take(floats(s.B * s.Hkv * s.D));
+  l.v_scale = take(floats(entries.B * s.Hkv * s.D));
+  l.k_mean = take(floats(entries.B * s.Hkv * s.D));
   l.lse_shift = take(floats(s.lse_elems()));
   l.nonfinite = take(kNonfiniteFlags * sizeof(int));
-  l.scratch = take(cuda_quantize::fp8_workspace_bytes(s.B, s.Hkv, s.Sk, s.D));
+  l.scratch = take(cuda_quantize::fp8_workspace_bytes(entries.B, s.Hkv, entries.Sk, s.D, packed.packed() ? s.Sk : 0));
+  l.packed_rows = packed.packed() ? take(packed_rows_bytes(entries)) : 0;
   l.bytes = regions.bytes();
   return l;
 }
 
 }  // namespace
 
-std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe) {
-  check_shape(shape);
-  return keeps_operands(recipe) ? saved_layout(shape, recipe).bytes : 0;
+// Packed sequences run recipe fp8 only (its operands in the tile-aligned layout).
+static void check_packed_recipe(PackedTokens packed, Recipe recipe) {
+  if (packed.packed() && recipe != Recipe::fp8)
+    throw Error("recipe", "packed sequences run recipe fp8 on the device for now");
 }
 
-std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape, Recipe recipe) {
+std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe, PackedTokens packed) {
+  check_shape(shape);
+  if (keeps_operands(recipe)) check_packed_recipe(packed, recipe);
+  return keeps_operands(recipe) ? saved_layout(shape, recipe, packed).bytes : 0;
+}
+
+std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape, Recipe recipe, PackedTokens packed) {
   check_shape(shape);
   if (!keeps_operands(recipe)) throw Error("recipe", std::string(to_string(recipe)) + " keeps no operands");
-  return saved_layout(shape, recipe).k_mean;
+  check_packed_recipe(packed, recipe);
+  return saved_layout(shape, recipe, packed).k_mean;
 }
 
-std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe) {
+std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe, PackedTokens packed) {
   check_shape(shape);
+  check_packed_recipe(packed, recipe);
   switch (recipe) {
-    case Recipe::fp8: return workspace_layout(shape).bytes;
+    case Recipe::fp8: return workspace_layout(shape, packed).bytes;
     case Recipe::mxfp4:
     case Recipe::mxfp4_train: return sm90::fwd::MxOperands::workspace_bytes(shape, recipe);
     case Recipe::nvfp4: return sm90::fwd::Nvfp4Operands::workspace_bytes(shape);
@@ -92,15 +106,17 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   if (args.o == nullptr) throw Error("o", "is a null device pointer");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
-  check_workspace(args.workspace, args.workspace_bytes, sm90_device_workspace_bytes(s, opt.recipe));
-  if (args.saved != nullptr) check_saved(args.saved, args.saved_bytes, s, opt.recipe);
   const bool packed = args.cu_seqlens_q != nullptr || args.cu_seqlens_k != nullptr;
   if (packed) {
     if (args.cu_seqlens_q == nullptr || args.cu_seqlens_k == nullptr)
       throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");
     if (opt.recipe != Recipe::fp8) throw Error("recipe", "packed sequences run recipe fp8 on the device for now");
     if (args.lse_pitch <= 0) throw Error("lse_pitch", "must be the number of query tokens in all");
+    if (args.k_tokens <= 0) throw Error("k_tokens", "must be the number of key tokens in all");
   }
+  const PackedTokens tokens = packed ? PackedTokens{args.lse_pitch, args.k_tokens} : PackedTokens{};
+  check_workspace(args.workspace, args.workspace_bytes, sm90_device_workspace_bytes(s, opt.recipe, tokens));
+  if (args.saved != nullptr) check_saved(args.saved, args.saved_bytes, s, opt.recipe, tokens);
 
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
@@ -150,7 +166,8 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
     return;
   }
 
-  const WorkspaceLayout layout = workspace_layout(s);
+  const WorkspaceLayout layout = workspace_layout(s, tokens);
+  const AttentionShape lay = layout_shape(s, tokens);
   auto* base = static_cast<unsigned char*>(args.workspace);
   const auto floats = [base](std::size_t offset) { return reinterpret_cast<float*>(base + offset); };
 
@@ -158,7 +175,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   bufs.q = base + layout.q;
   bufs.k = base + layout.k;
   bufs.vt = base + layout.vt;
-  bufs.vt_keys = cuda_quantize::padded_keys(s.Sk);
+  bufs.vt_keys = cuda_quantize::padded_keys(lay.Sk);
   bufs.code_pitch = cuda_quantize::tma_code_pitch(s.D);
   bufs.q_scale = floats(layout.q_scale);
   bufs.k_scale = floats(layout.k_scale);
@@ -167,11 +184,19 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   bufs.lse_shift = floats(layout.lse_shift);
   bufs.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);
   bufs.workspace = base + layout.scratch;
+  if (packed) {
+    // Each sequence's first row in the tile-aligned layout, before the quantizer reads it.
+    auto* rows = reinterpret_cast<int*>(base + layout.packed_rows);
+    cuda_common::fill_packed_rows(args.cu_seqlens_q, static_cast<int>(s.B), rows, stream);
+    cuda_common::fill_packed_rows(args.cu_seqlens_k, static_cast<int>(s.B), rows + s.B + 1, stream);
+    bufs.rows_q = rows, bufs.rows_k = rows + s.B + 1;
+    bufs.q_rows = lay.Sq, bufs.k_rows = lay.Sk;
+  }
   if (args.saved != nullptr) {
     // Training: Q's and K's operands, their flags and the transposed copies
     // go where the backward will read them.
     auto* kept = static_cast<unsigned char*>(args.saved);
-    const SavedLayout sl = saved_layout(s, opt.recipe);
+    const SavedLayout sl = saved_layout(s, opt.recipe, tokens);
     bufs.q = kept + sl.q, bufs.k = kept + sl.k, bufs.qt = kept + sl.qt, bufs.kt = kept + sl.kt;
     bufs.code_pitch = s.D;  // the backward reads the kept codes at D (a power of two there)
     bufs.q_scale = reinterpret_cast<float*>(kept + sl.q_scale);
@@ -187,9 +212,14 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
 
   // The kernel reads the contiguous codes the quantizer wrote (as in sm90_forward).
   sm90::fwd::Fp8ForwardArgs a = with_output(sm90::fwd::contiguous_forward_args(
-      s, bufs, opt.mask, opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt, scale, opt.smooth_k));
+      lay, bufs, opt.mask, opt.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt, scale, opt.smooth_k));
   a.nonfinite = bufs.nonfinite;
-  a.cu_seqlens_q = args.cu_seqlens_q, a.cu_seqlens_k = args.cu_seqlens_k, a.lse_pitch = args.lse_pitch;
+  if (packed) {
+    // The grid covers each sequence's longest; the operands are the one-entry layout above.
+    a.B = static_cast<int>(s.B), a.Sq = static_cast<int>(s.Sq), a.Sk = static_cast<int>(s.Sk);
+    a.cu_seqlens_q = args.cu_seqlens_q, a.cu_seqlens_k = args.cu_seqlens_k, a.lse_pitch = args.lse_pitch;
+    a.rows_q = bufs.rows_q, a.rows_k = bufs.rows_k, a.q_rows = lay.Sq, a.k_rows = lay.Sk;
+  }
   sm90::fwd::forward_fp8(a, stream);
 }
 

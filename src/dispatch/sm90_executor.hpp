@@ -39,6 +39,17 @@ struct DeviceTensorView {
   std::int64_t stride_b = 0, stride_s = 0, stride_h = 0;
 };
 
+// Packed sequences' token counts: the query tokens (rows of q, O, and the
+// LSE's pitch) and the key tokens (rows of k and v) in all. Their calls lay
+// every quantized operand and statistic out tile-aligned, sequence after
+// sequence (each rounded up to 128 tokens: cuda/common/packed_rows.hpp), so
+// that the workspace and the saved block grow with these counts. Zero: not
+// packed (the (B, S) layout).
+struct PackedTokens {
+  std::int64_t q = 0, k = 0;
+  bool packed() const { return q > 0 || k > 0; }
+};
+
 struct DeviceForwardArgs {
   AttentionShape shape;
   DeviceElement element = DeviceElement::bf16;
@@ -46,12 +57,12 @@ struct DeviceForwardArgs {
   void* o = nullptr;         // bf16 (B, Sq, Hq, D), element strides below (even)
   std::int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;
   float* lse = nullptr;  // (B, Hq, Sq) contiguous, natural log
-  // Scratch of at least sm90_device_workspace_bytes(shape, recipe) device bytes, any
-  // content, 256-byte aligned; used by one call at a time (stream order).
+  // Scratch of at least sm90_device_workspace_bytes(shape, recipe, packed tokens) device
+  // bytes, any content, 256-byte aligned; used by one call at a time (stream order).
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   // Optional, recipes fp8 and mxfp4_train (training):
-  // sm90_device_saved_bytes(shape, recipe) device bytes, any content,
+  // sm90_device_saved_bytes(shape, recipe, packed tokens) device bytes, any content,
   // 256-byte aligned. The forward leaves Q's and K's quantized operands
   // there, with the transposed copies the backward reads (fp8: 2 bytes per
   // element of Q and K in all; mxfp4_train: K's fold and its copy, Q's
@@ -63,30 +74,34 @@ struct DeviceForwardArgs {
   // lengths (FlashAttention's varlen batches). shape.B device ints + 1 each;
   // sequence b is token rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] − 1 of q
   // and O, and cu_seqlens_k[b] .. of k and v, whose batch strides are not
-  // used; shape.Sq and shape.Sk are the longest sequences (the workspace's
-  // layout); the LSE is (Hq, lse_pitch), lse_pitch the query tokens in all.
+  // used; shape.Sq and shape.Sk are the longest sequences; the LSE is (Hq,
+  // lse_pitch), lse_pitch the query tokens in all, k_tokens the key tokens
+  // in all (PackedTokens{lse_pitch, k_tokens} size the workspace and the
+  // saved block; cu_seqlens_q[B] and cu_seqlens_k[B] must not exceed them).
   // Each sequence's O and LSE are those of a call on it alone, bit for bit.
-  // `saved` keeps the operands in that (B, longest) layout: its backward
-  // takes the same cu_seqlens.
+  // `saved` keeps the operands in the packed layout: its backward takes the
+  // same cu_seqlens and counts.
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
   std::int64_t lse_pitch = 0;
+  std::int64_t k_tokens = 0;
 };
 
 // Device bytes of DeviceForwardArgs::saved for `shape` and `recipe`: 0 for
 // the inference recipes (mxfp4, nvfp4), which keep none.
-std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe);
+std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe, PackedTokens packed = {});
 
 // Byte offset inside that block of the smooth_k mean, fp32 (B, Hkv, D) (the
 // gradient through the LSE needs it where K itself was not kept). Throws
 // fp4attn::Error("recipe") for a recipe that keeps nothing.
-std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape, Recipe recipe);
+std::size_t sm90_device_saved_k_mean_offset(const AttentionShape& shape, Recipe recipe, PackedTokens packed = {});
 
 // Device bytes of DeviceForwardArgs::workspace for `shape` and `recipe`: the
 // quantized operands, their scales and the quantizers' scratch (the MX
 // recipes add their MXFP4 codes and the folded E4M3 operands, nvfp4 its
 // NVFP4 codes and their BF16 expansion).
-std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe = Recipe::fp8);
+std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe recipe = Recipe::fp8,
+                                        PackedTokens packed = {});
 
 // Forward on device pointers (recipes fp8, mxfp4_train, mxfp4, nvfp4), enqueued on
 // `stream` (a cudaStream_t; null is the legacy default stream): the GPU
@@ -115,7 +130,8 @@ struct DeviceBackwardArgs {
   void* dv = nullptr;  // (B, Sk, Hkv, D)
   std::int64_t dv_stride_b = 0, dv_stride_s = 0, dv_stride_h = 0;
   // Scratch of at least sm90_device_backward_workspace_bytes(shape, deterministic, recipe,
-  // saved != nullptr) device bytes, any content, 256-byte aligned; used by one call at a time.
+  // saved != nullptr, packed tokens) device bytes, any content, 256-byte aligned; used by one
+  // call at a time.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
   // Optional: the block a forward on the same q, k, v, shape and options
@@ -128,12 +144,14 @@ struct DeviceBackwardArgs {
   // Optional, recipe fp8: packed sequences, as in
   // DeviceForwardArgs (shape.Sq, shape.Sk the longest; q, o, d_o and dq
   // rows from cu_seqlens_q, k, v, dk and dv rows from cu_seqlens_k, batch
-  // strides not used; the LSE (Hq, lse_pitch) as that forward returns it).
+  // strides not used; the LSE (Hq, lse_pitch) as that forward returns it;
+  // k_tokens the key tokens in all).
   // Each sequence's gradients are those of a call on it alone, bit for bit
   // (deterministic; the one pass sums dQ in its own varying order).
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
   std::int64_t lse_pitch = 0;
+  std::int64_t k_tokens = 0;
 };
 
 // Device bytes of DeviceBackwardArgs::workspace for `shape` and `recipe` (fp8
@@ -145,7 +163,8 @@ struct DeviceBackwardArgs {
 // batch entry). `kept`: for calls given the forward's `saved` block, whose
 // operands the workspace then leaves out (2 bytes per Q and K element less).
 std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bool deterministic,
-                                                 Recipe recipe = Recipe::fp8, bool kept = false);
+                                                 Recipe recipe = Recipe::fp8, bool kept = false,
+                                                 PackedTokens packed = {});
 
 // Mean number of keys a query row sees under `mask` (the pairs each row
 // forms); 0 for Sq = 0.

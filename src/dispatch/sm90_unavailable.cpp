@@ -18,17 +18,17 @@ Sm90Benchmark sm90_benchmark(const AttentionShape&, const BenchOptions&) {
   throw Error("executor", "this build has no CUDA executors");
 }
 
-std::size_t sm90_device_workspace_bytes(const AttentionShape&, Recipe) { return 0; }
+std::size_t sm90_device_workspace_bytes(const AttentionShape&, Recipe, PackedTokens) { return 0; }
 
-std::size_t sm90_device_saved_bytes(const AttentionShape&, Recipe) { return 0; }
+std::size_t sm90_device_saved_bytes(const AttentionShape&, Recipe, PackedTokens) { return 0; }
 
-std::size_t sm90_device_saved_k_mean_offset(const AttentionShape&, Recipe) { return 0; }
+std::size_t sm90_device_saved_k_mean_offset(const AttentionShape&, Recipe, PackedTokens) { return 0; }
 
 void sm90_forward_device(const DeviceForwardArgs&, const AttentionOptions&, void*) {
   throw Error("executor", "this build has no CUDA executors");
 }
 
-std::size_t sm90_device_backward_workspace_bytes(const AttentionShape&, bool, Recipe, bool) { return 0; }
+std::size_t sm90_device_backward_workspace_bytes(const AttentionShape&, bool, Recipe, bool, PackedTokens) { return 0; }
 
 void sm90_backward_device(const DeviceBackwardArgs&, const AttentionOptions&, bool, void*) {
   throw Error("executor", "this build has no CUDA executors");

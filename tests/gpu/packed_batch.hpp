@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dispatch/sm90_executor.hpp"
 #include "fp4attn/error.hpp"
 #include "fp4attn/tensor.hpp"
 #include "gpu/gpu_test_util.hpp"
@@ -40,6 +41,8 @@ struct PackedBatch {
   AttentionShape shape(std::int64_t Hq, std::int64_t Hkv, std::int64_t D) const {
     return {n, Hq, Hkv, max_q, max_k, D};
   }
+  // The tokens in all, which size the packed call's workspace and saved block.
+  dispatch::PackedTokens tokens() const { return {total_q, total_k}; }
 };
 
 inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {

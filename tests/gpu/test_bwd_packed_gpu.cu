@@ -84,11 +84,12 @@ struct BackwardCall {
     a.dq = dq.ptr, a.dq_stride_b = q_batch, a.dq_stride_s = s.Hq * s.D, a.dq_stride_h = s.D;
     a.dk = dk.ptr, a.dk_stride_b = k_batch, a.dk_stride_s = s.Hkv * s.D, a.dk_stride_h = s.D;
     a.dv = dv.ptr, a.dv_stride_b = k_batch, a.dv_stride_s = s.Hkv * s.D, a.dv_stride_h = s.D;
+    const dispatch::PackedTokens tokens = packed ? dispatch::PackedTokens{q_rows, k_rows} : dispatch::PackedTokens{};
     DeviceArray<unsigned char> workspace(
-        dispatch::sm90_device_backward_workspace_bytes(s, deterministic, Recipe::fp8, kept != nullptr));
+        dispatch::sm90_device_backward_workspace_bytes(s, deterministic, Recipe::fp8, kept != nullptr, tokens));
     workspace.poison();
     a.workspace = workspace.ptr, a.workspace_bytes = workspace.bytes();
-    a.cu_seqlens_q = cu_q, a.cu_seqlens_k = cu_k, a.lse_pitch = packed ? q_rows : 0;
+    a.cu_seqlens_q = cu_q, a.cu_seqlens_k = cu_k, a.lse_pitch = tokens.q, a.k_tokens = tokens.k;
     if (kept != nullptr) a.saved = kept->ptr, a.saved_bytes = kept->bytes();
     dq.poison(), dk.poison(), dv.poison();
     dispatch::sm90_backward_device(a, opt, deterministic, nullptr);
@@ -120,10 +121,13 @@ TEST_P(GpuBackwardPacked, EachSequenceIsItsOwnCall) {
   DeviceArray<int> dcu_q(cu_q.size()), dcu_k(cu_k.size());
   dcu_q.upload(cu_q), dcu_k.upload(cu_k);
   packed.q.upload(q), packed.k.upload(k), packed.v.upload(v), packed.d_o.upload(d_o);
-  DeviceArray<unsigned char> kept(c.kept ? dispatch::sm90_device_saved_bytes(packed_shape, Recipe::fp8) : 0);
+  DeviceArray<unsigned char> kept(
+      c.kept ? dispatch::sm90_device_saved_bytes(packed_shape, Recipe::fp8, batch.tokens()) : 0);
   kept.poison();
   {
-    DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(packed_shape, Recipe::fp8));
+    DeviceArray<unsigned char> workspace(
+        dispatch::sm90_device_workspace_bytes(packed_shape, Recipe::fp8, batch.tokens()));
+    workspace.poison();
     dispatch::DeviceForwardArgs a;
     a.shape = packed_shape;
     a.element = dispatch::DeviceElement::bf16;
@@ -134,7 +138,7 @@ TEST_P(GpuBackwardPacked, EachSequenceIsItsOwnCall) {
     a.o_stride_b = 0, a.o_stride_s = Hq * D, a.o_stride_h = D;
     a.lse = packed.lse.ptr;
     a.workspace = workspace.ptr, a.workspace_bytes = workspace.bytes();
-    a.cu_seqlens_q = dcu_q.ptr, a.cu_seqlens_k = dcu_k.ptr, a.lse_pitch = total_q;
+    a.cu_seqlens_q = dcu_q.ptr, a.cu_seqlens_k = dcu_k.ptr, a.lse_pitch = total_q, a.k_tokens = total_k;
     if (c.kept) a.saved = kept.ptr, a.saved_bytes = kept.bytes();
     packed.o.poison(), packed.lse.poison();
     dispatch::sm90_forward_device(a, opt, nullptr);

@@ -55,9 +55,10 @@ TEST_P(GpuForwardPacked, EachSequenceIsItsOwnCall) {
   DeviceArray<__nv_bfloat16> dq(q.size()), dk(k.size()), dv(v.size()), o(q.size());
   DeviceArray<float> lse(static_cast<std::size_t>(Hq * total_q));
   DeviceArray<int> dcu_q(cu_q.size()), dcu_k(cu_k.size());
-  DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(packed_shape, Recipe::fp8));
+  DeviceArray<unsigned char> workspace(
+      dispatch::sm90_device_workspace_bytes(packed_shape, Recipe::fp8, batch.tokens()));
   dq.upload(q), dk.upload(k), dv.upload(v), dcu_q.upload(cu_q), dcu_k.upload(cu_k);
-  o.poison(), lse.poison();
+  o.poison(), lse.poison(), workspace.poison();
   dispatch::DeviceForwardArgs a;
   a.shape = packed_shape;
   a.element = dispatch::DeviceElement::bf16;
@@ -69,7 +70,7 @@ TEST_P(GpuForwardPacked, EachSequenceIsItsOwnCall) {
   a.lse = lse.ptr;
   a.workspace = workspace.ptr;
   a.workspace_bytes = workspace.bytes();
-  a.cu_seqlens_q = dcu_q.ptr, a.cu_seqlens_k = dcu_k.ptr, a.lse_pitch = total_q;
+  a.cu_seqlens_q = dcu_q.ptr, a.cu_seqlens_k = dcu_k.ptr, a.lse_pitch = total_q, a.k_tokens = total_k;
   dispatch::sm90_forward_device(a, opt, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "seed " << seed;
   const auto o_packed = o.download();
@@ -137,6 +138,18 @@ TEST(GpuForwardPackedErrors, NameTheArgument) {
   opt.recipe = Recipe::fp8;
   a.lse_pitch = 0;
   EXPECT_EQ(named_argument(run), "lse_pitch");
+  a.lse_pitch = 256;  // k_tokens left 0
+  EXPECT_EQ(named_argument(run), "k_tokens");
+  // A workspace sized for the (B, longest) layout is not the packed layout's.
+  a.k_tokens = 256;
+  EXPECT_NE(dispatch::sm90_device_workspace_bytes(s, Recipe::fp8, {256, 256}),
+            dispatch::sm90_device_workspace_bytes(s, Recipe::fp8));
+  EXPECT_EQ(named_argument([&] {
+              dispatch::DeviceForwardArgs small = a;
+              small.workspace_bytes = dispatch::sm90_device_workspace_bytes(s, Recipe::fp8, {256, 256}) - 1;
+              dispatch::sm90_forward_device(small, opt, nullptr);
+            }),
+            "workspace");
 }
 
 }  // namespace

@@ -31,12 +31,19 @@ struct WorkspaceLayout {
   std::size_t v_amax, k_partial, bytes;
 };
 
-WorkspaceLayout workspace_layout(std::int64_t slices, std::int64_t chunks_per_slice, std::int64_t D) {
+// K's chunk sums per KV head: B · (blocks per entry) dense; for packed
+// sequences the chunks of the tile-aligned layout (k_rows / 128), each
+// sequence's at its rows.
+std::int64_t chunk_rows(std::int64_t B, std::int64_t blocks, std::int64_t k_rows) {
+  return k_rows > 0 ? k_rows / kTokenBlock : B * blocks;
+}
+
+WorkspaceLayout workspace_layout(std::int64_t slices, std::int64_t chunks_per_head, std::int64_t D, std::int64_t B) {
   WorkspaceLayout l{};
   std::size_t at = 0;
   l.v_amax = at, at += sizeof(unsigned) * slices * D;
   at = (at + alignof(double) - 1) / alignof(double) * alignof(double);
-  l.k_partial = at, at += sizeof(double) * slices * chunks_per_slice * D;
+  l.k_partial = at, at += sizeof(double) * (slices / B) * chunks_per_head * D;
   l.bytes = at;
   return l;
 }
@@ -66,7 +73,7 @@ void launch(const StridedInput& q, const StridedInput& k, const StridedInput& v,
   job.cu_q = q.cu_seqlens, job.cu_k = k.cu_seqlens;
 
   const std::int64_t slices = k.B * k.H;
-  const WorkspaceLayout layout = workspace_layout(slices, job.k_blocks, k.D);
+  const WorkspaceLayout layout = workspace_layout(slices, chunk_rows(k.B, job.k_blocks, out.k_rows), k.D, k.B);
   CallWorkspace ws(out.workspace, layout.bytes, stream);
   job.ws = {reinterpret_cast<unsigned*>(ws.bytes() + layout.v_amax),
             reinterpret_cast<double*>(ws.bytes() + layout.k_partial)};
@@ -126,8 +133,9 @@ void check_shape(const StridedInput& x, const char* name) {
 
 std::int64_t padded_keys(std::int64_t Sk) { return blocks_of(Sk) * kTokenBlock; }
 
-std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t Sk, std::int64_t D) {
-  return workspace_layout(B * Hkv, blocks_of(Sk), D).bytes;
+std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t Sk, std::int64_t D,
+                                std::int64_t k_rows) {
+  return workspace_layout(B * Hkv, chunk_rows(B, blocks_of(Sk), k_rows), D, B).bytes;
 }
 
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
@@ -152,7 +160,15 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
   if (k.B != q.B || v.B != q.B || k.S != v.S || k.H != v.H) throw Error("k", "q, k and v shapes disagree");
   if (q.H % k.H != 0) throw Error("Hq", "must be a multiple of Hkv");
   if (q.type != k.type || k.type != v.type) throw Error("dtype", "q, k and v must share one element type");
-  if (out.vt != nullptr && out.vt_keys != padded_keys(k.S)) throw Error("vt_keys", "must be padded_keys(Sk)");
+  const bool packed = q.cu_seqlens != nullptr;
+  if (packed != (k.cu_seqlens != nullptr)) throw Error("cu_seqlens", "q and k must both be packed or neither");
+  if (packed && (out.rows_q == nullptr || out.rows_k == nullptr || out.q_rows < padded_keys(q.S) ||
+                 out.k_rows < padded_keys(k.S) || out.q_rows % kTokenBlock != 0 || out.k_rows % kTokenBlock != 0 ||
+                 out.q_rows > std::numeric_limits<int>::max() - kTokenBlock ||
+                 out.k_rows > std::numeric_limits<int>::max() - kTokenBlock))
+    throw Error("rows", "packed sequences need rows_q, rows_k and layouts of whole 128-token blocks (q_rows, k_rows)");
+  if (out.vt != nullptr && out.vt_keys != (packed ? out.k_rows : padded_keys(k.S)))
+    throw Error("vt_keys", packed ? "must be k_rows for packed sequences" : "must be padded_keys(Sk)");
   if (out.vt == nullptr && out.q == nullptr) throw Error("out", "no code buffers: nothing to quantize");
   if (smooth_k && (out.k_mean == nullptr || out.lse_shift == nullptr))
     throw Error("smooth_k", "needs k_mean and lse_shift buffers");
@@ -176,7 +192,9 @@ void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInp
       throw Error("q_row_dot.with", "must have q's shape and element type");
     if (w.cu_seqlens != q.cu_seqlens) throw Error("q_row_dot.with", "must share q's sequence boundaries");
     if (out.q == nullptr) throw Error("q_row_dot", "needs the q codes (a V-only call has no q blocks)");
-    if (q_row_dot.pitch < padded_keys(q.S)) throw Error("q_row_dot.pitch", "must be at least Sq rounded up to 128");
+    if (packed ? q_row_dot.pitch != out.q_rows : q_row_dot.pitch < padded_keys(q.S))
+      throw Error("q_row_dot.pitch", packed ? "must be q_rows for packed sequences"
+                                            : "must be at least Sq rounded up to 128");
   }
   switch (q.type) {
     case ElementType::f32: return launch<float>(q, k, v, smooth_k, softmax_scale, out, q_row_dot, stream);

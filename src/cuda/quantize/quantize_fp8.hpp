@@ -72,6 +72,18 @@ struct Fp8Buffers {
   // The forward kernel reads the codes by TMA, whose row strides are multiples
   // of 16 bytes: tma_code_pitch(D).
   std::int64_t code_pitch = 0;
+  // Packed sequences (cu_seqlens): the tile-aligned layout of
+  // cuda/common/packed_rows.hpp. rows_q, rows_k: B + 1 device ints
+  // (fill_packed_rows), sequence b's first row; q_rows, k_rows: the layout's
+  // rows (packed_layout_rows). Every per-token output is then laid out as
+  // for one batch entry of that many tokens (q, k: (1, q_rows, H, D); qt,
+  // kt: (1, H, D, rows); vt_keys = k_rows; scales (1, H, rows / 128);
+  // lse_shift (1, Hq, q_rows)), and sequence b's tokens take its rows from
+  // rows_q[b] (rows_k[b]) on. The per-sequence arrays (k_mean, v_scale)
+  // keep (B, Hkv, D).
+  const int* rows_q = nullptr;
+  const int* rows_k = nullptr;
+  std::int64_t q_rows = 0, k_rows = 0;
 };
 
 inline constexpr int kTokenBlock = 128;  // FP8 Q/K scale block, the kernel's tile
@@ -101,8 +113,10 @@ inline std::int64_t code_pitch_of(const Fp8Buffers& out, std::int64_t D) {
   return out.code_pitch != 0 ? out.code_pitch : D;
 }
 
-// Device bytes of Fp8Buffers::workspace for K and V of shape (B, Sk, Hkv, D).
-std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t Sk, std::int64_t D);
+// Device bytes of Fp8Buffers::workspace for K and V of shape (B, Sk, Hkv, D);
+// packed sequences give k_rows, Fp8Buffers::k_rows.
+std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t Sk, std::int64_t D,
+                                std::int64_t k_rows = 0);
 
 // Quantizes q, k, v into `out` on `stream` (asynchronous). q is (B, Sq, Hq, D),
 // k and v (B, Sk, Hkv, D), all of one element type, D a multiple of 8 (a
@@ -115,20 +129,19 @@ std::size_t fp8_workspace_bytes(std::int64_t B, std::int64_t Hkv, std::int64_t S
 // null V is not quantized (no Vᵀ, no v_scale, no V statistics; v serves only
 // to check the shapes): the backward needs Q and K exactly as the forward
 // quantized them, and V only per token block, which it gets as a "k".
-// Packed sequences (q.cu_seqlens, and one cu_seqlens shared by k and v):
-// every output keeps its layout for S tokens per batch entry, and entry b's
-// statistics (the smooth_k mean, V's channel scales), block scales and codes
-// are those of a call on its own tokens, bit for bit; its rows past its
-// length are zero codes up to its last block's end or S, whichever comes
-// first (Qᵀ and Kᵀ: up to the block's end; the row dot: 0 there), and blocks
-// wholly past it are not written (neither the forward nor the backward reads
-// them).
+// Packed sequences (q.cu_seqlens, and one cu_seqlens shared by k and v; S
+// the longest): the outputs take the tile-aligned layout of out.rows_q,
+// out.rows_k, and entry b's statistics (the smooth_k mean, V's channel
+// scales), block scales and codes are those of a call on its own tokens,
+// bit for bit; its rows past its length, up to its last block's end, are
+// zero codes (the row dot: 0).
 void quantize_fp8(const StridedInput& q, const StridedInput& k, const StridedInput& v, bool smooth_k,
                   float softmax_scale, const Fp8Buffers& out, cudaStream_t stream);
 
 // Optional companion of q for quantize_fp8: a tensor `with` of q's shape,
 // element type and cu_seqlens, and an fp32 output `out` of (B, Hq, pitch)
-// rows with pitch at least Sq rounded up to 128. The quantizer writes
+// rows with pitch at least Sq rounded up to 128 (packed sequences: one entry
+// of out.q_rows rows, pitch = q_rows). The quantizer writes
 // out[b, h, s] = Σ_d q[b, s, h, d]·with[b, s, h, d] (fp32 products and sums:
 // eight channels in order, then a tree over the row's lanes) for every s
 // below that rounded length, 0 past Sq (packed: below the entry's length

@@ -122,6 +122,18 @@ struct Workspace {
   double* k_partial;  // per slice, chunk and channel: the chunk's double sum
 };
 
+// Where batch entry b's tokens sit in the per-token outputs. Dense: entry b
+// of (B, S, H, D) codes and of (B, H, S) row statistics, (B, H, blocks)
+// scales and (B, H, D, 128·blocks) transposed copies. Packed sequences: rows
+// row0 .. of a single entry of `rows` rows (the tile-aligned layout), every
+// index below taking row0 (or row0 / 128 blocks) on top.
+struct OutputPlace {
+  int b;       // the outputs' batch index
+  int row0;    // first row, a multiple of kTokenBlock
+  int rows;    // rows per batch entry of the codes and row statistics: S, or the packed layout's
+  int blocks;  // token blocks per batch entry of the scales; 128·blocks is the transposed copies' pitch
+};
+
 template <class T>
 struct Job {
   InputView<T> q, k, v;
@@ -139,13 +151,25 @@ struct Job {
   // The quantize kernel's block index → (b, h, block), see fp8_quantize_kernel.
   FastDiv by_hkv, by_hq, by_group, by_k_blocks, by_q_blocks;
   // Packed sequences (StridedInput::cu_seqlens of q and of k and v), or null:
-  // then Sq and Sk are the longest, the outputs' layout, and batch entry b
-  // has its own number of tokens, which is all its statistics and codes see.
+  // then Sq and Sk are the longest (the grid's), batch entry b has its own
+  // number of tokens, which is all its statistics and codes see, and its
+  // outputs sit at rows out.rows_q[b] (out.rows_k[b]) of the tile-aligned
+  // layouts of out.q_rows (out.k_rows) rows (cuda/common/packed_rows.hpp).
   const int* cu_q;
   const int* cu_k;
 
   __device__ int q_tokens(int b) const { return cu_q != nullptr ? cu_q[b + 1] - cu_q[b] : Sq; }
   __device__ int k_tokens(int b) const { return cu_k != nullptr ? cu_k[b + 1] - cu_k[b] : Sk; }
+  __device__ OutputPlace q_place(int b) const {
+    return cu_q != nullptr ? OutputPlace{0, out.rows_q[b], static_cast<int>(out.q_rows),
+                                         static_cast<int>(out.q_rows) / kTokenBlock}
+                           : OutputPlace{b, 0, Sq, q_blocks};
+  }
+  __device__ OutputPlace k_place(int b) const {
+    return cu_k != nullptr ? OutputPlace{0, out.rows_k[b], static_cast<int>(out.k_rows),
+                                         static_cast<int>(out.k_rows) / kTokenBlock}
+                           : OutputPlace{b, 0, Sk, k_blocks};
+  }
 };
 
 __device__ __forceinline__ std::uint32_t magnitude_bits(float x) { return __float_as_uint(x) & kMagnitudeMask; }
@@ -176,8 +200,10 @@ __global__ void __launch_bounds__(kStatsThreads, kStatsCtasPerSm<T>)
   const int b = static_cast<int>(blockIdx.y);
   if (quad * kQuad >= job.Hkv * job.D) return;
   const int h = (quad * kQuad) / job.D, d0 = (quad * kQuad) % job.D;
-  // Chunks past a packed sequence's end sum to zero (and add nothing to its mean).
+  // Chunks past a packed sequence's end are not its own (in the packed
+  // layout the next sequence's chunks sit there).
   const int s0 = chunk * kTokenBlock, tokens = min(kTokenBlock, job.k_tokens(b) - s0);
+  if (tokens <= 0) return;
   const T* p = in.segment(b, s0, h, d0);
 
   double sum[kQuad] = {};
@@ -198,8 +224,11 @@ __global__ void __launch_bounds__(kStatsThreads, kStatsCtasPerSm<T>)
   for (int e = 0; e < kQuad; ++e) worst = max(worst, mag[e]);
   if (k_tensor) {
     if (worst >= kInfBits) job.out.nonfinite[kK] = 1;
-    double* partial = job.ws.k_partial + (static_cast<std::int64_t>(b) * job.Hkv + h) * job.k_blocks * job.D +
-                      static_cast<std::int64_t>(chunk) * job.D + d0;
+    const OutputPlace at = job.k_place(b);
+    double* partial = job.ws.k_partial +
+                      ((static_cast<std::int64_t>(at.b) * job.Hkv + h) * at.blocks + at.row0 / kTokenBlock + chunk) *
+                          job.D +
+                      d0;
 #pragma unroll
     for (int e = 0; e < kQuad; ++e) partial[e] = sum[e];
   } else {
@@ -224,13 +253,18 @@ __global__ void __launch_bounds__(kThreads) fp8_finalize_kernel(const __grid_con
     const int groups = (job.D + kSumColumns - 1) / kSumColumns;
     const std::int64_t slice = blockIdx.x / groups;
     const int d0 = static_cast<int>(blockIdx.x % groups) * kSumColumns, columns = min(kSumColumns, job.D - d0);
-    const double total = ordered_column_sums<kWarps>(job.ws.k_partial + slice * job.k_blocks * job.D + d0, job.D,
-                                                     job.k_blocks, columns, *reinterpret_cast<ChunkSumTile*>(smem));
+    const int b = static_cast<int>(slice / job.Hkv), h = static_cast<int>(slice % job.Hkv);
+    // The entry's own chunks, in ascending order.
+    const OutputPlace at = job.k_place(b);
+    const int tokens = job.k_tokens(b), chunks = (tokens + kTokenBlock - 1) / kTokenBlock;
+    const std::int64_t first_chunk =
+        (static_cast<std::int64_t>(at.b) * job.Hkv + h) * at.blocks + at.row0 / kTokenBlock;
+    const double total = ordered_column_sums<kWarps>(job.ws.k_partial + first_chunk * job.D + d0, job.D, chunks,
+                                                     columns, *reinterpret_cast<ChunkSumTile*>(smem));
     const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
     if (threadIdx.x >= kWarpSize || lane >= columns) return;
     channel = slice * job.D + d0 + lane;
-    const int b = static_cast<int>(slice / job.Hkv);
-    job.out.k_mean[channel] = __double2float_rn(__ddiv_rn(total, static_cast<double>(job.k_tokens(b))));
+    job.out.k_mean[channel] = __double2float_rn(__ddiv_rn(total, static_cast<double>(tokens)));
   } else {
     channel = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
     if (channel >= static_cast<std::int64_t>(job.B) * job.Hkv * job.D) return;
@@ -446,14 +480,14 @@ __device__ __forceinline__ void store_transposed_codes(const ThreadItems& items,
 
 // Codes of one 128-token block of Q or K, minus `mean` per channel when
 // `smoothed` (K with smooth_k); the entry's tokens are those below S, its
-// codes laid out for layout_S tokens (S but for packed sequences). Writes
+// outputs where `at` places them. Writes
 // the codes and the block's scale, flags a non-finite block, and returns the
 // scale; `words` receives this thread's codes (8 per token, channel 8g in
 // the low byte).
 template <int kCtaWarps, class T>
 __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const ThreadItems& items, Block<T>& c,
-                                                      bool smoothed, const float (&mean)[kSegment], int b, int h,
-                                                      int blk, int S, int layout_S, int H, int blocks, bool whole,
+                                                      bool smoothed, const float (&mean)[kSegment],
+                                                      const OutputPlace& at, int h, int blk, int S, int H, bool whole,
                                                       std::uint8_t* codes, float* scales, int* nonfinite,
                                                       std::uint8_t* transposed, std::uint32_t (&warp_max)[kCtaWarps],
                                                       std::uint32_t* tile,
@@ -487,7 +521,8 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   const std::uint32_t amax_bits = block_max(mag, warp_max);
   if (amax_bits >= kInfBits && threadIdx.x == 0) *nonfinite = 1;
   const float scale = fp8_scale_of(__uint_as_float(amax_bits));
-  if (threadIdx.x == 0) scales[(static_cast<std::int64_t>(b) * H + h) * blocks + blk] = scale;
+  if (threadIdx.x == 0)
+    scales[(static_cast<std::int64_t>(at.b) * H + h) * at.blocks + at.row0 / kTokenBlock + blk] = scale;
 
   const E4M3Divisor div = make_divisor(scale);
   // The FMA-corrected quotient when the block's scale allows it (every
@@ -515,10 +550,10 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
   }
 
   // Codes are (B, S, H, D) rows code_pitch bytes apart: one token further is H · code_pitch bytes.
-  // Rows past the entry's S but inside the layout (packed sequences, layout_S > S) get zero codes:
-  // the backward's dP = dO·Vᵀ reads them, where a masked P of 0 cannot cancel a NaN of stale bytes.
+  // Rows past the entry's S but inside the layout (packed sequences: up to the block's end) get zero
+  // codes: the backward's dP = dO·Vᵀ reads them, where a masked P of 0 cannot cancel a NaN of stale bytes.
   std::uint8_t* first =
-      codes + ((static_cast<std::int64_t>(b) * layout_S + s0) * H + h) * job.code_pitch + items.first_d;
+      codes + ((static_cast<std::int64_t>(at.b) * at.rows + at.row0 + s0) * H + h) * job.code_pitch + items.first_d;
   const std::int64_t token_bytes = static_cast<std::int64_t>(H) * job.code_pitch;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r) {
@@ -526,7 +561,7 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
 #pragma unroll
     for (int i = 0; i < kQuadTokens; ++i) {
       const int s = s0 + items.base[r] + quad_offset(i);
-      if (items.present && (whole || s < layout_S)) {
+      if (items.present && (whole || s < at.rows)) {
         const bool inside = whole || s < S;
         __stcs(reinterpret_cast<uint2*>(row + quad_offset(i) * token_bytes),
                inside ? make_uint2(words[r][i][0], words[r][i][1]) : make_uint2(0u, 0u));
@@ -534,9 +569,10 @@ __device__ __forceinline__ float quantize_token_block(const Job<T>& job, const T
     }
   }
   if (transposed != nullptr) {
-    const std::int64_t pitch = static_cast<std::int64_t>(blocks) * kTokenBlock;
+    const std::int64_t pitch = static_cast<std::int64_t>(at.blocks) * kTokenBlock;
     store_transposed_codes(items, whole, s0, S, words, tile,
-                           transposed + (static_cast<std::int64_t>(b) * H + h) * job.D * pitch + s0, pitch);
+                           transposed + (static_cast<std::int64_t>(at.b) * H + h) * job.D * pitch + at.row0 + s0,
+                           pitch);
   }
   return scale;
 }
@@ -562,8 +598,7 @@ __device__ __forceinline__ void k_block(const Job<T>& job, const ThreadItems& it
   if (job.smooth_k && items.present)
     load_channels(job.out.k_mean + static_cast<std::int64_t>(j) * job.D + items.first_d, mean);
   std::uint32_t words[kMaxItems][kQuadTokens][2];
-  quantize_token_block(job, items, c, job.smooth_k, mean, b, h, blk, tokens, job.Sk, job.Hkv, job.k_blocks, whole,
-                       job.out.k, job.out.k_scale, job.out.nonfinite + kK, kBackwardOperands ? job.out.kt : nullptr,
+  quantize_token_block(job, items, c, job.smooth_k, mean, job.k_place(b), h, blk, tokens, job.Hkv, whole, job.out.k, job.out.k_scale, job.out.nonfinite + kK, kBackwardOperands ? job.out.kt : nullptr,
                        warp_max, tile, words);
 }
 
@@ -616,9 +651,12 @@ __device__ __forceinline__ void v_block(const Job<T>& job, const ThreadItems& it
   }
   __syncthreads();
   // Each channel's 128 keys are a 128-byte run of its Vᵀ row.
-  store_transposed_block<kPaddedLanes>(
-      tile, job.out.vt + static_cast<std::int64_t>(j) * job.D * job.out.vt_keys + blk * kTokenBlock, job.out.vt_keys,
-      job.D);
+  const OutputPlace at = job.k_place(b);
+  store_transposed_block<kPaddedLanes>(tile,
+                                       job.out.vt +
+                                           (static_cast<std::int64_t>(at.b) * job.Hkv + h) * job.D * job.out.vt_keys +
+                                           at.row0 + blk * kTokenBlock,
+                                       job.out.vt_keys, job.D);
 }
 
 // Sum over the D / 8 consecutive lanes that hold one token's segments (one
@@ -661,7 +699,8 @@ __device__ __forceinline__ void q_row_dot(const Job<T>& job, const ThreadItems& 
   }
   sum_over_token_lanes<kMaxHeadDim>(job.seg_shift, dot);
   if (items.column != 0) return;
-  float* out = job.dot_out + (static_cast<std::int64_t>(b) * job.Hq + h) * job.dot_pitch + s0;
+  const OutputPlace at = job.q_place(b);
+  float* out = job.dot_out + (static_cast<std::int64_t>(at.b) * job.Hq + h) * job.dot_pitch + at.row0 + s0;
 #pragma unroll
   for (int r = 0; r < kMaxItems; ++r)
 #pragma unroll
@@ -688,8 +727,8 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
   }
   const float zero[kSegment] = {};
   std::uint32_t words[kMaxItems][kQuadTokens][2];
-  const float scale = quantize_token_block(job, items, c, false, zero, b, h, blk, tokens, job.Sq, job.Hq, job.q_blocks,
-                                           whole, job.out.q, job.out.q_scale, job.out.nonfinite + kQ,
+  const OutputPlace at = job.q_place(b);
+  const float scale = quantize_token_block(job, items, c, false, zero, at, h, blk, tokens, job.Hq, whole, job.out.q, job.out.q_scale, job.out.nonfinite + kQ,
                                            kBackwardOperands ? job.out.qt : nullptr, warp_max, tile, words);
   if (!job.smooth_k) return;
   // Σ code·mean over the thread's channels for each of its tokens, then the
@@ -718,7 +757,7 @@ __device__ __forceinline__ void q_block(const Job<T>& job, const ThreadItems& it
     for (int i = 0; i < kQuadTokens; ++i) {
       const int s = item_token(items, r, i, s0, tokens);
       if (s >= 0)
-        job.out.lse_shift[(static_cast<std::int64_t>(b) * job.Hq + h) * job.Sq + s] =
+        job.out.lse_shift[(static_cast<std::int64_t>(at.b) * job.Hq + h) * at.rows + at.row0 + s] =
             job.softmax_scale * (scale * dot[r][i]);
     }
 }

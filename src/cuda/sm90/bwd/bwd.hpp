@@ -26,6 +26,16 @@ inline std::int64_t padded_tokens(std::int64_t S) { return (S + kTile - 1) / kTi
 // 64-query half (a consumer warpgroup of the dQ kernel).
 inline constexpr int kDsScalesPerPair = 2;
 
+// Packed sequences' tile-aligned layout (cuda/common/packed_rows.hpp): every
+// operand and statistic is one batch entry of q_rows (k_rows) tokens, and
+// sequence b's tokens start at row q[b] (k[b]), a multiple of kTile. Null:
+// the dense (B, S) layouts.
+struct PackedRows {
+  const int* q = nullptr;
+  const int* k = nullptr;
+  int q_rows = 0, k_rows = 0;
+};
+
 // A (B, S, H, D) device tensor of `type`, element strides on B, S, H, D contiguous.
 struct TensorRef {
   void* data = nullptr;
@@ -77,11 +87,15 @@ struct Fp8BackwardArgs {
   // Packed sequences (FlashAttention's varlen batches), or null: B + 1 device
   // ints each; entry b has cu_seqlens_q[b + 1] − cu_seqlens_q[b] queries and
   // as many keys as cu_seqlens_k gives it, and Sq, Sk are the longest (the
-  // layout of every operand and statistic above). dq is then written at token
-  // rows cu_seqlens_q[b] .., dk and dv at cu_seqlens_k[b] .. (stride_b not
-  // used). Each entry's gradients are those of a call on it alone.
+  // grids). Every operand and statistic above takes the tile-aligned layout
+  // of `rows` (v_scale per token block, as k_scale; the dS scales per query
+  // tile of that layout and key tile of the longest: (Hq, q_rows / 128,
+  // ⌈Sk / 128⌉, 2)). dq is then written at token rows cu_seqlens_q[b] .., dk
+  // and dv at cu_seqlens_k[b] .. (stride_b not used). Each entry's gradients
+  // are those of a call on it alone.
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
+  PackedRows rows;
   float softmax_scale = 0.0f;  // resolved (> 0)
   MaskKind mask = MaskKind::none;
   PCode p_code = PCode::direct_p;
@@ -94,9 +108,11 @@ struct Fp8BackwardArgs {
 // dO quantizer call) becomes NaN where lse is NaN, lse_log2 0 there. lse is
 // (B, Hq, Sq), or for packed sequences (cu_seqlens_q, B + 1 device ints)
 // (Hq, lse_pitch) with entry b's rows from column cu_seqlens_q[b]; shift,
-// delta and lse_log2 keep their (B, Hq, ·) layouts either way.
+// delta and lse_log2 then take the tile-aligned layout of `rows` ((Hq,
+// rows.q_rows), entry b from rows.q[b]; rows past the last entry's tiles
+// get +inf too).
 void lse_statistics(const float* lse, const float* shift, float* delta, float* lse_log2, int B, int Sq, int Hq,
-                    const int* cu_seqlens_q, std::int64_t lse_pitch, cudaStream_t stream);
+                    const int* cu_seqlens_q, std::int64_t lse_pitch, const PackedRows& rows, cudaStream_t stream);
 
 // One scale array of nan_scales_if_flagged: dst receives src (src null:
 // dst keeps its values), or NaN.
@@ -120,10 +136,11 @@ void nan_scales_if_flagged(const int* flags, int flag_count, const int* more_fla
                            ScaleArray b, ScaleArray c, cudaStream_t stream);
 
 // dq = scale · accum (DqMode::one_pass's layout, dq_accum_elems) into `dq` of `type`;
-// for packed sequences (cu_seqlens_q not null) entry b's rows below its
-// length, at token rows cu_seqlens_q[b] ...
+// for packed sequences (cu_seqlens_q not null; accum in the tile-aligned
+// layout of `rows`, (Hq, rows.q_rows, D)) entry b's rows below its length,
+// at token rows cu_seqlens_q[b] ...
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
-                 const int* cu_seqlens_q, cudaStream_t stream);
+                 const int* cu_seqlens_q, const PackedRows& rows, cudaStream_t stream);
 
 // The two deterministic passes: dQ (one CTA per query tile) and dK, dV (one
 // CTA per key tile of a KV head, over its whole GQA group). Throws

@@ -29,6 +29,20 @@ FP4ATTN_DEVICE_INLINE int entry_tokens(const int* cu_seqlens, int b, int longest
   return cu_seqlens != nullptr ? cu_seqlens[b + 1] - cu_seqlens[b] : longest;
 }
 
+// Where batch entry b's tokens sit in the operands (codes, transposed
+// copies, block scales) and row statistics: dense, entry b of a `longest`
+// token layout; packed sequences, rows row0 .. of the one-entry
+// tile-aligned layout of `layout_rows` rows (Fp8BackwardArgs::rows).
+struct OperandPlace {
+  int batch;  // the operands' batch coordinate
+  int row0;   // first token row, a multiple of kTile
+  int tiles;  // token tiles per batch entry of the scales and statistics
+};
+FP4ATTN_DEVICE_INLINE OperandPlace operand_place(const int* rows, int layout_rows, int b, int longest) {
+  return rows != nullptr ? OperandPlace{0, rows[b], layout_rows / kTile}
+                         : OperandPlace{b, 0, (longest + kTile - 1) / kTile};
+}
+
 // Element offset of batch entry b in a (B, S, H, D) gradient: b · stride_b,
 // or for packed sequences its first token row times stride_s.
 FP4ATTN_DEVICE_INLINE std::int64_t entry_offset(const TensorRef& out, const int* cu_seqlens, int b) {

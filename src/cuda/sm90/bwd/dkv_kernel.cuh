@@ -53,14 +53,15 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const int kv_head = blockIdx.y, batch = blockIdx.z;
   const int group = args.Hq / args.Hkv;
   const int k0 = k_tile * Cfg::kBlock;
-  // This entry's lengths (packed sequences: its own; args.Sq, args.Sk are the layout's).
+  // This entry's lengths (packed sequences: its own; args.Sq, args.Sk are the longest, the grid's).
   const int seq_q = entry_tokens(args.cu_seqlens_q, batch, args.Sq);
   const int seq_k = entry_tokens(args.cu_seqlens_k, batch, args.Sk);
   if (k0 >= seq_k) return;  // a tile past a packed sequence's end: no keys
+  const OperandPlace qp = operand_place(args.rows.q, args.rows.q_rows, batch, args.Sq);
+  const OperandPlace kp = operand_place(args.rows.k, args.rows.k_rows, batch, args.Sk);
   const bool causal = args.mask != MaskKind::none;
   const int diagonal = args.mask == MaskKind::causal ? seq_k - seq_q : 0;
-  // Query tiles of the layout (scales and statistics are indexed by them) and of this entry.
-  const int q_blocks = (args.Sq + Cfg::kBlock - 1) / Cfg::kBlock;
+  // Query tiles of this entry (the layout's are qp.tiles, from qp.row0 / 128 on).
   const int entry_q_blocks = (seq_q + Cfg::kBlock - 1) / Cfg::kBlock;
   // Query i sees key j iff j ≤ i + diagonal: the first query that sees key k0.
   const int first_query = causal ? max(0, k0 - diagonal) : 0;
@@ -79,12 +80,12 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   }
   __syncthreads();
 
-  const std::int64_t stat_row = static_cast<std::int64_t>(q_blocks) * Cfg::kBlock;  // padded Sq
+  const std::int64_t stat_row = static_cast<std::int64_t>(qp.tiles) * Cfg::kBlock;  // the layout's padded rows
   if (wg == 0) {
     // ---- producer
     set_max_registers_dec<Cfg::kProducerRegs>();
     if (threadIdx.x != 0 || iterations == 0) return;
-    const std::int32_t k_coord[4] = {0, k0, kv_head, batch};
+    const std::int32_t k_coord[4] = {0, kp.row0 + k0, kv_head, kp.batch};
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                          &smem.kv_full, (kOnePass ? 3 : 2) * Cfg::kTileBytes);
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.k, &tm_k, k_coord,
@@ -92,7 +93,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v, &tm_v, k_coord,
                                     &smem.kv_full);
     if constexpr (kOnePass) {
-      const std::int32_t kt_coord[4] = {k0, 0, kv_head, batch};
+      const std::int32_t kt_coord[4] = {kp.row0 + k0, 0, kv_head, kp.batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.kt, &tm_kt, kt_coord,
                                       &smem.kv_full);
     }
@@ -103,8 +104,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       wait_barrier(&smem.empty[stage], ((n / Cfg::kStages) & 1) ^ 1);
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                            &smem.full[stage], 4 * Cfg::kTileBytes + 2 * Cfg::kRowStatBytes);
-      const std::int32_t q_coord[4] = {0, qt * Cfg::kBlock, head, batch};
-      const std::int32_t t_coord[4] = {qt * Cfg::kBlock, 0, head, batch};
+      const std::int32_t q_coord[4] = {0, qp.row0 + qt * Cfg::kBlock, head, qp.batch};
+      const std::int32_t t_coord[4] = {qp.row0 + qt * Cfg::kBlock, 0, head, qp.batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.q[stage], &tm_q,
                                       q_coord, &smem.full[stage]);
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.d_o[stage], &tm_do,
@@ -113,7 +114,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
                                       t_coord, &smem.full[stage]);
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.d_ot[stage], &tm_dot,
                                       t_coord, &smem.full[stage]);
-      const std::int64_t stats = (static_cast<std::int64_t>(batch) * args.Hq + head) * stat_row + qt * Cfg::kBlock;
+      const std::int64_t stats =
+          (static_cast<std::int64_t>(qp.batch) * args.Hq + head) * stat_row + qp.row0 + qt * Cfg::kBlock;
       cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.lse_log2[stage],
                                args.lse_log2 + stats, Cfg::kRowStatBytes, &smem.full[stage]);
       cuda::ptx::cp_async_bulk(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.delta[stage],
@@ -131,10 +133,13 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const bool dq_issuer = threadIdx.x % kWarpgroupThreads == 0;
   const int first_key = k0 + consumer * Cfg::kRowsPerConsumer;
   const int key_abs[2] = {first_key + frag.row[0], first_key + frag.row[1]};
-  const int k_blocks = (args.Sk + Cfg::kBlock - 1) / Cfg::kBlock;
-  const std::int64_t kv_index = static_cast<std::int64_t>(batch) * args.Hkv + kv_head;
-  const float k_scale = args.k_scale[kv_index * k_blocks + k_tile];
-  const float v_scale = args.v_scale[kv_index * k_blocks + k_tile];
+  // The key tile in the operands' layout; the dS scales' key tiles are the longest sequence's.
+  const std::int64_t k_block = (static_cast<std::int64_t>(kp.batch) * args.Hkv + kv_head) * kp.tiles +
+                               kp.row0 / Cfg::kBlock + k_tile;
+  const float k_scale = args.k_scale[k_block];
+  const float v_scale = args.v_scale[k_block];
+  const int ds_key_tiles = (args.Sk + Cfg::kBlock - 1) / Cfg::kBlock;
+  const int q_tile0 = qp.row0 / Cfg::kBlock;  // the entry's first query tile in the layout
   const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
 
   float dk[Cfg::kGradRegs], dv[Cfg::kGradRegs];
@@ -150,9 +155,10 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       const int head = kv_head * group + n / q_tiles;
       const int qt = first_q_tile + n % q_tiles;
       const int q0 = qt * Cfg::kBlock;
-      const std::int64_t q_head = static_cast<std::int64_t>(batch) * args.Hq + head;
-      const float q_scale = args.q_scale[q_head * q_blocks + qt];
-      const float do_scale = args.do_scale[q_head * q_blocks + qt];
+      const std::int64_t q_head = static_cast<std::int64_t>(qp.batch) * args.Hq + head;
+      const std::int64_t q_block = q_head * qp.tiles + q_tile0 + qt;
+      const float q_scale = args.q_scale[q_block];
+      const float do_scale = args.do_scale[q_block];
       // Two passes: the pair's dS scale from the dQ kernel's two halves (the
       // same dS values, so the larger half's is the pair's amax / 448; 1 when
       // both are 0), loaded early so that S hides the load. They are combined
@@ -160,7 +166,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       // before it issued S.
       static_assert(Cfg::kConsumers == kDsScalesPerPair, "one scale per consumer of the dQ kernel");
       const float2 halves = kOnePass ? float2{} : *reinterpret_cast<const float2*>(
-          args.ds_scales + ((q_head * q_blocks + qt) * k_blocks + k_tile) * kDsScalesPerPair);
+          args.ds_scales + (q_block * ds_key_tiles + k_tile) * kDsScalesPerPair);
       wait_barrier(&smem.full[stage], (n / Cfg::kStages) & 1);
       const float* lse_tile = smem.lse_log2[stage];
       const float* delta_tile = smem.delta[stage];
@@ -294,7 +300,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         // K's scale is one per key tile, the dS scale one per pair.
         const float factor = ds_scale * k_scale;
         const int first_row = q0 + consumer * Cfg::kRowsPerConsumer;  // a multiple of 8
-        float* sums = args.dq_accum + (q_head * stat_row + first_row) * HeadDim;
+        float* sums = args.dq_accum + (q_head * stat_row + qp.row0 + first_row) * HeadDim;
         if constexpr (Cfg::kDqStaged) {
           float* stage = smem.dq_stage.rows[consumer];
           stage_dq_part<HeadDim>(part, factor, frag, stage, Cfg::kRowsPerConsumer);

@@ -35,10 +35,12 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (args.Hq / args.Hkv);
   const int q0 = q_tile * Cfg::kBlock;
-  // This entry's lengths (packed sequences: its own; args.Sq, args.Sk are the layout's).
+  // This entry's lengths (packed sequences: its own; args.Sq, args.Sk are the longest, the grid's).
   const int seq_q = entry_tokens(args.cu_seqlens_q, batch, args.Sq);
   const int seq_k = entry_tokens(args.cu_seqlens_k, batch, args.Sk);
   if (q0 >= seq_q) return;  // a tile past a packed sequence's end: no rows, and no pair the dK/dV kernel reads
+  const OperandPlace qp = operand_place(args.rows.q, args.rows.q_rows, batch, args.Sq);
+  const OperandPlace kp = operand_place(args.rows.k, args.rows.k_rows, batch, args.Sk);
   const bool causal = args.mask != MaskKind::none;
   const int diagonal = args.mask == MaskKind::causal ? seq_k - seq_q : 0;
   const int last_row = min(q0 + Cfg::kBlock, seq_q) - 1;
@@ -60,7 +62,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     // ---- producer
     set_max_registers_dec<Cfg::kProducerRegs>();
     if (threadIdx.x != 0 || k_tiles == 0) return;
-    const std::int32_t q_coord[4] = {0, q0, head, batch};
+    const std::int32_t q_coord[4] = {0, qp.row0 + q0, head, qp.batch};
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                          &smem.q_full, 2 * Cfg::kTileBytes);
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.q, &tm_q, q_coord,
@@ -72,8 +74,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       wait_barrier(&smem.empty[stage], ((n / Cfg::kStages) & 1) ^ 1);
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                            &smem.full[stage], 3 * Cfg::kTileBytes);
-      const std::int32_t k_coord[4] = {0, n * Cfg::kBlock, kv_head, batch};
-      const std::int32_t kt_coord[4] = {n * Cfg::kBlock, 0, kv_head, batch};
+      const std::int32_t k_coord[4] = {0, kp.row0 + n * Cfg::kBlock, kv_head, kp.batch};
+      const std::int32_t kt_coord[4] = {kp.row0 + n * Cfg::kBlock, 0, kv_head, kp.batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.k[stage], &tm_k,
                                       k_coord, &smem.full[stage]);
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v[stage], &tm_v,
@@ -91,22 +93,25 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const Fragment frag(threadIdx.x % kWarpgroupThreads);
   const int first_row = q0 + consumer * Cfg::kRowsPerConsumer;
   const int row_abs[2] = {first_row + frag.row[0], first_row + frag.row[1]};
-  const int q_blocks = (args.Sq + Cfg::kBlock - 1) / Cfg::kBlock;
-  const int k_blocks = (args.Sk + Cfg::kBlock - 1) / Cfg::kBlock;
-  const std::int64_t q_head = static_cast<std::int64_t>(batch) * args.Hq + head;
-  const std::int64_t kv_index = static_cast<std::int64_t>(batch) * args.Hkv + kv_head;
-  const float q_scale = args.q_scale[q_head * q_blocks + q_tile];
-  const float do_scale = args.do_scale[q_head * q_blocks + q_tile];
+  // The query tile and the key tiles in the operands' layout (packed: from the entry's first rows).
+  const std::int64_t q_head = static_cast<std::int64_t>(qp.batch) * args.Hq + head;
+  const std::int64_t q_block = q_head * qp.tiles + qp.row0 / Cfg::kBlock + q_tile;
+  const std::int64_t k_block0 = (static_cast<std::int64_t>(kp.batch) * args.Hkv + kv_head) * kp.tiles +
+                                kp.row0 / Cfg::kBlock;
+  const float q_scale = args.q_scale[q_block];
+  const float do_scale = args.do_scale[q_block];
   const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
   // Row statistics are padded to whole tiles: rows past the entry's end read +inf and 0.
-  const std::int64_t stat_base = q_head * (static_cast<std::int64_t>(q_blocks) * Cfg::kBlock);
+  const std::int64_t stat_base = q_head * (static_cast<std::int64_t>(qp.tiles) * Cfg::kBlock) + qp.row0;
   const float row_lse[2] = {args.lse_log2[stat_base + row_abs[0]], args.lse_log2[stat_base + row_abs[1]]};
   const float row_delta[2] = {args.delta[stat_base + row_abs[0]], args.delta[stat_base + row_abs[1]]};
   const auto lse = [&](int r, int) { return row_lse[r]; };
   const auto delta = [&](int r, int) { return row_delta[r]; };
 
-  // This consumer's dS scale of every pair of the CTA's query tile, a pair apart.
-  float* const pair_scales = args.ds_scales + (q_head * q_blocks + q_tile) * k_blocks * kDsScalesPerPair + consumer;
+  // This consumer's dS scale of every pair of the CTA's query tile, a pair
+  // apart: (query tile of the layout, key tile of the longest sequence).
+  const int ds_key_tiles = (args.Sk + Cfg::kBlock - 1) / Cfg::kBlock;
+  float* const pair_scales = args.ds_scales + q_block * ds_key_tiles * kDsScalesPerPair + consumer;
 
   float dq[Cfg::kGradRegs];
 #pragma unroll
@@ -119,8 +124,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     for (int n = 0; n < k_tiles; ++n) {
       const int stage = n % Cfg::kStages;
       const int first_key = n * Cfg::kBlock;
-      const float k_scale = args.k_scale[kv_index * k_blocks + n];
-      const float v_scale = args.v_scale[kv_index * k_blocks + n];
+      const float k_scale = args.k_scale[k_block0 + n];
+      const float v_scale = args.v_scale[k_block0 + n];
       wait_barrier(&smem.full[stage], (n / Cfg::kStages) & 1);
 
       float s[Cfg::kSRegs], dp[Cfg::kSRegs];

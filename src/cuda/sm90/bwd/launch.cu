@@ -33,13 +33,16 @@ CUtensorMap transposed_map(const std::uint8_t* codes, int B, int S, int H, const
 template <int D, PCode kPCode>
 void launch(const Fp8BackwardArgs& a, cudaStream_t stream) {
   using Cfg = BwdConfig<D>;
-  const CUtensorMap tm_q = token_map<D>(a.q, a.B, a.Sq, a.Hq, "q");
-  const CUtensorMap tm_do = token_map<D>(a.d_o, a.B, a.Sq, a.Hq, "d_o");
-  const CUtensorMap tm_k = token_map<D>(a.k, a.B, a.Sk, a.Hkv, "k");
-  const CUtensorMap tm_v = token_map<D>(a.v, a.B, a.Sk, a.Hkv, "v");
-  const CUtensorMap tm_qt = transposed_map<D>(a.qt, a.B, a.Sq, a.Hq, "q");
-  const CUtensorMap tm_dot = transposed_map<D>(a.d_ot, a.B, a.Sq, a.Hq, "d_o");
-  const CUtensorMap tm_kt = transposed_map<D>(a.kt, a.B, a.Sk, a.Hkv, "k");
+  // Packed sequences: every operand is one batch entry of the tile-aligned layout.
+  const bool packed = a.cu_seqlens_q != nullptr;
+  const int B = packed ? 1 : a.B, Sq = packed ? a.rows.q_rows : a.Sq, Sk = packed ? a.rows.k_rows : a.Sk;
+  const CUtensorMap tm_q = token_map<D>(a.q, B, Sq, a.Hq, "q");
+  const CUtensorMap tm_do = token_map<D>(a.d_o, B, Sq, a.Hq, "d_o");
+  const CUtensorMap tm_k = token_map<D>(a.k, B, Sk, a.Hkv, "k");
+  const CUtensorMap tm_v = token_map<D>(a.v, B, Sk, a.Hkv, "v");
+  const CUtensorMap tm_qt = transposed_map<D>(a.qt, B, Sq, a.Hq, "q");
+  const CUtensorMap tm_dot = transposed_map<D>(a.d_ot, B, Sq, a.Hq, "d_o");
+  const CUtensorMap tm_kt = transposed_map<D>(a.kt, B, Sk, a.Hkv, "k");
 
   if (a.dq_mode == DqMode::two_pass) {
     auto* dq_kernel = &fp8_dq_kernel<D, kPCode>;
@@ -60,7 +63,7 @@ void launch(const Fp8BackwardArgs& a, cudaStream_t stream) {
   dkv_kernel<<<dkv_grid, Cfg::kThreads, kDkvSmem, stream>>>(a, tm_q, tm_do, tm_qt, tm_dot, tm_k, tm_v, tm_kt);
   check_cuda(cudaGetLastError(), "fp8_dkv_kernel launch");
   if (a.dq_mode == DqMode::one_pass)
-    finalize_dq(a.dq_accum, a.out_type, a.dq, a.softmax_scale, a.B, a.Sq, a.Hq, D, a.cu_seqlens_q, stream);
+    finalize_dq(a.dq_accum, a.out_type, a.dq, a.softmax_scale, a.B, a.Sq, a.Hq, D, a.cu_seqlens_q, a.rows, stream);
 }
 
 }  // namespace
@@ -74,6 +77,10 @@ void backward_fp8(const Fp8BackwardArgs& a, cudaStream_t stream) {
     throw Error("ds_scales", "DqMode::two_pass needs the dS scale buffer");
   if ((a.cu_seqlens_q == nullptr) != (a.cu_seqlens_k == nullptr))
     throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");
+  if (a.cu_seqlens_q != nullptr &&
+      (a.rows.q == nullptr || a.rows.k == nullptr || a.rows.q_rows % kTile != 0 || a.rows.k_rows % kTile != 0 ||
+       a.rows.q_rows < a.Sq || a.rows.k_rows < a.Sk))
+    throw Error("rows", "packed sequences need their tile-aligned layout (rows.q, rows.k, q_rows, k_rows)");
   const bool direct = a.p_code == PCode::direct_p;
   switch (a.D) {
     case 64: return direct ? launch<64, PCode::direct_p>(a, stream) : launch<64, PCode::exp2_cvt>(a, stream);

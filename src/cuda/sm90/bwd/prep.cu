@@ -34,26 +34,48 @@ struct LseJob {
   const float* shift;
   float* delta;
   float* lse_log2;
-  int Sq, Hq;
+  int B, Sq, Hq;
   std::int64_t padded, rows;
   const int* cu_seqlens_q;  // packed sequences: lse is (Hq, lse_pitch)
   std::int64_t lse_pitch;
+  PackedRows packed;  // and the statistics the tile-aligned layout (padded = packed.q_rows)
 };
 
-// One thread per (b, h, padded row). delta itself comes from the dO
+// The packed sequence whose rows of the tile-aligned layout hold row r: the
+// last b with first[b] ≤ r among the B + 1 first rows; B for a row past
+// every sequence's tiles.
+__device__ int sequence_of_row(const int* first, int B, std::int64_t r) {
+  int lo = 0, hi = B;  // first[lo] ≤ r holds (first[0] = 0)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first[mid] <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// One thread per (b, h, padded row), or for packed sequences per (h, row of
+// the layout). delta itself comes from the dO
 // quantizer call (QRowDot); a NaN LSE (the forward saw non-finite input)
 // overwrites it, so the row's dS, and with it dQ and dK, is NaN rather than
 // silently zero.
 __global__ void __launch_bounds__(kStatThreads) lse_rows_kernel(const LseJob job) {
   const std::int64_t index = static_cast<std::int64_t>(blockIdx.x) * kStatThreads + threadIdx.x;
   if (index >= job.rows) return;
-  const int i = static_cast<int>(index % job.padded);
-  const std::int64_t bh = index / job.padded;
-  const int b = static_cast<int>(bh / job.Hq), h = static_cast<int>(bh % job.Hq);
+  const std::int64_t r = index % job.padded, bh = index / job.padded;
   const bool packed = job.cu_seqlens_q != nullptr;
+  // The row's sequence b and its place i in it.
+  int b, h, i;
+  if (packed) {
+    b = sequence_of_row(job.packed.q, job.B, r), h = static_cast<int>(bh);
+    i = b < job.B ? static_cast<int>(r - job.packed.q[b]) : 0;
+  } else {
+    b = static_cast<int>(bh / job.Hq), h = static_cast<int>(bh % job.Hq), i = static_cast<int>(r);
+  }
   float lse_log2 = __int_as_float(0x7F800000);
-  if (i < (packed ? job.cu_seqlens_q[b + 1] - job.cu_seqlens_q[b] : job.Sq)) {
-    const std::int64_t row = bh * job.Sq + i;  // the shift's (B, Hq, Sq) layout
+  if (b < job.B && i < (packed ? job.cu_seqlens_q[b + 1] - job.cu_seqlens_q[b] : job.Sq)) {
+    // The shift's layout: (B, Hq, Sq), or the packed (Hq, q_rows), as the quantizer wrote it.
+    const std::int64_t row = packed ? index : bh * job.Sq + i;
     const float lse = job.lse[packed ? h * job.lse_pitch + job.cu_seqlens_q[b] + i : row];
     // The forward's LSE is that of the original scores; the recomputed scores
     // use the smoothed K, so its smooth_k shift comes back out.
@@ -64,25 +86,38 @@ __global__ void __launch_bounds__(kStatThreads) lse_rows_kernel(const LseJob job
 }
 
 // Thread i: element i of dQ in (B, Sq, Hq, D) order, read from its place in
-// the sums' layout (dq_accum_elems, dq_accum_column); for packed sequences
-// rows past the entry's length are skipped.
+// the sums' layout (dq_accum_elems, dq_accum_column). Packed sequences: i
+// runs over (row of the tile-aligned layout, Hq, D) instead, and rows that
+// are no sequence's token (its tile's padding, past the last tile) are skipped.
 template <class T>
 __global__ void __launch_bounds__(kStatThreads) finalize_dq_kernel(const float* __restrict__ accum, TensorRef dq,
-                                                                    float scale, int Sq, std::int64_t padded,
+                                                                    float scale, int B, int Sq, std::int64_t padded,
                                                                     int Hq, int D, std::int64_t count,
-                                                                    const int* __restrict__ cu_seqlens_q) {
+                                                                    const int* __restrict__ cu_seqlens_q,
+                                                                    const int* __restrict__ first_rows) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kStatThreads + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * kStatThreads) {
     const int d = static_cast<int>(i % D);
     const std::int64_t row = i / D;
     const int h = static_cast<int>(row % Hq);
     const std::int64_t bs = row / Hq;
-    const int s = static_cast<int>(bs % Sq), b = static_cast<int>(bs / Sq);
-    if (cu_seqlens_q != nullptr && s >= cu_seqlens_q[b + 1] - cu_seqlens_q[b]) continue;
-    const std::int64_t entry = cu_seqlens_q != nullptr ? cu_seqlens_q[b] * dq.stride_s : b * dq.stride_b;
+    std::int64_t entry, sums;
+    int s;
+    if (cu_seqlens_q != nullptr) {
+      const int b = sequence_of_row(first_rows, B, bs);  // bs: the layout's row
+      s = b < B ? static_cast<int>(bs - first_rows[b]) : 0;
+      if (b >= B || s >= cu_seqlens_q[b + 1] - cu_seqlens_q[b]) continue;
+      entry = cu_seqlens_q[b] * dq.stride_s;
+      sums = (static_cast<std::int64_t>(h) * padded + bs) * D;
+    } else {
+      const int b = static_cast<int>(bs / Sq);
+      s = static_cast<int>(bs % Sq);
+      entry = b * dq.stride_b;
+      sums = ((static_cast<std::int64_t>(b) * Hq + h) * padded + s) * D;
+    }
     T* out = static_cast<T*>(dq.data) + entry + s * dq.stride_s + h * dq.stride_h + d;
-    const float sum = accum[((static_cast<std::int64_t>(b) * Hq + h) * padded + s) * D + dq_accum_column(s, d)];
-    *out = from_float<T>(__fmul_rn(scale, sum));
+    // Rows start on multiples of 8 in both layouts, so s gives the row's permutation.
+    *out = from_float<T>(__fmul_rn(scale, accum[sums + dq_accum_column(s, d)]));
   }
 }
 
@@ -115,32 +150,35 @@ void nan_scales_if_flagged(const int* flags, int flag_count, const int* more_fla
 }
 
 void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, float scale, int B, int Sq, int Hq, int D,
-                 const int* cu_seqlens_q, cudaStream_t stream) {
-  const std::int64_t count = static_cast<std::int64_t>(B) * Sq * Hq * D, padded = padded_tokens(Sq);
+                 const int* cu_seqlens_q, const PackedRows& rows, cudaStream_t stream) {
+  const bool packed = cu_seqlens_q != nullptr;
+  const std::int64_t count = (packed ? rows.q_rows : static_cast<std::int64_t>(B) * Sq) * Hq * D;
+  const std::int64_t padded = packed ? rows.q_rows : padded_tokens(Sq);
   constexpr std::int64_t kMaxBlocks = 1 << 16;
   const unsigned grid = static_cast<unsigned>(std::min(kMaxBlocks, (count + kStatThreads - 1) / kStatThreads));
   switch (type) {
     case ElementType::f32:
       finalize_dq_kernel<float>
-          <<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count, cu_seqlens_q);
+          <<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, B, Sq, padded, Hq, D, count, cu_seqlens_q, rows.q);
       break;
     case ElementType::f16:
       finalize_dq_kernel<__half>
-          <<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count, cu_seqlens_q);
+          <<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, B, Sq, padded, Hq, D, count, cu_seqlens_q, rows.q);
       break;
     case ElementType::bf16:
       finalize_dq_kernel<__nv_bfloat16>
-          <<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, Sq, padded, Hq, D, count, cu_seqlens_q);
+          <<<grid, kStatThreads, 0, stream>>>(accum, dq, scale, B, Sq, padded, Hq, D, count, cu_seqlens_q, rows.q);
       break;
   }
   check_cuda(cudaGetLastError(), "finalize_dq launch");
 }
 
 void lse_statistics(const float* lse, const float* shift, float* delta, float* lse_log2, int B, int Sq, int Hq,
-                    const int* cu_seqlens_q, std::int64_t lse_pitch, cudaStream_t stream) {
-  const std::int64_t padded = padded_tokens(Sq);
-  const LseJob job{lse, shift, delta, lse_log2, Sq, Hq, padded, static_cast<std::int64_t>(B) * Hq * padded,
-                   cu_seqlens_q, lse_pitch};
+                    const int* cu_seqlens_q, std::int64_t lse_pitch, const PackedRows& rows, cudaStream_t stream) {
+  const bool packed = cu_seqlens_q != nullptr;
+  const std::int64_t padded = packed ? rows.q_rows : padded_tokens(Sq);
+  const LseJob job{lse,     shift,        delta,     lse_log2, B, Sq, Hq, padded, (packed ? 1 : B) * Hq * padded,
+                   cu_seqlens_q, lse_pitch, rows};
   const unsigned grid = static_cast<unsigned>((job.rows + kStatThreads - 1) / kStatThreads);
   lse_rows_kernel<<<grid, kStatThreads, 0, stream>>>(job);
   check_cuda(cudaGetLastError(), "lse_statistics launch");

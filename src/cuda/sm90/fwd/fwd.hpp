@@ -75,13 +75,20 @@ struct Fp8ForwardArgs {
   MxScaleRule mx_scale_rule = MxScaleRule::round_up;  // PCode::mxfp4_exp2's block scale
   // Packed sequences of different lengths (FlashAttention's varlen batches),
   // or null: B + 1 device ints each; entry b has query rows cu_seqlens_q[b] ..
-  // cu_seqlens_q[b + 1] − 1 and as many keys as cu_seqlens_k gives it. The
-  // quantized operands stay laid out for Sq and Sk tokens per entry (the
-  // longest); O is packed (total_q, Hq, D) with o_stride_b unused, and the
-  // LSE packed (Hq, lse_pitch = total_q). Recipe fp8's E4M3 operands only.
+  // cu_seqlens_q[b + 1] − 1 and as many keys as cu_seqlens_k gives it (Sq
+  // and Sk are the longest: the grid). The quantized operands take the
+  // tile-aligned layout (cuda/common/packed_rows.hpp): Q one batch entry of
+  // q_rows tokens, K and Vᵀ of k_rows (vt_keys = k_rows), the scales and
+  // lse_shift as for that one entry, and entry b's tokens from row rows_q[b]
+  // (rows_k[b]) on; v_scale stays (B, Hkv, D). O is packed (total_q, Hq, D)
+  // with o_stride_b unused, and the LSE packed (Hq, lse_pitch = total_q).
+  // Recipe fp8's E4M3 operands only.
   const int* cu_seqlens_q = nullptr;
   const int* cu_seqlens_k = nullptr;
   std::int64_t lse_pitch = 0;
+  const int* rows_q = nullptr;
+  const int* rows_k = nullptr;
+  std::int64_t q_rows = 0, k_rows = 0;
   // Consumer warpgroups per CTA: 0 lets the launcher choose (three at D = 64
   // where whole waves of 192-row CTAs come out faster, fp8_direct_p/consumer_count.hpp);
   // 2, or 3 at D = 64 without q_fp4, force one (tests, A/B runs).

@@ -229,10 +229,15 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   const int seq_q = packed ? args.cu_seqlens_q[batch + 1] - args.cu_seqlens_q[batch] : args.Sq;
   const int seq_k = packed ? args.cu_seqlens_k[batch + 1] - args.cu_seqlens_k[batch] : args.Sk;
   if (q0 >= seq_q) return;
+  // Where the entry's operands sit: packed, rows q_row0 (k_row0) on of the
+  // one-entry tile-aligned layout; otherwise entry `batch` from row 0.
+  const int op_batch = packed ? 0 : batch;
+  const int q_row0 = packed ? args.rows_q[batch] : 0, k_row0 = packed ? args.rows_k[batch] : 0;
+  const int k_layout_rows = packed ? static_cast<int>(args.k_rows) : args.Sk;
   const bool causal = args.mask != MaskKind::none;
   // Bottom-right alignment: query i sees key j iff j ≤ i + Sk − Sq.
   const int diagonal = args.mask == MaskKind::causal ? seq_k - seq_q : 0;
-  const int num_k_tiles = (args.Sk + Cfg::kBlockK - 1) / Cfg::kBlockK;  // k_scale's pitch
+  const int num_k_tiles = (k_layout_rows + Cfg::kBlockK - 1) / Cfg::kBlockK;  // k_scale's pitch
   // Tiles past the CTA's last visible key are skipped (causal), never masked.
   const int last_row = min(q0 + Cfg::kBlockQ, seq_q) - 1;
   const int last_key = causal ? min(seq_k - 1, last_row + diagonal) : seq_k - 1;
@@ -288,7 +293,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
                                          &smem.q_full, Cfg::kQBytes);
 #pragma unroll
     for (int panel = 0; panel < Cfg::kQkPanels; ++panel) {
-      const std::int32_t q_coord[4] = {panel * Cfg::kQkPanelBytes, q0, head, batch};
+      const std::int32_t q_coord[4] = {panel * Cfg::kQkPanelBytes, q_row0 + q0, head, op_batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                       smem.q + panel * Cfg::kQPanelBytes, &tm_q, q_coord, &smem.q_full);
     }
@@ -299,12 +304,12 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
                                            &smem.kv_full[stage], Cfg::kKBytes + Cfg::kVBytes);
 #pragma unroll
       for (int panel = 0; panel < Cfg::kQkPanels; ++panel) {
-        const std::int32_t k_coord[4] = {panel * Cfg::kQkPanelBytes, n * Cfg::kBlockK, kv_head, batch};
+        const std::int32_t k_coord[4] = {panel * Cfg::kQkPanelBytes, k_row0 + n * Cfg::kBlockK, kv_head, op_batch};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                         smem.k[stage] + panel * Cfg::kKPanelBytes, &tm_k, k_coord,
                                         &smem.kv_full[stage]);
       }
-      const std::int32_t v_coord[4] = {n * Cfg::kBlockK, o_split * Cfg::kOColumns, kv_head, batch};
+      const std::int32_t v_coord[4] = {k_row0 + n * Cfg::kBlockK, o_split * Cfg::kOColumns, kv_head, op_batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v[stage], &tm_vt,
                                       v_coord, &smem.kv_full[stage]);
     }
@@ -321,12 +326,18 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   const std::uint64_t desc_q = make_kmajor_desc<Cfg::kQkSwizzle>(smem.q + consumer * Cfg::kQConsumerBytes);
   const StageDescriptors<Cfg> stages{make_kmajor_desc<Cfg::kQkSwizzle>(smem.k[0]),
                                      make_kmajor_desc<Cfg::kVSwizzle>(smem.v[0])};
-  const int q_groups = (args.Sq + args.q_scale_rows - 1) / args.q_scale_rows;
-  const float* q_scale_head = args.q_scale + (static_cast<std::int64_t>(batch) * args.Hq + head) * q_groups;
+  const int q_layout_rows = packed ? static_cast<int>(args.q_rows) : args.Sq;
+  const int q_groups = (q_layout_rows + args.q_scale_rows - 1) / args.q_scale_rows;
+  const float* q_scale_head =
+      args.q_scale + (static_cast<std::int64_t>(op_batch) * args.Hq + head) * q_groups + q_row0 / args.q_scale_rows;
   float q_scale[2];  // rows past Sq read the last row's scale and are never stored
 #pragma unroll
   for (int r = 0; r < 2; ++r) q_scale[r] = q_scale_head[min(row_abs[r], seq_q - 1) / args.q_scale_rows];
-  const float* k_scale = args.k_scale + (static_cast<std::int64_t>(batch) * args.Hkv + kv_head) * num_k_tiles;
+  const float* k_scale =
+      args.k_scale + (static_cast<std::int64_t>(op_batch) * args.Hkv + kv_head) * num_k_tiles + k_row0 / Cfg::kBlockK;
+  // This (entry, head)'s LSE shifts, row 0 on (read by the epilogue when smooth_k).
+  const float* lse_shift_rows =
+      args.lse_shift + (static_cast<std::int64_t>(op_batch) * args.Hq + head) * q_layout_rows + q_row0;
   const float scale_log2 = args.softmax_scale * direct_p::kLog2e;
   const bool mx_round_up = args.mx_scale_rule == MxScaleRule::round_up;
 
@@ -394,7 +405,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
 #pragma unroll
       for (int r = 0; r < 2; ++r)
         if (args.lse_shift != nullptr && frag.col == 0 && row_abs[r] < seq_q)
-          lse_shift[r] = args.lse_shift[(static_cast<std::int64_t>(batch) * args.Hq + head) * args.Sq + row_abs[r]];
+          lse_shift[r] = lse_shift_rows[row_abs[r]];
     });
   };
 

@@ -57,6 +57,10 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if (a.cu_seqlens_q != nullptr && (a.q_fp4 != nullptr || a.q_scale_rows != 128 || !fp8_p))
     throw Error("cu_seqlens", "packed sequences run recipe fp8's E4M3 operands only");
   if (a.cu_seqlens_q != nullptr && a.lse_pitch <= 0) throw Error("lse_pitch", "packed sequences need the LSE's pitch");
+  if (a.cu_seqlens_q != nullptr &&
+      (a.rows_q == nullptr || a.rows_k == nullptr || a.q_rows % kVtKeyAlign != 0 || a.k_rows % kVtKeyAlign != 0 ||
+       a.q_rows < a.Sq || a.k_rows < a.Sk || a.vt_keys != a.k_rows))
+    throw Error("rows", "packed sequences need their tile-aligned layout (rows_q, rows_k, q_rows, k_rows = vt_keys)");
   if (head_dim == 256) return forward_fp8_head_dim<256>(a, stream);
   if (head_dim == 128) return forward_fp8_head_dim<128>(a, stream);
   forward_fp8_head_dim<64>(a, stream);

@@ -75,15 +75,18 @@ template <int HeadDim, int kConsumers, PCode kPCode, bool kNarrowD = false, int 
 void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
   using Cfg = Fp8Config<HeadDim, kConsumers, kUsedDim>;
   constexpr TmaSwizzle kQk = Cfg::kQkPanelBytes == 128 ? TmaSwizzle::b128 : TmaSwizzle::b64;
+  // Packed sequences: the operands are one batch entry of the tile-aligned layout.
+  const bool packed = a.cu_seqlens_q != nullptr;
+  const std::int64_t batches = packed ? 1 : a.B, q_tokens = packed ? a.q_rows : a.Sq, k_tokens = packed ? a.k_rows : a.Sk;
   const CUtensorMap tm_q = make_byte_tensor_map(
-      a.q, {u64(a.D), u64(a.Sq), u64(a.Hq), u64(a.B)}, {u64(a.q_stride_s), u64(a.q_stride_h), u64(a.q_stride_b)},
-      {Cfg::kQkPanelBytes, Cfg::kBlockQ, 1, 1}, kQk, "q");
+      a.q, {u64(a.D), u64(q_tokens), u64(a.Hq), u64(batches)},
+      {u64(a.q_stride_s), u64(a.q_stride_h), u64(a.q_stride_b)}, {Cfg::kQkPanelBytes, Cfg::kBlockQ, 1, 1}, kQk, "q");
   const CUtensorMap tm_k = make_byte_tensor_map(
-      a.k, {u64(a.D), u64(a.Sk), u64(a.Hkv), u64(a.B)}, {u64(a.k_stride_s), u64(a.k_stride_h), u64(a.k_stride_b)},
-      {Cfg::kQkPanelBytes, Cfg::kBlockK, 1, 1}, kQk, "k");
+      a.k, {u64(a.D), u64(k_tokens), u64(a.Hkv), u64(batches)},
+      {u64(a.k_stride_s), u64(a.k_stride_h), u64(a.k_stride_b)}, {Cfg::kQkPanelBytes, Cfg::kBlockK, 1, 1}, kQk, "k");
   const std::int64_t vt_row = a.vt_keys;
   const CUtensorMap tm_vt = make_byte_tensor_map(
-      a.vt, {u64(a.vt_keys), u64(a.D), u64(a.Hkv), u64(a.B)},
+      a.vt, {u64(a.vt_keys), u64(a.D), u64(a.Hkv), u64(batches)},
       {u64(vt_row), u64(vt_row * a.D), u64(vt_row * a.D * a.Hkv)}, {Cfg::kBlockK, Cfg::kOColumns, 1, 1},
       TmaSwizzle::b128, "vt");
   run_kernel<HeadDim, kConsumers, kPCode, false, kNarrowD, kUsedDim>(a, tm_q, tm_k, tm_vt, stream);
