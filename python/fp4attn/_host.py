@@ -76,18 +76,20 @@ def equal_length_runs(lens_q: list, lens_k: list) -> list:
     return runs
 
 
-# A packed device call lays its operands out for (sequences, longest sequence) tokens; past
-# this many times the tokens it holds (plus a tile per sequence), a batch is cut into groups.
-# Cutting costs: at 2, the 8 prompts of bench_varlen.py (2.3 times) ran as two calls, 16 %
-# slower forward and 18 % forward + backward (perf log v7).
+# A packed device call's grids span (sequences, longest sequence) tiles, those past a
+# sequence's end leaving at once (its operands take only the tokens, tile-aligned); past
+# this many times the tokens it holds (plus a tile per sequence), a batch is cut into
+# groups. One sequence of 32768 tokens and 64 of 512: 842 TFLOP/s forward as two groups,
+# 749 as one call. Cutting costs too: at 2, the 8 prompts of bench_varlen.py (2.3 times)
+# ran as two calls, 16 % slower forward and 18 % forward + backward (perf log v7, v9).
 PACKED_LAYOUT_WASTE = 4
 
 
 def packed_groups(lens_q: list, lens_k: list) -> list:
     """(first sequence, count) of consecutive groups, each one packed device call: a group grows
     while (count · longest) stays within PACKED_LAYOUT_WASTE times its tokens plus 128 per
-    sequence, for queries and for keys, so that the call's operands (laid out for count ·
-    longest tokens) stay near the packed tensors' size."""
+    sequence, for queries and for keys, so that the call's grids (count · longest tokens of
+    tiles) stay near the tiles its tokens fill."""
     def fits(count, longest, total):
         return count * longest <= PACKED_LAYOUT_WASTE * total + 128 * count
 
