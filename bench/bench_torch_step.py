@@ -4,12 +4,13 @@ backward of fp4attn.attention (autograd, recipe fp8, Direct-P, smooth_k, bf16)
 against torch SDPA with the cuDNN and FlashAttention-2 backends, on the same
 inputs in the same process.
 
-Ours runs twice: as shipped (the forward keeps Q's and K's quantized operands
-for the backward) and with that turned off (the backward quantizes q and k
-again), so the figure says what keeping them is worth to a torch user; and
+Ours runs as shipped (the forward keeps Q's and K's quantized operands for
+the backward) and with that turned off (the backward quantizes q and k
+again), so the figure says what keeping them is worth to a torch user; then
 a third time with the backward's two deterministic passes forced
-(`two_pass`: DETERMINISTIC_BACKWARD = True), which differs from the shipped
-run only where the shipped default takes the one pass (D = 64). The
+(`two_pass`: DETERMINISTIC_BACKWARD = True) and a fourth with the one pass
+forced (`one_pass`: False), so that each row says which mode the shipped
+rule should pick. The
 variants and the baselines alternate over --rounds rounds; a figure is the
 median round. peak_mib: the device memory one step takes at its peak beyond
 what was allocated before it. Steps are queued back to back (--queued 1, the default), as in
@@ -83,17 +84,20 @@ def main():
             finally:
                 torch_ops._kept_bytes = keep_bytes
 
-        def two_pass(i):
-            torch_ops.DETERMINISTIC_BACKWARD = True
-            try:
-                step_ours(q, k, v, d_o, causal)
-            finally:
-                torch_ops.DETERMINISTIC_BACKWARD = None
+        def forced(deterministic):
+            def step(i):
+                torch_ops.DETERMINISTIC_BACKWARD = deterministic
+                try:
+                    step_ours(q, k, v, d_o, causal)
+                finally:
+                    torch_ops.DETERMINISTIC_BACKWARD = None
+            return step
 
         impls = {
             "kept": lambda i: step_ours(q, k, v, d_o, causal),
             "not_kept": without_kept,
-            "two_pass": two_pass,
+            "two_pass": forced(True),
+            "one_pass": forced(False),
             "cudnn": lambda i: step_sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, d_o, causal),
             "fa2": lambda i: step_sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, d_o, causal),
         }
@@ -119,13 +123,16 @@ def main():
                        "causal" if causal else "none") else "two passes"),
                    paired_kept_vs_not=round(statistics.median(b / a for a, b in zip(times["kept"], times["not_kept"])), 4),
                    paired_kept_vs_two_pass=round(
-                       statistics.median(b / a for a, b in zip(times["kept"], times["two_pass"])), 4))
+                       statistics.median(b / a for a, b in zip(times["kept"], times["two_pass"])), 4),
+                   paired_one_pass_vs_two_pass=round(
+                       statistics.median(b / a for a, b in zip(times["one_pass"], times["two_pass"])), 4))
         rows.append(row)
         t = row["tflops"]
         print(f"D={D} S={S} causal={int(causal)}  fwd+bwd TFLOP/s kept {t['kept']:.1f}  not kept {t['not_kept']:.1f}  "
               f"cudnn {t['cudnn']:.1f}  fa2 {t['fa2']:.1f}  | kept/cudnn {t['kept'] / t['cudnn']:.3f}  "
               f"not/cudnn {t['not_kept'] / t['cudnn']:.3f}  | paired kept/not {row['paired_kept_vs_not']:.3f}  "
-              f"kept ({row['backward']})/two_pass {row['paired_kept_vs_two_pass']:.3f}  | "
+              f"kept ({row['backward']})/two_pass {row['paired_kept_vs_two_pass']:.3f}  "
+              f"one_pass/two_pass {row['paired_one_pass_vs_two_pass']:.3f}  | "
               f"host gap us ours {gaps['kept']} cudnn {gaps['cudnn']}  | peak MiB kept {peaks['kept']} "
               f"not kept {peaks['not_kept']} cudnn {peaks['cudnn']} fa2 {peaks['fa2']}",
               flush=True)
