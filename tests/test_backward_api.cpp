@@ -141,9 +141,9 @@ TEST(BackwardApi, OnePassRuleCountsTheKeysRowsSee) {
   };
   EXPECT_TRUE(dispatch::sm90_backward_one_pass_faster(shape(1024, 1024, 64), MaskKind::none));
   EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(1024, 1024, 128), MaskKind::none));
-  EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(1024, 1024, 64), MaskKind::causal));  // 512.5
-  EXPECT_TRUE(dispatch::sm90_backward_one_pass_faster(shape(2048, 2048, 64), MaskKind::causal));   // 1024.5
-  EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(2046, 2046, 64), MaskKind::causal));  // 1023.5
+  EXPECT_TRUE(dispatch::sm90_backward_one_pass_faster(shape(512, 512, 64), MaskKind::causal));   // 256.5
+  EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(510, 510, 64), MaskKind::causal));  // 255.5
+  EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(255, 255, 64), MaskKind::none));
 }
 
 // Packed sequences: the same rule on the mean over every query row of the
@@ -151,12 +151,12 @@ TEST(BackwardApi, OnePassRuleCountsTheKeysRowsSee) {
 TEST(BackwardApi, PackedOnePassRuleWeighsEachSequencesRows) {
   using Lens = std::vector<std::int64_t>;
   // One sequence: the batched rule.
-  EXPECT_TRUE(dispatch::sm90_packed_backward_one_pass_faster(Lens{2048}, Lens{2048}, 64, MaskKind::causal));
-  EXPECT_FALSE(dispatch::sm90_packed_backward_one_pass_faster(Lens{2046}, Lens{2046}, 64, MaskKind::causal));
+  EXPECT_TRUE(dispatch::sm90_packed_backward_one_pass_faster(Lens{512}, Lens{512}, 64, MaskKind::causal));
+  EXPECT_FALSE(dispatch::sm90_packed_backward_one_pass_faster(Lens{510}, Lens{510}, 64, MaskKind::causal));
   // (4096·4096 + 100·100) / 4196 ≈ 4001 keys a row.
   EXPECT_TRUE(dispatch::sm90_packed_backward_one_pass_faster(Lens{4096, 100}, Lens{4096, 100}, 64, MaskKind::none));
-  // (1000·1000 + 100·3000) / 1100 ≈ 1182 keys a row.
-  EXPECT_TRUE(dispatch::sm90_packed_backward_one_pass_faster(Lens{1000, 100}, Lens{1000, 3000}, 64, MaskKind::none));
+  // (200·200 + 100·3000) / 300 ≈ 1133 keys a row.
+  EXPECT_TRUE(dispatch::sm90_packed_backward_one_pass_faster(Lens{200, 100}, Lens{200, 3000}, 64, MaskKind::none));
   // 100 rows of 3000 keys and 3000 rows of 100: 194 keys a row (the sequences' means average 1550).
   EXPECT_FALSE(dispatch::sm90_packed_backward_one_pass_faster(Lens{100, 3000}, Lens{3000, 100}, 64, MaskKind::none));
   EXPECT_FALSE(dispatch::sm90_packed_backward_one_pass_faster(Lens{4096}, Lens{4096}, 128, MaskKind::none));

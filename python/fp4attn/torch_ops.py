@@ -54,7 +54,7 @@ torch.compile(fullgraph=True) traces forward and backward. It runs:
   call (recipes fp8 and mxfp4_train, target sm90, D = 64 or 128; narrower
   head dims arrive padded);
   reproducible bit for bit except where the one pass is faster (D = 64, rows
-  seeing at least 1024 keys on average) while
+  seeing at least 256 keys on average) while
   torch.are_deterministic_algorithms_enabled() is off (DETERMINISTIC_BACKWARD
   says how dQ is summed);
 * otherwise on the host through `_ext.backward` (the emulator's FP8 backward,
@@ -101,8 +101,8 @@ _KEEP_ARG = _LSE_RETURNED_ARG + 1
 # How the device backward sums dQ over key tiles. None (the default) follows
 # torch.are_deterministic_algorithms_enabled(): while that is off, the faster
 # mode for the problem (_ext.device_backward_one_pass_faster: at D = 64, where
-# query rows see at least 1024 keys on average, one pass whose dQ summation
-# order varies from run to run, forward + backward 2–33 % faster on the H200;
+# query rows see at least 256 keys on average, one pass whose dQ summation
+# order varies from run to run, forward + backward 3–11 % faster on the H200;
 # its dQ also quantizes dS with one scale per 128 x 128 pair where the two
 # passes take one per 64 query rows, so the modes' dQ differ by part of the
 # FP8 error;

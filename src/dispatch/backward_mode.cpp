@@ -10,9 +10,11 @@ namespace fp4attn::dispatch {
 namespace {
 
 // The one pass wins from this many keys per query row on average (D = 64):
-// between the 512 of a causal 1k problem, where it lost 4 %, and the 1024 of
-// causal 2k and noncausal 1k, where it gained 2–3 % (NOTES.md of the backward).
-constexpr double kOnePassMinMeanKeys = 1024.0;
+// through the torch layer (bench_torch_step.py, B·S = 32k, 32 heads) it
+// gained 3 % at 256.5 (S = 512 causal), 5 % at 512 and 512.5, 9 % at 1024,
+// 11 % at 2048.5 (S = 4k causal) once finalize_dq ran at the memory's pace
+// (NOTES.md of the backward); shorter rows were not measured.
+constexpr double kOnePassMinMeanKeys = 256.0;
 
 }  // namespace
 

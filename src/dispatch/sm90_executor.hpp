@@ -174,12 +174,11 @@ double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk);
 // also sums dQ, in an order that varies run to run) is faster than the two
 // deterministic passes for this problem. Measured on the H200 (forward +
 // backward, src/cuda/sm90/bwd/NOTES.md): at D = 64 it is where a query row
-// sees at least 1024 keys on average (P and dS formed once per pair instead
-// of twice: +2 % at S = 1k noncausal, +3 % at 2k causal, +10 % at 4k causal
-// and 2k noncausal, more beyond), not below (−4 % at 1k causal, −9 % at 512
-// causal: the dQ sums' set-up and conversion, per query row, outweigh the
-// pairs saved); at D = 128 it is not (−1 to −14 % at S = 2k–16k: staging
-// the 64 KB of fp32 dQ per pair costs more than the second pass). Callers
+// sees at least 256 keys on average (P and dS formed once per pair instead
+// of twice: +3 % at S = 512 causal, +5 % at 1k causal and 512 noncausal,
+// +9 % at 1k noncausal, +11 % at 4k causal; shorter rows not measured); at
+// D = 128 it is not (−2 to −8 % at S = 1k–16k: staging the 64 KB of fp32
+// dQ per pair costs more than the second pass). Callers
 // that need no reproducible bits pass deterministic =
 // !sm90_backward_one_pass_faster(shape, mask).
 bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask);
