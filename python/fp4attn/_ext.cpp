@@ -261,7 +261,10 @@ void bind_enums(nb::module_& m) {
       .value("bfloat16", dispatch::DeviceElement::bf16);
 }
 
-// The options the Python API sets; the others keep their C++ defaults.
+// The options the Python API sets, and the emulator's model of the backward's
+// dQ mode (dq_ds_rows: 64 for the two passes, 128 for the one pass), which
+// tests set to compare either mode with its model; the others keep their C++
+// defaults.
 void bind_options(nb::module_& m) {
   nb::class_<AttentionOptions>(m, "AttentionOptions")
       .def(nb::init<>())
@@ -270,7 +273,8 @@ void bind_options(nb::module_& m) {
       .def_rw("softmax_scale", &AttentionOptions::softmax_scale)
       .def_rw("smooth_k", &AttentionOptions::smooth_k)
       .def_rw("direct_p", &AttentionOptions::direct_p)
-      .def_rw("target", &AttentionOptions::target);
+      .def_rw("target", &AttentionOptions::target)
+      .def_rw("dq_ds_rows", &AttentionOptions::dq_ds_rows);
   nb::class_<QuantizeOptions>(m, "QuantizeOptions")
       .def(nb::init<>())
       .def_rw("fp8_token_block", &QuantizeOptions::fp8_token_block)
