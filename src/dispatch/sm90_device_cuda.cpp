@@ -62,13 +62,13 @@ WorkspaceLayout workspace_layout(const AttentionShape& entries, PackedTokens pac
   return l;
 }
 
-}  // namespace
-
 // Packed sequences run recipe fp8 only (its operands in the tile-aligned layout).
-static void check_packed_recipe(PackedTokens packed, Recipe recipe) {
+void check_packed_recipe(PackedTokens packed, Recipe recipe) {
   if (packed.packed() && recipe != Recipe::fp8)
     throw Error("recipe", "packed sequences run recipe fp8 on the device for now");
 }
+
+}  // namespace
 
 std::size_t sm90_device_saved_bytes(const AttentionShape& shape, Recipe recipe, PackedTokens packed) {
   check_shape(shape);
