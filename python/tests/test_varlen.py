@@ -155,10 +155,9 @@ def test_torch_each_sequence_is_its_own_call(rng, device, causal):
 
 
 def test_packed_groups_bound_the_layout():
-    # A packed call's operands are laid out for (sequences x longest) tokens:
-    # consecutive groups keep that within PACKED_LAYOUT_WASTE times the
-    # group's tokens (plus a tile per sequence), each as long as the bound
-    # allows.
+    # A packed call's grids span (sequences x longest) tiles: consecutive
+    # groups keep that within PACKED_LAYOUT_WASTE times the group's tokens
+    # (plus a tile per sequence), each as long as the bound allows.
     from fp4attn import _host
 
     def waste_ok(lens):
