@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/common/packed_rows.hpp"
 #include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/error.hpp"
@@ -116,6 +117,27 @@ INSTANTIATE_TEST_SUITE_P(Packed, GpuForwardPacked,
                                            PackedCase{64, MaskKind::causal, true, true},
                                            PackedCase{72, MaskKind::causal, true, true}),
                          packed_name);
+
+// The host's bound of the tile-aligned layout (no device involved): every
+// batch's rows, each sequence rounded up to 128 tokens, fit in
+// packed_layout_rows(tokens, sequences), which overshoots by less than a
+// tile per sequence plus one.
+TEST(PackedLayoutRows, BoundsEveryBatch) {
+  std::mt19937 rng(gpu_test::fresh_seed());
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 300);
+    const std::int64_t most = trial % 2 == 0 ? 200 : 70000;
+    std::int64_t tokens = 0, rows = 0;
+    for (int b = 0; b < n; ++b) {
+      const std::int64_t len = static_cast<std::int64_t>(rng() % (most + 1));  // empty sequences too
+      tokens += len, rows += (len + 127) / 128 * 128;
+    }
+    const std::int64_t bound = cuda_common::packed_layout_rows(tokens, n);
+    EXPECT_EQ(bound % 128, 0);
+    EXPECT_GE(bound, rows) << n << " sequences, " << tokens << " tokens";
+    EXPECT_LT(bound, rows + 128 * (n + 1)) << n << " sequences, " << tokens << " tokens";
+  }
+}
 
 TEST(GpuForwardPackedErrors, NameTheArgument) {
   FP4ATTN_REQUIRE_HOPPER();
