@@ -103,8 +103,7 @@ __device__ __forceinline__ void store_channels(T* out, const float (&x)[kDqChann
       // Two elements a word, the lower channel in the low half (rounded as from_float rounds).
       const auto pair = [](float a, float b) {
         const T lo = from_float<T>(a), hi = from_float<T>(b);
-        return static_cast<std::uint32_t>(bits_of(lo)) |
-               static_cast<std::uint32_t>(bits_of(hi)) << 16;
+        return static_cast<std::uint32_t>(bits_of(lo)) | static_cast<std::uint32_t>(bits_of(hi)) << 16;
       };
       *reinterpret_cast<uint4*>(out) = make_uint4(pair(x[0], x[1]), pair(x[2], x[3]), pair(x[4], x[5]), pair(x[6], x[7]));
     }
@@ -195,11 +194,9 @@ void finalize_dq(const float* accum, ElementType type, const TensorRef& dq, floa
   const std::int64_t padded = packed ? rows.q_rows : padded_tokens(Sq);
   // Vector stores where every group of 8 channels starts on a 16-byte boundary.
   const std::int64_t element = type == ElementType::f32 ? 4 : 2;
-  const bool vector = (reinterpret_cast<std::uintptr_t>(dq.data) | static_cast<std::uintptr_t>(dq.stride_b * element) |
-                       static_cast<std::uintptr_t>(dq.stride_s * element) |
-                       static_cast<std::uintptr_t>(dq.stride_h * element)) %
-                          16 ==
-                      0;
+  const std::uintptr_t bits = reinterpret_cast<std::uintptr_t>(dq.data) |
+                              static_cast<std::uintptr_t>((dq.stride_b | dq.stride_s | dq.stride_h) * element);
+  const bool vector = bits % 16 == 0;
   constexpr std::int64_t kMaxBlocks = 1 << 16;
   const unsigned grid = static_cast<unsigned>(std::min(kMaxBlocks, (count + kStatThreads - 1) / kStatThreads));
   switch (type) {
@@ -226,8 +223,8 @@ void lse_statistics(const float* lse, const float* shift, float* delta, float* l
                     const int* cu_seqlens_q, std::int64_t lse_pitch, const PackedRows& rows, cudaStream_t stream) {
   const bool packed = cu_seqlens_q != nullptr;
   const std::int64_t padded = packed ? rows.q_rows : padded_tokens(Sq);
-  const LseJob job{lse,     shift,        delta,     lse_log2, B, Sq, Hq, padded, (packed ? 1 : B) * Hq * padded,
-                   cu_seqlens_q, lse_pitch, rows};
+  const LseJob job{lse, shift, delta, lse_log2, B, Sq, Hq, padded, (packed ? 1 : B) * Hq * padded, cu_seqlens_q,
+                   lse_pitch, rows};
   const unsigned grid = static_cast<unsigned>((job.rows + kStatThreads - 1) / kStatThreads);
   lse_rows_kernel<<<grid, kStatThreads, 0, stream>>>(job);
   check_cuda(cudaGetLastError(), "lse_statistics launch");
