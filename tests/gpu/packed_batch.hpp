@@ -78,6 +78,28 @@ inline std::uint32_t bits(float x) {
   return b;
 }
 
+// The packed forward's arguments: bf16 q (total_q, Hq, D), k and v
+// (total_k, Hkv, D), O like q and the (Hq, total_q) LSE, the sequences'
+// rows from the device cu_seqlens (batch strides unused), the workspace
+// sized for batch.tokens().
+inline dispatch::DeviceForwardArgs packed_forward_args(const PackedBatch& batch, const AttentionShape& s,
+                                                       const void* q, const void* k, const void* v, void* o,
+                                                       float* lse, void* workspace, std::size_t workspace_bytes,
+                                                       const int* cu_q, const int* cu_k) {
+  dispatch::DeviceForwardArgs a;
+  a.shape = s;
+  a.element = dispatch::DeviceElement::bf16;
+  a.q = {q, 0, s.Hq * s.D, s.D};
+  a.k = {k, 0, s.Hkv * s.D, s.D};
+  a.v = {v, 0, s.Hkv * s.D, s.D};
+  a.o = o;
+  a.o_stride_b = 0, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
+  a.lse = lse;
+  a.workspace = workspace, a.workspace_bytes = workspace_bytes;
+  a.cu_seqlens_q = cu_q, a.cu_seqlens_k = cu_k, a.lse_pitch = batch.total_q, a.k_tokens = batch.total_k;
+  return a;
+}
+
 // The argument an fp4attn::Error from `call` names ("" when nothing is thrown).
 inline std::string named_argument(const std::function<void()>& call) {
   try {

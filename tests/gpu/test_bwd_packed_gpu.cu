@@ -128,17 +128,9 @@ TEST_P(GpuBackwardPacked, EachSequenceIsItsOwnCall) {
     DeviceArray<unsigned char> workspace(
         dispatch::sm90_device_workspace_bytes(packed_shape, Recipe::fp8, batch.tokens()));
     workspace.poison();
-    dispatch::DeviceForwardArgs a;
-    a.shape = packed_shape;
-    a.element = dispatch::DeviceElement::bf16;
-    a.q = {packed.q.ptr, 0, Hq * D, D};
-    a.k = {packed.k.ptr, 0, Hkv * D, D};
-    a.v = {packed.v.ptr, 0, Hkv * D, D};
-    a.o = packed.o.ptr;
-    a.o_stride_b = 0, a.o_stride_s = Hq * D, a.o_stride_h = D;
-    a.lse = packed.lse.ptr;
-    a.workspace = workspace.ptr, a.workspace_bytes = workspace.bytes();
-    a.cu_seqlens_q = dcu_q.ptr, a.cu_seqlens_k = dcu_k.ptr, a.lse_pitch = total_q, a.k_tokens = total_k;
+    dispatch::DeviceForwardArgs a =
+        gpu_test::packed_forward_args(batch, packed_shape, packed.q.ptr, packed.k.ptr, packed.v.ptr, packed.o.ptr,
+                                      packed.lse.ptr, workspace.ptr, workspace.bytes(), dcu_q.ptr, dcu_k.ptr);
     if (c.kept) a.saved = kept.ptr, a.saved_bytes = kept.bytes();
     packed.o.poison(), packed.lse.poison();
     dispatch::sm90_forward_device(a, opt, nullptr);

@@ -60,18 +60,9 @@ TEST_P(GpuForwardPacked, EachSequenceIsItsOwnCall) {
       dispatch::sm90_device_workspace_bytes(packed_shape, Recipe::fp8, batch.tokens()));
   dq.upload(q), dk.upload(k), dv.upload(v), dcu_q.upload(cu_q), dcu_k.upload(cu_k);
   o.poison(), lse.poison(), workspace.poison();
-  dispatch::DeviceForwardArgs a;
-  a.shape = packed_shape;
-  a.element = dispatch::DeviceElement::bf16;
-  a.q = {dq.ptr, 0, Hq * D, D};  // the batch stride is not used: rows come from cu_seqlens
-  a.k = {dk.ptr, 0, Hkv * D, D};
-  a.v = {dv.ptr, 0, Hkv * D, D};
-  a.o = o.ptr;
-  a.o_stride_b = 0, a.o_stride_s = Hq * D, a.o_stride_h = D;
-  a.lse = lse.ptr;
-  a.workspace = workspace.ptr;
-  a.workspace_bytes = workspace.bytes();
-  a.cu_seqlens_q = dcu_q.ptr, a.cu_seqlens_k = dcu_k.ptr, a.lse_pitch = total_q, a.k_tokens = total_k;
+  const dispatch::DeviceForwardArgs a = gpu_test::packed_forward_args(
+      batch, packed_shape, dq.ptr, dk.ptr, dv.ptr, o.ptr, lse.ptr, workspace.ptr, workspace.bytes(), dcu_q.ptr,
+      dcu_k.ptr);
   dispatch::sm90_forward_device(a, opt, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "seed " << seed;
   const auto o_packed = o.download();
