@@ -14,7 +14,8 @@
 #          (the H200 columns of examples/accuracy; needs the python stage's
 #          package) and fuzz (random problems, GPU against the emulator;
 #          needs the python stage's package; FUZZ_CASES, FUZZ_SEED,
-#          FUZZ_SECONDS) are further stages;
+#          FUZZ_SECONDS) and large (problems past 2^31 elements against
+#          slices of them; needs the python stage's package) are further stages;
 #          BENCH_ARGS adds options to bench/bench_fwd.py; COMMIT names the
 #          library's commit where the copy has no git
 set -uo pipefail
@@ -111,6 +112,17 @@ if has_stage fuzz; then
   rc=$?
   grep -E "FAILED|Error" "$OUT/fuzz.log" | head -10
   summary+=("fuzz: rc=$rc ($(tail -1 "$OUT/fuzz.log"))")
+  [[ $rc -eq 0 ]] || status=1
+fi
+
+if has_stage large; then
+  # Problems past 2^31 elements (python/tests/large_device.py): each big call against a slice
+  # of it run alone, bit for bit; needs the python stage's package and ≈ 70 GB of GPU memory.
+  (cd python/tests && PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 500 python3 large_device.py \
+    ${COMMIT:+--commit "$COMMIT"} --out "$OUT/large.json") >"$OUT/large.log" 2>&1
+  rc=$?
+  grep -E '"ok": false|Error' "$OUT/large.log" | head -10
+  summary+=("large: rc=$rc ($(tail -1 "$OUT/large.log"))")
   [[ $rc -eq 0 ]] || status=1
 fi
 

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "dispatch/head_dim_padding.hpp"
+#include "dispatch/sm90_executor.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/error.hpp"
 
@@ -204,6 +205,30 @@ TEST(Dispatch, Sm90SupportsItsHeadDimsTileAndTarget) {
       opt.direct_p = direct_p;
       EXPECT_TRUE(sm90_supports(s, opt)) << to_string(r) << " direct_p " << direct_p;
     }
+}
+
+// The kernels' grids hold the batch and the query heads in dimensions CUDA
+// caps at 65535: one sm90 call past that is refused naming the argument, also
+// by the device entry points before anything is launched.
+TEST(Dispatch, Sm90CallsHoldAtMost65535BatchEntriesAndHeads) {
+  AttentionShape s = kShape;
+  s.B = dispatch::kSm90MaxBatch;
+  dispatch::check_sm90_grid(s);  // no throw
+  s.B = dispatch::kSm90MaxBatch + 1;
+  const auto [arg, what] = error_of([&] { dispatch::check_sm90_grid(s); });
+  EXPECT_EQ(arg, "B");
+  EXPECT_NE(what.find("65536"), std::string::npos) << what;
+  if (cuda_built()) {
+    dispatch::DeviceForwardArgs f;
+    f.shape = s;
+    EXPECT_EQ(error_of([&] { dispatch::sm90_forward_device(f, {}, nullptr); }).first, "B");
+    dispatch::DeviceBackwardArgs b;
+    b.shape = s;
+    EXPECT_EQ(error_of([&] { dispatch::sm90_backward_device(b, {}, true, nullptr); }).first, "B");
+  }
+  s = kShape;
+  s.Hq = s.Hkv = dispatch::kSm90MaxBatch + 1;
+  EXPECT_EQ(error_of([&] { dispatch::check_sm90_grid(s); }).first, "Hq");
 }
 
 TEST(Dispatch, DescribesTheDevice) {

@@ -63,7 +63,8 @@ bool sm90_kernel_head_dim(std::int64_t d);
 // Whether forward's automatic choice runs this (validated) problem on the sm90
 // kernels: a Hopper GPU is present and they implement it, where sm90_supports
 // does not, a head dim they lack (16, 32, 48, 80, 96, 112; 144 … 240 for
-// the MX recipes) with zero channels appended to the inputs up to the next one they have.
+// the MX recipes) with zero channels appended to the inputs up to the next one they have;
+// and one call's grids hold the batch and the query heads (at most 65535 each).
 bool sm90_runs(const AttentionShape& shape, const AttentionOptions& opt);
 
 // True when this library was built with the CUDA executors.

@@ -324,6 +324,7 @@ NB_MODULE(_ext, m) {
         "Attention on (B, S, H, D) fp32 host arrays; returns (o, lse, executor).");
   m.def("quantize", &py::quantize_host, nb::arg("x"), nb::arg("format"), nb::arg("axis"), nb::arg("options"),
         nb::arg("name"), "Quantize a (B, S, H, D) fp32 host array.");
+  m.attr("DEVICE_MAX_BATCH") = fp4attn::dispatch::kSm90MaxBatch;  // batch entries or packed sequences per device call
   m.def("device_forward_supported", &py::device_forward_supported, nb::arg("shape"), nb::arg("options"),
         "Validates a (B, Sq, Sk, Hq, Hkv, D) call; True when forward_device can run it.");
   m.def("device_workspace_bytes",

@@ -89,14 +89,15 @@ def packed_groups(lens_q: list, lens_k: list) -> list:
     """(first sequence, count) of consecutive groups, each one packed device call: a group grows
     while (count · longest) stays within PACKED_LAYOUT_WASTE times its tokens plus 128 per
     sequence, for queries and for keys, so that the call's grids (count · longest tokens of
-    tiles) stay near the tiles its tokens fill."""
+    tiles) stay near the tiles its tokens fill; and at most DEVICE_MAX_BATCH sequences, the
+    most one device call's grids hold."""
     def fits(count, longest, total):
         return count * longest <= PACKED_LAYOUT_WASTE * total + 128 * count
 
     groups, first = [], 0
     while first < len(lens_q):
         n, max_q, max_k, sum_q, sum_k = 1, lens_q[first], lens_k[first], lens_q[first], lens_k[first]
-        while first + n < len(lens_q):
+        while first + n < len(lens_q) and n < _ext.DEVICE_MAX_BATCH:
             lq, lk = lens_q[first + n], lens_k[first + n]
             if not (fits(n + 1, max(max_q, lq), sum_q + lq) and fits(n + 1, max(max_k, lk), sum_k + lk)):
                 break

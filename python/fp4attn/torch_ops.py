@@ -789,8 +789,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settin
     autograd will differentiate asks the forward to keep Q's and K's operands.
     A head dim the kernels lack (8 … 120, 136 … 248) is padded with zero channels where
     the call needs it (_padded_head_dim): one copy of q, k and v and one of O,
-    differentiable.
+    differentiable. A CUDA batch above DEVICE_MAX_BATCH entries runs as several calls.
     """
+    batch, most = q.shape[0], _ext.DEVICE_MAX_BATCH
+    if q.device.type == "cuda" and batch > most:
+        # One device call's grids hold at most DEVICE_MAX_BATCH batch entries (window attention
+        # over many images reaches it): larger batches run as calls on views, O and LSE joined.
+        parts = [attention(q[i:i + most], k[i:i + most], v[i:i + most], s, lse_returned)
+                 for i in range(0, batch, most)]
+        return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
     keep = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     d, d_run = _padded_head_dim(q, k, v, s, keep)
     if not d_run:

@@ -212,6 +212,32 @@ def test_device_path_matches_host_path(recipe, dtype, causal, D):
         torch.testing.assert_close(g.cpu(), e, rtol=0, atol=1e-6)
 
 
+@needs_sm90
+def test_device_path_splits_batches_past_the_grid(monkeypatch):
+    # DEVICE_MAX_BATCH + 3 entries (window attention over many images): two device calls, each
+    # entry's O, LSE and gradients those of a call on it alone (the C++ entry points refuse the
+    # whole batch naming B: test_validate.cpp).
+    monkeypatch.setattr(fp4attn.torch_ops, "DETERMINISTIC_BACKWARD", True)
+    most = fp4attn._ext.DEVICE_MAX_BATCH
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(most + 3, s, h, 64, generator=gen, device="cuda", dtype=torch.bfloat16)
+               for s, h in ((7, 2), (9, 1), (9, 1)))
+    d_o = torch.randn(q.shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+
+    def run(q, k, v, d_o):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        o, lse = fp4attn.attention(q, k, v, causal=True, return_lse=True)
+        o.backward(d_o)
+        return o.detach(), lse.detach(), q.grad, k.grad, v.grad
+
+    whole = run(q, k, v, d_o)
+    assert whole[0].shape == q.shape and whole[1].shape == (most + 3, 2, 7)
+    for b in (0, most - 1, most, most + 2):
+        alone = run(q[b:b + 1], k[b:b + 1], v[b:b + 1], d_o[b:b + 1])
+        for name, w, a in zip(("o", "lse", "dq", "dk", "dv"), whole, alone):
+            assert torch.equal(w[b:b + 1], a), (name, b)
+
+
 def narrow_scale(D):
     """1/sqrt(D) as the library rounds it (float32)."""
     return float(np.float32(1.0) / np.sqrt(np.float32(D)))

@@ -183,6 +183,9 @@ def test_packed_groups_bound_the_layout():
     assert _host.packed_groups([2048] * 8, [2048] * 8) == [(0, 8)]
     assert _host.packed_groups([3000, 5, 7, 9, 130], [3000, 5, 7, 9, 130]) == [(0, 4), (4, 1)]
     assert len(_host.packed_groups([131072] + [1000] * 100, [131072] + [1000] * 100)) == 2
+    # One device call's grids hold at most DEVICE_MAX_BATCH sequences.
+    most = fp4attn._ext.DEVICE_MAX_BATCH
+    assert _host.packed_groups([1] * (most + 5), [2] * (most + 5)) == [(0, most), (most, 5)]
 
 
 @pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")

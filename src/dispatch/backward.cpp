@@ -72,7 +72,7 @@ BackwardOutput backward(const AttentionShape& shape, std::span<const float> q, s
   };
   switch (executor) {
     case Executor::automatic:
-      if (sm90_available() && sm90_runs) return run_sm90();
+      if (sm90_available() && sm90_runs && dispatch::sm90_grid_holds(shape)) return run_sm90();
       return run_emulator(shape, q, k, v, o, lse, d_o, opt);
     case Executor::sm90: return run_sm90();
     case Executor::emulator: return run_emulator(shape, q, k, v, o, lse, d_o, opt);

@@ -78,7 +78,7 @@ ForwardOutput run_sm90(const AttentionShape& shape, std::span<const float> q, st
 }  // namespace
 
 bool sm90_runs(const AttentionShape& shape, const AttentionOptions& opt) {
-  if (!sm90_available()) return false;
+  if (!sm90_available() || !dispatch::sm90_grid_holds(shape)) return false;
   const std::int64_t d_run = dispatch::sm90_head_dim_for(shape.D);
   return sm90_supports(shape, opt) || (d_run != 0 && sm90_supports(dispatch::with_head_dim(shape, d_run), opt));
 }

@@ -161,6 +161,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
                           void* stream_handle) {
   const AttentionShape& s = args.shape;
   validate(s, opt);
+  check_sm90_grid(s);
   if (!spec_of(opt.recipe).has_backward)
     throw Error("recipe", std::string(to_string(opt.recipe)) + " is inference only: no backward");
   if (!sm90_backward_supports(s, opt))

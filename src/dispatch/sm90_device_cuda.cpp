@@ -99,6 +99,7 @@ std::size_t sm90_device_workspace_bytes(const AttentionShape& shape, Recipe reci
 void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& opt, void* stream_handle) {
   const AttentionShape& s = args.shape;
   validate(s, opt);
+  check_sm90_grid(s);
   if (!sm90_supports(s, opt))
     throw Error("executor", "the sm90 executor does not implement this call (it runs recipes fp8, mxfp4, "
                             "mxfp4_train and nvfp4, target sm90, 128-token tiles, D = 64 or 128, for fp8 any multiple "

@@ -9,9 +9,33 @@
 #include <span>
 #include <vector>
 
+#include <string>
+
 #include "fp4attn/attention.hpp"
+#include "fp4attn/error.hpp"
 
 namespace fp4attn::dispatch {
+
+// The most batch entries (or packed sequences) and query heads one sm90 call
+// takes: its kernels' grids carry them in their y and z dimensions, which
+// CUDA caps at 65535. A larger batch runs as several calls (the Python layer
+// splits it; a C++ caller gets this error naming the argument).
+inline constexpr std::int64_t kSm90MaxBatch = 65535;
+
+// Whether one sm90 call's grids hold the shape's batch and query heads
+// (automatic dispatch runs larger host calls on the emulator).
+inline bool sm90_grid_holds(const AttentionShape& shape) {
+  return shape.B <= kSm90MaxBatch && shape.Hq <= kSm90MaxBatch;
+}
+
+inline void check_sm90_grid(const AttentionShape& shape) {
+  if (shape.B > kSm90MaxBatch)
+    throw Error("B", "batch size " + std::to_string(shape.B) + " is above " + std::to_string(kSm90MaxBatch) +
+                         ", the most one sm90 call takes (its grids hold the batch); split the batch into calls");
+  if (shape.Hq > kSm90MaxBatch)
+    throw Error("Hq", std::to_string(shape.Hq) + " query heads are above " + std::to_string(kSm90MaxBatch) +
+                          ", the most one sm90 call takes");
+}
 
 // Forward attention on the sm90 executor. The caller has validated shape,
 // options and sizes (validate, validate_sizes) and checked that the sm90

@@ -75,6 +75,7 @@ bool sm90_device_present() {
 
 ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                            std::span<const float> v, const AttentionOptions& opt) {
+  check_sm90_grid(shape);
   const bool mx = opt.recipe == Recipe::mxfp4 || opt.recipe == Recipe::mxfp4_train;
   const bool nvfp4 = opt.recipe == Recipe::nvfp4;
   if (opt.recipe != Recipe::fp8 && !mx && !nvfp4)
