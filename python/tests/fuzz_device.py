@@ -237,6 +237,12 @@ def run_case(c: dict, dump: str = None) -> dict:
             r["grad_tier"] = "fp64"
             grad_ok &= r[f"{name}_gpu_vs_fp64"] <= 1.25 * r[f"{name}_emulator_vs_fp64"] + 0.01
         ok &= grad_ok
+        if dump and not grad_ok:
+            np.savez_compressed(dump.replace(".npz", "-grads.npz"), q=inputs[0], k=inputs[1], v=inputs[2],
+                                o=host_f32(bshd(o_dev, c)), lse=host_f32(lse_dev), d_o=d_o.numpy(),
+                                **{f"{n}_gpu": host_f32(bshd(x, c)) for n, x in zip(("dq", "dk", "dv"), g_dev)},
+                                **{f"{n}_emulator": x for n, x in zip(("dq", "dk", "dv"), expected)},
+                                **{f"{n}_fp64": x for n, x in zip(("dq", "dk", "dv"), ref)})
     r["ok"] = bool(ok)
     return r
 
@@ -249,7 +255,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=math.inf, help="stop drawing after this long")
     ap.add_argument("--out", default=None, help="JSON of every case and its result")
     ap.add_argument("--commit", default=None, help="the library's commit, for the JSON")
-    ap.add_argument("--dump", default=None, help="directory for the inputs and outputs of forwards that disagree")
+    ap.add_argument("--dump", default=None, help="directory for the inputs and outputs of calls that disagree "
+                    "(case-SEED-N.npz for a forward, case-SEED-N-grads.npz for gradients)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("fuzz_device: no CUDA device; nothing to compare")
