@@ -32,6 +32,8 @@ import numpy as np
 import torch
 
 import fp4attn
+import fp4attn.torch_ops
+from fp4attn import _validate
 from conftest import BOUNDS
 from fp64_reference import attention_backward_bshd, attention_bshd, cosine, rel_l2
 from random_problems import draw, emulator_options
@@ -210,7 +212,15 @@ def run_case(c: dict, dump: str = None) -> dict:
         # agreed to 1e-4.)
         d_o = torch.randn(bshd(o_dev, c).shape, generator=g).to(DTYPES[c["dtype"]]).float()
         g_dev = grads(c, *dev, bshd(d_o, c))
-        expected = fp4attn._ext.backward(*inputs, host_f32(bshd(o_dev, c)), host_f32(lse_dev), d_o.numpy(), opt,
+        # The emulator models the mode the device backward took (test_autograd.py): the one
+        # pass quantizes dQ's dS with one scale per 128 x 128 pair, the two passes with one
+        # per 64 query rows. The torch layer picks it for the head dim its kernels run.
+        run_dims = _validate.Dims(B=c["B"], Sq=c["Sq"], Sk=c["Sk"], Hq=c["Hq"], Hkv=c["Hkv"],
+                                  D=fp4attn._ext.sm90_head_dim_for(c["D"]) or c["D"])
+        bwd_opt = emulator_options(c, c["scale"])
+        bwd_opt.dq_ds_rows = 128 if fp4attn.torch_ops.one_pass_faster(run_dims, "causal" if c["causal"] else "none") \
+            else 64
+        expected = fp4attn._ext.backward(*inputs, host_f32(bshd(o_dev, c)), host_f32(lse_dev), d_o.numpy(), bwd_opt,
                                          fp4attn._ext.Executor.emulator)[:3]
         # The device backward adds in another order than the emulator (and the
         # one-pass dQ by atomics): test_autograd.py's bounds against the emulator,
