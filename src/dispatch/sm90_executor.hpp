@@ -7,9 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
-
 #include <string>
+#include <vector>
 
 #include "fp4attn/attention.hpp"
 #include "fp4attn/error.hpp"
