@@ -14,7 +14,8 @@ so that an error both calls share does not pass unseen.
 
     PYTHONPATH=<site> python3 python/tests/large_device.py --out large.json
 
-Needs ≈ 70 GB of free GPU memory; exit status 1 when a case disagrees.
+Needs ≈ 70 GB of free GPU memory; exit status 1 when a case disagrees. Recipes fp8,
+mxfp4 (forward) and mxfp4_train; nvfp4's per-tensor scale makes a slice another problem.
 """
 
 import argparse
@@ -27,17 +28,22 @@ import torch
 import fp4attn
 import fp4attn.torch_ops
 
-# (name, B, S or packed lengths, Hq, Hkv, D, causal, grad)
+# (name, recipe, B, S or packed lengths, Hq, Hkv, D, causal, grad). Recipe nvfp4 is left out: its
+# scales include one per tensor, so a slice is not the same problem.
 CASES = [
-    ("causal GQA 40/8, S = 2^19 + 77", 1, 2**19 + 77, 40, 8, 128, True, True),
-    ("noncausal, 3 x 2^18, 24 heads", 3, 2**18, 24, 24, 128, False, True),
-    ("noncausal D = 64, 2 x 2^18, 72 heads", 2, 2**18, 72, 72, 64, False, True),
-    ("packed causal GQA 32/8", None, [2**18, 2**18, 2**17 + 5, 1000], 32, 8, 128, True, True),
+    ("causal GQA 40/8, S = 2^19 + 77", "fp8", 1, 2**19 + 77, 40, 8, 128, True, True),
+    ("noncausal, 3 x 2^18, 24 heads", "fp8", 3, 2**18, 24, 24, 128, False, True),
+    ("noncausal D = 64, 2 x 2^18, 72 heads", "fp8", 2, 2**18, 72, 72, 64, False, True),
+    ("packed causal GQA 32/8", "fp8", None, [2**18, 2**18, 2**17 + 5, 1000], 32, 8, 128, True, True),
+    ("mxfp4, noncausal, 3 x 2^18, 24 heads", "mxfp4", 3, 2**18, 24, 24, 128, False, False),
+    ("mxfp4_train, causal GQA 40/8, S = 2^19 + 77", "mxfp4_train", 1, 2**19 + 77, 40, 8, 128, True, True),
 ]
-# Loose: recipe fp8's own error on standard normal inputs (the CPU emulator at S = 1000: O rel
-# L2 0.045–0.051, |ΔLSE| up to 0.055), where rows read from the wrong place give O rel L2 ≈ 1.4.
-O_REL_L2_VS_FP32 = 0.2
-LSE_DIFF_VS_FP32 = 0.2
+# Loose: each recipe's own error on standard normal inputs (the CPU emulator at S = 1000, D =
+# 128: O rel L2 0.045–0.051 and |ΔLSE| up to 0.055 for fp8, 0.23–0.25 and 0.32 for mxfp4,
+# 0.14–0.17 and 0.21 for mxfp4_train; fp8 on the H200 at these sizes 0.027–0.055 and 0.024),
+# where rows read from the wrong place give O rel L2 ≈ 1.4.
+O_REL_L2_VS_FP32 = {"fp8": 0.2, "mxfp4": 0.6, "mxfp4_train": 0.6}
+LSE_DIFF_VS_FP32 = {"fp8": 0.2, "mxfp4": 1.0, "mxfp4_train": 1.0}
 GROUP_HEADS = 4  # query heads of the slice (a whole GQA group or more)
 
 
@@ -51,15 +57,15 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def run(q, k, v, causal, d_o=None, cu=None, max_len=None):
+def run(q, k, v, recipe, causal, d_o=None, cu=None, max_len=None):
     """(O, LSE, (dq, dk, dv) or None) of one call; the gradients for O's gradient d_o where given."""
     grad = d_o is not None
     q, k, v = (x.detach().requires_grad_(grad) for x in (q, k, v))
     if cu is None:
-        o, lse, _ = fp4attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+        o, lse, _ = fp4attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, recipe=recipe)
     else:
         o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal,
-                                                   return_attn_probs=True)
+                                                   return_attn_probs=True, recipe=recipe)
     grads = None
     if grad:
         o.backward(d_o)
@@ -79,7 +85,7 @@ def fp32_rows(q, k, v, rows, causal, scale):
     return torch.softmax(s, dim=1) @ v.float(), lse
 
 
-def check_case(name, B, S, Hq, Hkv, D, causal, grad, seed):
+def check_case(name, recipe, B, S, Hq, Hkv, D, causal, grad, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     packed = isinstance(S, list)
     tokens = sum(S) if packed else S
@@ -90,16 +96,16 @@ def check_case(name, B, S, Hq, Hkv, D, causal, grad, seed):
     t0 = time.time()
     if packed:
         cu = torch.tensor([0] + S, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
-        big = run(q, k, v, causal, d_o, cu, max(S))
+        big = run(q, k, v, recipe, causal, d_o, cu, max(S))
     else:
-        big = run(q, k, v, causal, d_o)
+        big = run(q, k, v, recipe, causal, d_o)
     torch.cuda.synchronize()
     big_s = time.time() - t0
     group = Hq // Hkv
     heads = max(GROUP_HEADS // group, 1) * group  # whole groups
     h0, hk0 = Hq - heads, (Hq - heads) // group
     hk1 = Hkv
-    results = {"name": name, "elements_q": elements, "big_call_s": round(big_s, 2), "checks": {}}
+    results = {"name": name, "recipe": recipe, "elements_q": elements, "big_call_s": round(big_s, 2), "checks": {}}
     ok = True
 
     def same(label, a, b):
@@ -118,7 +124,7 @@ def check_case(name, B, S, Hq, Hkv, D, causal, grad, seed):
             rows = slice(starts[first], starts[-1])
             lens = S[first:]
             cu_small = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
-            small = run(q[rows], k[rows], v[rows], causal, d_o[rows] if grad else None, cu_small, max(lens))
+            small = run(q[rows], k[rows], v[rows], recipe, causal, d_o[rows] if grad else None, cu_small, max(lens))
             tag = f"sequences {first}..{len(S) - 1}"
             same(f"O, {tag}", big[0][rows], small[0])
             same(f"LSE, {tag}", big[1][:, rows], small[1])
@@ -131,7 +137,7 @@ def check_case(name, B, S, Hq, Hkv, D, causal, grad, seed):
     else:
         b = B - 1
         qs, ks, vs = (x[b:b + 1, :, lo:hi].contiguous() for x, lo, hi in ((q, h0, Hq), (k, hk0, hk1), (v, hk0, hk1)))
-        small = run(qs, ks, vs, causal, d_o[b:b + 1, :, h0:].contiguous() if grad else None)
+        small = run(qs, ks, vs, recipe, causal, d_o[b:b + 1, :, h0:].contiguous() if grad else None)
         same("O", big[0][b:b + 1, :, h0:], small[0])
         same("LSE", big[1][b:b + 1, h0:], small[1])
         if grad:
@@ -146,7 +152,7 @@ def check_case(name, B, S, Hq, Hkv, D, causal, grad, seed):
     err_o = rel_l2(one_o[rows], ref_o)
     err_lse = float((one_lse[rows].double() - ref_lse.double()).abs().max())
     results["vs_fp32_rows"] = {"rows": rows, "o_rel_l2": round(err_o, 5), "lse_max_abs": round(err_lse, 5)}
-    ok &= err_o <= O_REL_L2_VS_FP32 and err_lse <= LSE_DIFF_VS_FP32
+    ok &= err_o <= O_REL_L2_VS_FP32[recipe] and err_lse <= LSE_DIFF_VS_FP32[recipe]
     results["ok"] = bool(ok)
     return results
 
