@@ -12,7 +12,9 @@ tensors (then the torch custom op fp4attn::attention runs; see torch_ops).
 from . import _ext
 from ._ext import QuantizedTensor
 from ._validate import FORMATS, RECIPES
-from .api import attention, flash_attn_func, flash_attn_varlen_func, quantize, sdpa
+from .api import (attention, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                  flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func, quantize,
+                  sdpa)
 
 __version__ = "0.1.0"
 
@@ -34,7 +36,11 @@ __all__ = [
     "attention",
     "backend_info",
     "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
     "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
     "quantize",
     "sdpa",
 ]

@@ -242,6 +242,61 @@ def flash_attn_varlen_func(
     return (out, lses[0] if len(lses) == 1 else cat(lses, 1), None)
 
 
+def _unpacked(x, name: str, axis: int, parts: int, layout: str) -> tuple:
+    """The `parts` tensors that FlashAttention's packed functions stack along `axis` of x (views: torch
+    tensors stay where they are, with their strides; the device quantizers read them in place)."""
+    if not _is_torch(x):
+        x = _host.to_host(x, name)
+    rank = len(layout.split(","))
+    if len(x.shape) != rank or x.shape[axis] != parts:
+        raise ValueError(f"{name}: expected a {rank}-D {layout} array, got shape {tuple(x.shape)}")
+    return tuple(x[(slice(None),) * axis + (i,)] for i in range(parts))
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                              recipe="fp8"):
+    """FlashAttention's flash_attn_qkvpacked_func: flash_attn_func on q, k, v = qkv[:, :, 0], qkv[:, :, 1],
+    qkv[:, :, 2] of a (B, S, 3, H, D) qkv, with its other parameters (errors about the three
+    name them q, k and v). With torch, gradients flow into qkv."""
+    q, k, v = _unpacked(qkv, "qkv", 2, 3, "(B, S, 3, H, D)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, recipe=recipe)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                             recipe="fp8"):
+    """FlashAttention's flash_attn_kvpacked_func: flash_attn_func on q and k, v = kv[:, :, 0], kv[:, :, 1]
+    of a (B, S, 2, Hkv, D) kv."""
+    k, v = _unpacked(kv, "kv", 2, 2, "(B, S, 2, Hkv, D)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, recipe=recipe)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, recipe="fp8"):
+    """FlashAttention's flash_attn_varlen_qkvpacked_func: flash_attn_varlen_func on q, k, v = qkv[:, 0],
+    qkv[:, 1], qkv[:, 2] of a (total, 3, H, D) qkv, cu_seqlens and max_seqlen serving queries and keys."""
+    q, k, v = _unpacked(qkv, "qkv", 1, 3, "(total, 3, H, D)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  recipe=recipe)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                                    recipe="fp8"):
+    """FlashAttention's flash_attn_varlen_kvpacked_func: flash_attn_varlen_func on q and k, v = kv[:, 0],
+    kv[:, 1] of a (total_k, 2, Hkv, D) kv."""
+    k, v = _unpacked(kv, "kv", 1, 2, "(total_k, 2, Hkv, D)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, recipe=recipe)
+
+
 def _no_keys(q_rows, hq: int, torch_in: bool):
     """O = 0 and LSE = −inf (Hq, tokens) for query rows whose sequence has no keys."""
     if torch_in:

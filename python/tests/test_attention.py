@@ -264,6 +264,29 @@ def test_positional_arguments_mean_what_they_mean_in_torch_and_flash_attention(r
     np.testing.assert_array_equal(fp4attn.sdpa(qb, kb, vb, None, 0.0, True, 0.2, True), by_name)
 
 
+def test_flash_attn_packed_functions_are_flash_attn_func_on_their_parts(rng):
+    # FlashAttention's qkvpacked / kvpacked functions: the same call on the stacked tensors' parts,
+    # bit for bit, with the same positional parameters; a stacked tensor of another shape is refused
+    # by name.
+    q, k, v = make_qkv(rng, 2, 70, 70, 4, 4, 64)
+    qkv = np.stack([q, k, v], axis=2)  # (B, S, 3, H, D)
+    want = fp4attn.flash_attn_func(q, k, v, 0.0, 0.2, True, return_attn_probs=True)
+    got = fp4attn.flash_attn_qkvpacked_func(qkv, 0.0, 0.2, True, return_attn_probs=True)
+    for g, w in zip(got[:2], want[:2]):
+        np.testing.assert_array_equal(g, w)
+    assert got[2] is None
+    q, k, v = make_qkv(rng, 1, 40, 90, 4, 2, 64)  # GQA
+    kv = np.stack([k, v], axis=2)  # (B, S, 2, Hkv, D)
+    np.testing.assert_array_equal(fp4attn.flash_attn_kvpacked_func(q, kv, causal=True, recipe="mxfp4"),
+                                  fp4attn.flash_attn_func(q, k, v, causal=True, recipe="mxfp4"))
+    with pytest.raises(ValueError, match=r"^qkv: expected a 5-D \(B, S, 3, H, D\)"):
+        fp4attn.flash_attn_qkvpacked_func(qkv[:, :, :2])
+    with pytest.raises(ValueError, match=r"^kv: expected a 5-D"):
+        fp4attn.flash_attn_kvpacked_func(q, k)
+    with pytest.raises(TypeError, match=r"^qkv: "):
+        fp4attn.flash_attn_qkvpacked_func("not an array")
+
+
 def test_backward_mode_rule_counts_the_keys_rows_see():
     # The host rule behind the torch layer's default backward mode: the one pass
     # at D = 64 where query rows see at least 256 keys on average (causal rows

@@ -49,6 +49,22 @@ def test_sdpa_gqa_matches_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_qkvpacked_gradients_reach_the_packed_tensor(device):
+    # flash_attn_qkvpacked_func reads q, k and v as views of qkv (in place on the device); the
+    # gradient lands in qkv, stacked as the gradients of the same call on separate tensors.
+    q, k, v = (x.transpose(1, 2) for x in make_bhsd(5, 2, 2, 2, 70, 70, 64, device, torch.bfloat16))
+    d_o = torch.randn(q.shape, generator=torch.Generator().manual_seed(6)).to(device=device, dtype=q.dtype)
+    qkv = torch.stack([q, k, v], dim=2).requires_grad_()
+    out = fp4attn.flash_attn_qkvpacked_func(qkv, causal=True)
+    out.backward(d_o)
+    parts = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    want = fp4attn.flash_attn_func(*parts, causal=True)
+    want.backward(d_o)
+    assert torch.equal(out, want)
+    assert torch.equal(qkv.grad, torch.stack([x.grad for x in parts], dim=2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_flash_attn_func_is_bottom_right(device):
     q, k, v = make_bhsd(2, 1, 2, 2, 40, 96, 64, device)
     bottom_right = torch.ones(40, 96, dtype=torch.bool, device=device).tril(diagonal=96 - 40)

@@ -78,6 +78,25 @@ def raises(error, name):
     return pytest.raises(error, match=rf"^{name}: ")
 
 
+def test_packed_functions_are_the_varlen_call_on_their_parts(rng):
+    # flash_attn_varlen_qkvpacked_func / _kvpacked_func: flash_attn_varlen_func on the stacked
+    # tensors' parts, bit for bit; a stacked tensor of another shape is refused by name.
+    q, k, v, cu, _ = packed(rng, [5, 130, 64], [5, 130, 64], 2, 2, 64)
+    qkv = np.stack([q, k, v], axis=1)  # (total, 3, H, D)
+    want = fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 130, 130, causal=True, return_attn_probs=True)
+    got = fp4attn.flash_attn_varlen_qkvpacked_func(qkv, cu, 130, causal=True, return_attn_probs=True)
+    for g, w in zip(got[:2], want[:2]):
+        np.testing.assert_array_equal(g, w)
+    q, k, v, cu_q, cu_k = packed(rng, LENS_Q, LENS_K, 4, 2, 64)
+    kv = np.stack([k, v], axis=1)  # (total_k, 2, Hkv, D)
+    np.testing.assert_array_equal(fp4attn.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 130, 200, 0.0, 0.2),
+                                  fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 130, 200, softmax_scale=0.2))
+    with raises(ValueError, "qkv"):
+        fp4attn.flash_attn_varlen_qkvpacked_func(qkv[:, :2], cu, 130)
+    with raises(ValueError, "kv"):
+        fp4attn.flash_attn_varlen_kvpacked_func(q, kv[None], cu_q, cu_k, 130, 200)
+
+
 def test_errors_name_the_argument(rng):
     q, k, v, cu_q, cu_k = packed(rng, [5, 7], [9, 3], 2, 2, 64)
     call = fp4attn.flash_attn_varlen_func
