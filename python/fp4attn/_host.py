@@ -63,6 +63,11 @@ def check(q, k, v, s: Settings) -> _validate.Dims:
     return dims
 
 
+def validate_sizes(dims: _validate.Dims, s: Settings) -> None:
+    """The C++ core's checks of a call's sizes and options (errors name the argument)."""
+    _ext.device_forward_supported((dims.B, dims.Sq, dims.Sk, dims.Hq, dims.Hkv, dims.D), options(s))
+
+
 def equal_length_runs(lens_q: list, lens_k: list) -> list:
     """(first sequence, count) of each run of consecutive sequences with equal (query, key) lengths:
     the sequences a varlen call runs as one batched call."""

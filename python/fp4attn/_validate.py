@@ -35,6 +35,11 @@ RANK = 4  # (B, S, H, D) or (B, H, S, D)
 _SEQ_HEAD_AXES = {"bshd": (1, 2), "bhsd": (2, 1)}
 
 
+def seq_axis(layout: str) -> int:
+    """The sequence's axis of a (B, S, H, D) ("bshd") or (B, H, S, D) ("bhsd") operand."""
+    return _SEQ_HEAD_AXES[layout][0]
+
+
 @dataclass(frozen=True)
 class Dims:
     """Sizes of one attention call, read from q and k in the caller's layout."""

@@ -8,6 +8,7 @@ end in the same host code otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 
@@ -28,12 +29,42 @@ def _is_torch(x) -> bool:
 
 def _forward(q, k, v, s: _host.Settings, lse_returned: bool):
     # lse_returned: whether the caller gets the LSE (and so may put it in a loss).
-    if _is_torch(q):
+    torch_in = _is_torch(q)
+    if not torch_in:
+        names = s.names.split(",")
+        q, k, v = (_host.to_host(x, name) for x, name in zip((q, k, v), names))
+    if _no_tokens(q, k, s):
+        return _empty_attention(q, k, v, s, torch_in)
+    if torch_in:
         return _torch_ops.attention(q, k, v, s, lse_returned)
-    names = s.names.split(",")
-    q, k, v = (_host.to_host(x, name) for x, name in zip((q, k, v), names))
     _host.check(q, k, v, s)
     return _host.attention(q, k, v, s)
+
+
+def _no_tokens(q, k, s: _host.Settings) -> bool:
+    """Whether a call has no batch entries, no queries or no keys (shapes alone; the rest is checked later)."""
+    if len(q.shape) != 4 or len(k.shape) != 4:
+        return False
+    seq = _validate.seq_axis(s.layout)
+    return q.shape[0] == 0 or q.shape[seq] == 0 or k.shape[seq] == 0
+
+
+def _empty_attention(q, k, v, s: _host.Settings, torch_in: bool):
+    """What PyTorch's SDPA gives where there is nothing to attend: O = 0 (empty without queries) and
+    LSE = −inf, as for rows that see no key; every other property of the call checked as usual."""
+    dims = _host.check(q, k, v, s)
+    # The library's rules for heads, head dim and options, on the same call with one token.
+    _host.validate_sizes(dataclasses.replace(dims, B=max(dims.B, 1), Sq=max(dims.Sq, 1), Sk=max(dims.Sk, 1)), s)
+    lse_shape = (dims.B, dims.Hq, dims.Sq)
+    if not torch_in:
+        return np.zeros(q.shape, np.float32), np.full(lse_shape, -np.inf, np.float32)
+    torch = _torch_ops.torch
+    # Zeros that autograd connects to q, k and v (their gradients are zeros, even where they
+    # hold non-finite values), as SDPA's outputs are.
+    none = torch.zeros((), dtype=torch.bool, device=q.device)
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    o = torch.where(none, q, zero) + torch.where(none, k.sum() + v.sum(), zero)
+    return o, torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device)
 
 
 def attention(

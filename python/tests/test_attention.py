@@ -264,6 +264,26 @@ def test_positional_arguments_mean_what_they_mean_in_torch_and_flash_attention(r
     np.testing.assert_array_equal(fp4attn.sdpa(qb, kb, vb, None, 0.0, True, 0.2, True), by_name)
 
 
+def test_calls_without_tokens_give_what_sdpa_gives(rng):
+    # No keys: O = 0 and LSE = -inf (rows that see no key); no queries or no batch entries: empty
+    # O and LSE. Everything else about such a call is still checked, and named.
+    q, k, v = make_qkv(rng, 2, 5, 7, 4, 2, 64)
+    o, lse = fp4attn.attention(q, k[:, :0], v[:, :0], return_lse=True)
+    assert o.shape == q.shape and not o.any() and lse.shape == (2, 4, 5) and np.all(lse == -np.inf)
+    o, lse = fp4attn.attention(q[:, :0], k, v, causal=True, return_lse=True)
+    assert o.shape == (2, 0, 4, 64) and lse.shape == (2, 4, 0)
+    o, lse = fp4attn.attention(q[:0], k[:0], v[:0], return_lse=True)
+    assert o.shape == (0, 5, 4, 64) and lse.shape == (0, 4, 5)
+    o = fp4attn.sdpa(to_bhsd(q)[:, :, :0], to_bhsd(k), to_bhsd(v), enable_gqa=True)
+    assert o.shape == (2, 4, 0, 64)
+    with pytest.raises(ValueError, match=r"^D: "):
+        fp4attn.attention(q[:, :0, :, :12], k[..., :12], v[..., :12])
+    with pytest.raises(ValueError, match=r"^Hq: "):
+        fp4attn.attention(q[:, :0], k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
+    with pytest.raises(ValueError, match=r"^recipe: "):
+        fp4attn.attention(q, k[:, :0], v[:, :0], recipe="int8")
+
+
 def test_flash_attn_packed_functions_are_flash_attn_func_on_their_parts(rng):
     # FlashAttention's qkvpacked / kvpacked functions: the same call on the stacked tensors' parts,
     # bit for bit, with the same positional parameters; a stacked tensor of another shape is refused

@@ -49,6 +49,20 @@ def test_sdpa_gqa_matches_torch(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_calls_without_tokens_give_what_sdpa_gives(device):
+    # As torch's SDPA: no keys, O = 0; no queries or no batch entries, empty O; outputs that
+    # autograd connects to the inputs, whose gradients are zeros.
+    q, k, v = make_bhsd(4, 2, 4, 2, 5, 7, 64, device, torch.bfloat16)
+    for qq, kk, vv in ((q, k[:, :, :0], v[:, :, :0]), (q[:, :, :0], k, v), (q[:0], k[:0], v[:0])):
+        leaves = [x.detach().clone().requires_grad_() for x in (qq, kk, vv)]
+        out = fp4attn.sdpa(*leaves, enable_gqa=True)
+        assert out.shape == qq.shape and out.dtype == qq.dtype and not out.any()
+        out.float().sum().backward()
+        for x in leaves:
+            assert x.grad is not None and x.grad.shape == x.shape and not x.grad.any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_qkvpacked_gradients_reach_the_packed_tensor(device):
     # flash_attn_qkvpacked_func reads q, k and v as views of qkv (in place on the device); the
     # gradient lands in qkv, stacked as the gradients of the same call on separate tensors.
