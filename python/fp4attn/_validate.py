@@ -178,10 +178,9 @@ def check_flag(value, name: str) -> bool:
     raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
 
 
-def check_cu_seqlens(cu, name: str, total: int, total_name: str) -> list:
-    """A varlen batch's cumulative sequence lengths as host ints: a 1-D integer
-    array of B + 1 entries, starting at 0, never decreasing, ending at `total`
-    (the packed tensor's token count)."""
+def check_cu_seqlens_form(cu, name: str) -> int:
+    """What the host knows of cumulative sequence lengths without reading them: a
+    1-D int32 or int64 array of B + 1 >= 2 entries. Returns B."""
     if not hasattr(cu, "shape") or not hasattr(cu, "dtype"):
         raise TypeError(f"{name}: expected a 1-D integer array or tensor, got {type(cu).__name__}")
     dtype = _dtype_name(cu)
@@ -189,6 +188,14 @@ def check_cu_seqlens(cu, name: str, total: int, total_name: str) -> list:
         raise TypeError(f"{name}: dtype {dtype} is not supported; use int32 (as FlashAttention) or int64")
     if len(cu.shape) != 1 or cu.shape[0] < 2:
         raise ValueError(f"{name}: expected a 1-D array of batch size + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+    return int(cu.shape[0]) - 1
+
+
+def check_cu_seqlens(cu, name: str, total: int, total_name: str) -> list:
+    """A varlen batch's cumulative sequence lengths as host ints: a 1-D integer
+    array of B + 1 entries, starting at 0, never decreasing, ending at `total`
+    (the packed tensor's token count)."""
+    check_cu_seqlens_form(cu, name)
     values = _host_ints(cu, name)
     if values[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {values[0]}")
@@ -218,9 +225,7 @@ def _host_ints(cu, name: str) -> list:
     if kept is not None and kept[0]() is cu and kept[1] == cu._version and kept[2] == cu.data_ptr():
         return list(kept[3])
     if cu.is_cuda and sys.modules["torch"].cuda.is_current_stream_capturing():
-        raise ValueError(f"{name}: its entries are read on the host, which a CUDA graph's capture cannot do; "
-                         "make a call with this tensor before capturing (a warm-up), and create it outside "
-                         "torch.inference_mode")
+        raise ValueError(f"{name}: its entries are read on the host, which a CUDA graph's capture cannot do")
     values = [int(x) for x in cu.tolist()]
     if not cu.is_inference():
         _HOST_INTS[key] = (weakref.ref(cu, lambda _, key=key: _HOST_INTS.pop(key, None)), cu._version,

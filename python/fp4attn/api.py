@@ -211,8 +211,11 @@ def flash_attn_varlen_func(
     version counter says the tensor is unchanged, so a model's layers
     sharing one cu_seqlens wait once; inference tensors (made under
     torch.inference_mode) have no version counter and are read on every
-    call, and CPU tensors never wait. The one-call path can be captured in a
-    CUDA graph once a warm-up call has read its CUDA cu_seqlens. A sequence
+    call, and CPU tensors never wait. Under CUDA graph capture nothing is
+    read on the host: the one-call path takes the call, sized by max_seqlen_q
+    and max_seqlen_k, and the device checks cu_seqlens at every replay
+    (other lengths that fit give what an eager call gives; lengths that do
+    not give NaN); other calls are refused under capture. A sequence
     with no keys gives O = 0 and LSE = −inf, as a fully masked row does.
     max_seqlen_q / max_seqlen_k must be at least the longest sequence
     (FlashAttention would drop rows; here it is an error). The other
@@ -231,6 +234,13 @@ def flash_attn_varlen_func(
                              f"{'shape ' + str(tuple(x.shape)) if hasattr(x, 'shape') else type(x).__name__}")
     # Dtypes, devices, D's stride and how the shapes agree, before any call runs.
     _validate.check_qkv(*(x[None] for x in (q, k, v)), "bshd")
+    if torch_in and q.is_cuda and _torch_ops.torch.cuda.is_current_stream_capturing():
+        # cu_seqlens stay on the device: every replay runs on what they hold then.
+        s = _flash_attn_settings(causal, softmax_scale, recipe)
+        return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
+        o, lse = _torch_ops.varlen_forward_captured(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                    s, return_attn_probs)
+        return (o, lse, None) if return_attn_probs else o
     cu_q = _validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
     cu_k = _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
     if len(cu_k) != len(cu_q):

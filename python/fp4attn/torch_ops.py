@@ -897,8 +897,49 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     return torch.cat(outs), torch.cat(lses, dim=1)
 
 
+def varlen_forward_captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
+                            max_seqlen_q: int, max_seqlen_k: int, s: _host.Settings,
+                            lse_returned: bool = True) -> tuple:
+    """varlen_forward_device while a CUDA graph is captured, for every replay: cu_seqlens are not read
+    on the host (a replay runs with whatever they hold then), so the call is one packed call sized
+    by what the host knows (the batch size, the token counts, max_seqlen_q and max_seqlen_k), and
+    the device checks cu_seqlens against it (cuda_common::check_packed_sequences): a replay with
+    any lengths that fit gives each sequence what a call on it alone gives, and one with lengths
+    that do not (a sequence longer than max_seqlen, offsets that decrease or do not end at the
+    token count) gives NaN outputs and gradients. Raises ValueError naming the argument where the
+    one-call path cannot take the call (it alone reads cu_seqlens on the device)."""
+    batch = _validate.check_cu_seqlens_form(cu_seqlens_q, "cu_seqlens_q")
+    if _validate.check_cu_seqlens_form(cu_seqlens_k, "cu_seqlens_k") != batch:
+        raise ValueError(f"cu_seqlens_k: has {cu_seqlens_k.shape[0]} entries (batch size "
+                         f"{cu_seqlens_k.shape[0] - 1}) but cu_seqlens_q has {batch + 1}")
+    for cu, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
+        if not isinstance(cu, torch.Tensor) or cu.device != q.device:
+            raise ValueError(f"{name}: must be a tensor on {q.device} while a CUDA graph is captured, got "
+                             f"{cu.device if isinstance(cu, torch.Tensor) else type(cu).__name__}")
+    longest = []
+    for value, name, total in ((max_seqlen_q, "max_seqlen_q", q.shape[0]), (max_seqlen_k, "max_seqlen_k", k.shape[0])):
+        value = _validate.check_int(value, name)
+        if value < 1:
+            raise ValueError(f"{name}: must be at least 1 while a CUDA graph is captured, got {value}")
+        longest.append(min(value, total))  # no sequence holds more tokens than the batch
+    dims = _validate.Dims(B=batch, Sq=longest[0], Sk=longest[1], Hq=q.shape[1], Hkv=k.shape[1], D=q.shape[2])
+    opt = _host.options(s)
+    differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    runs = (s.recipe == "fp8" and s.target == "sm90" and q.dtype in _DEVICE_ELEMENTS and batch <= _ext.DEVICE_MAX_BATCH
+            and _eager_call((q, k, v)) and _uses_device_path(q, dims, opt)
+            and (not differentiable or _uses_device_backward(q, dims, opt)))
+    if not runs:
+        raise ValueError("cu_seqlens_q: a CUDA graph can capture flash_attn_varlen_func only where one packed "
+                         f"device call runs it (recipe fp8 on a Hopper GPU, at most {_ext.DEVICE_MAX_BATCH} "
+                         "sequences): other calls read cu_seqlens on the host")
+    cu = [c.to(torch.int32).contiguous() for c in (cu_seqlens_q, cu_seqlens_k)]
+    call = _PackedCall(cu, dims, s, opt, None, None, lse_returned)
+    return _PackedAttention.apply(q, k, v, call) if differentiable else call.forward(q, k, v)[:2]
+
+
 class _PackedCall:
-    """One varlen call on the device path: its forward in one launch, its backward in one call."""
+    """One varlen call on the device path: its forward in one launch, its backward in one call.
+    lens_q, lens_k: the sequences' lengths as the host read them, or None (a captured call)."""
 
     def __init__(self, cu: list, dims: _validate.Dims, s: _host.Settings, opt, lens_q: list, lens_k: list,
                  lse_returned: bool):
@@ -937,7 +978,9 @@ class _PackedCall:
         if not self.lse_returned:
             d_lse = None
         deterministic = _deterministic_backward()
-        if deterministic is None:
+        if deterministic is None and self.lens_q is None:
+            deterministic = True  # lengths unknown to the host: the two passes, right for any of them
+        elif deterministic is None:
             deterministic = not _ext.device_backward_one_pass_faster_packed(
                 self.lens_q, self.lens_k, self.dims.D, _ext.MaskKind.__members__[self.s.mask])
         packing = _Packing(self.cu[0], self.cu[1], q.shape[0], k.shape[0])

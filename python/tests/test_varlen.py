@@ -490,33 +490,88 @@ def test_device_call_does_not_wait_for_the_device(rng, cu_device):
 
 @pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_device_call_in_a_cuda_graph(rng):
-    # Once a cu_seqlens tensor's entries have been read (the warm-up call),
-    # the one-call path can be captured; a replay on new inputs gives what an
-    # eager call gives. Unread and CPU cu_seqlens are refused under capture, by name.
+    # Under capture cu_seqlens are not read on the host (no warm-up call needed):
+    # every replay runs on what they hold then. New lengths that fit the call
+    # (the same tokens, none past max_seqlen; sequences without queries or keys
+    # among them) give what an eager call on them gives, bit for bit; lengths
+    # that do not fit give NaN, not numbers. CPU cu_seqlens and calls that the
+    # one packed call cannot take are refused under capture, by name.
+    from fp4attn import _validate
+
     lens = [5, 300, 129, 1000]
-    arrays = packed(rng, lens, lens, 4, 2, 128)
-    q, k, v = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in arrays[:3])
-    cu = torch.from_numpy(arrays[3]).cuda()
+    q, k, v, cu_q_host, cu_k_host = (torch.from_numpy(x) for x in packed(rng, lens, lens, 4, 2, 128))
+    q, k, v = (x.to("cuda", torch.bfloat16) for x in (q, k, v))
+    cu_q, cu_k = cu_q_host.cuda(), cu_k_host.cuda()  # fresh: never read on the host
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad():
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 1000, 1000, causal=True)
+        with torch.cuda.stream(side):  # a warm-up on other (host) cu_seqlens: the kernels are loaded
+            fp4attn.flash_attn_varlen_func(q, k, v, cu_q_host, cu_k_host, 1000, 1000, causal=True)
         torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(graph):
-            out = fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 1000, 1000, causal=True)
-        for x in (q, k, v):
-            x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 1000, 1000, causal=True))
-        fresh = cu.clone()  # never read: its capture is refused, by name
-        with pytest.raises(ValueError, match="cu_seqlens_k: its entries are read on the host"):
-            with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                fp4attn.flash_attn_varlen_func(q, k, v, cu, fresh, 1000, 1000)
-        cu_cpu = torch.from_numpy(arrays[3])
-        fp4attn.flash_attn_varlen_func(q, k, v, cu_cpu, cu_cpu, 1000, 1000)  # read here, outside capture
+            out, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1000, 1000, causal=True,
+                                                         return_attn_probs=True)
+        assert id(cu_q) not in _validate._HOST_INTS and id(cu_k) not in _validate._HOST_INTS
+        for lens_q, lens_k in (([5, 300, 129, 1000], [5, 300, 129, 1000]),
+                               ([700, 1, 333, 400], [700, 1, 333, 400]),
+                               ([700, 0, 334, 400], [699, 2, 333, 400]),  # a sequence without queries
+                               ([700, 1, 333, 400], [701, 0, 333, 400])):  # one without keys: O = 0, LSE = -inf
+            new_q = torch.tensor(np.cumsum([0] + lens_q), dtype=torch.int32)
+            new_k = torch.tensor(np.cumsum([0] + lens_k), dtype=torch.int32)
+            cu_q.copy_(new_q), cu_k.copy_(new_k)
+            for x in (q, k, v):
+                x.copy_(torch.randn_like(x))
+            graph.replay()
+            torch.cuda.synchronize()
+            want, want_lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, new_q, new_k, max(lens_q), max(lens_k),
+                                                               causal=True, return_attn_probs=True)
+            assert torch.equal(out, want), (lens_q, lens_k)
+            assert torch.equal(lse, want_lse), (lens_q, lens_k)
+        for bad_q, bad_k in (([0, 1100, 1101, 1200, 1434], [0, 5, 305, 434, 1434]),  # 1100 queries > 1000
+                             ([0, 5, 305, 434, 1434], [0, 305, 5, 434, 1434]),  # decreasing
+                             ([0, 5, 305, 434, 1433], [0, 5, 305, 434, 1434])):  # not all of q's tokens
+            cu_q.copy_(torch.tensor(bad_q)), cu_k.copy_(torch.tensor(bad_k))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert bool(out.float().isnan().all()) and bool(lse.isnan().all()), (bad_q, bad_k)
         with pytest.raises(ValueError, match="cu_seqlens_q: must be a tensor on cuda"):
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                fp4attn.flash_attn_varlen_func(q, k, v, cu_cpu, cu_cpu, 1000, 1000)
+                fp4attn.flash_attn_varlen_func(q, k, v, cu_q_host, cu_k_host, 1000, 1000)
+        with pytest.raises(ValueError, match="cu_seqlens_q: a CUDA graph can capture flash_attn_varlen_func only"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 1000, 1000, recipe="mxfp4")
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_training_step_in_a_cuda_graph_takes_new_lengths(rng):
+    # Forward and backward captured together; a replay with other lengths in
+    # cu_seqlens gives the gradients of an eager step on those lengths, bit for
+    # bit (both run the two deterministic passes at D = 128).
+    lens = [5, 300, 129, 1000]
+    q, k, v, cu_host, _ = (torch.from_numpy(x) for x in packed(rng, lens, lens, 4, 2, 128))
+    leaves = [x.to("cuda", torch.bfloat16).requires_grad_() for x in (q, k, v)]
+    d_o = torch.randn(leaves[0].shape, device="cuda", dtype=torch.bfloat16)
+    cu = cu_host.cuda()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as torch's graph docs ask
+        fp4attn.flash_attn_varlen_func(*leaves, cu, cu, 1000, 1000, causal=True).backward(d_o)
+    torch.cuda.current_stream().wait_stream(side)
+    for x in leaves:
+        x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fp4attn.flash_attn_varlen_func(*leaves, cu, cu, 1000, 1000, causal=True).backward(d_o)
+    grads = [x.grad for x in leaves]
+    new_cu = torch.tensor(np.cumsum([0, 700, 1, 333, 400]), dtype=torch.int32)
+    cu.copy_(new_cu)
+    with torch.no_grad():
+        for x in leaves:
+            x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    fresh = [x.detach().clone().requires_grad_() for x in leaves]
+    fp4attn.flash_attn_varlen_func(*fresh, new_cu, new_cu, 700, 700, causal=True).backward(d_o)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, fresh):
+        assert torch.equal(got, want.grad), name

@@ -53,10 +53,10 @@ inline AttentionShape layout_shape(const AttentionShape& s, PackedTokens packed)
           s.D};
 }
 
-// Where a packed call keeps its sequences' first rows (fill_packed_rows):
-// B + 1 ints for the queries, B + 1 for the keys.
+// Where a packed call keeps its checked cu_seqlens and its sequences' first
+// rows (cuda_common::check_packed_sequences).
 inline std::size_t packed_rows_bytes(const AttentionShape& s) {
-  return 2 * static_cast<std::size_t>(s.B + 1) * sizeof(int);
+  return static_cast<std::size_t>(cuda_common::packed_sequence_ints(s.B)) * sizeof(int);
 }
 
 // Where a training forward leaves Q's and K's quantized operands for the

@@ -210,12 +210,26 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   fwd.workspace = base + layout.scratch;
   // Packed sequences: every input's rows come from cu_seqlens; the
   // workspace takes the tile-aligned layout the kernels' tensor maps address.
+  // cu_seqlens are checked on the device first and every kernel after reads
+  // the checked copies (all sequences empty, the gradients NaN, where they do
+  // not fit the call's sizes).
   const int *cu_q = args.cu_seqlens_q, *cu_k = args.cu_seqlens_k;
   if (packed) {
-    auto* rows = reinterpret_cast<int*>(base + layout.packed_rows);
-    cuda_common::fill_packed_rows(cu_q, static_cast<int>(s.B), rows, stream);
-    cuda_common::fill_packed_rows(cu_k, static_cast<int>(s.B), rows + s.B + 1, stream);
-    fwd.rows_q = rows, fwd.rows_k = rows + s.B + 1;
+    auto* ints = reinterpret_cast<int*>(base + layout.packed_rows);
+    using Fill = cuda_common::NanFill;
+    const auto fill = [&args](const sm90::bwd::TensorRef& out, std::int64_t rows, std::int64_t heads) {
+      const auto type = args.element == DeviceElement::f32   ? Fill::Type::f32
+                        : args.element == DeviceElement::f16 ? Fill::Type::f16
+                                                             : Fill::Type::bf16;
+      return Fill{out.data, type, rows, heads, args.shape.D, out.stride_s, out.stride_h};
+    };
+    cuda_common::check_packed_sequences(
+        cu_q, cu_k, {static_cast<int>(s.B), args.lse_pitch, args.k_tokens, s.Sq, s.Sk}, ints,
+        {fill(a.dq, args.lse_pitch, s.Hq), fill(a.dk, args.k_tokens, s.Hkv), fill(a.dv, args.k_tokens, s.Hkv)},
+        stream);
+    const cuda_common::PackedSequences seqs = cuda_common::packed_sequences(ints, static_cast<int>(s.B));
+    cu_q = seqs.cu_q, cu_k = seqs.cu_k;
+    fwd.rows_q = seqs.rows_q, fwd.rows_k = seqs.rows_k;
     fwd.q_rows = lay.Sq, fwd.k_rows = lay.Sk;
   }
   const auto in_q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q", cu_q);

@@ -127,9 +127,24 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
     a.lse = args.lse;
     return a;
   };
-  const auto q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q", args.cu_seqlens_q);
-  const auto k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k", args.cu_seqlens_k);
-  const auto v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v", args.cu_seqlens_k);
+  // Packed sequences: cu_seqlens checked on the device first, and every
+  // kernel after reads the checked copies (all sequences empty, O and LSE
+  // NaN, where they do not fit the call's sizes).
+  cuda_common::PackedSequences seqs{args.cu_seqlens_q, args.cu_seqlens_k, nullptr, nullptr};
+  if (packed) {
+    auto* ints = reinterpret_cast<int*>(static_cast<unsigned char*>(args.workspace) +
+                                        workspace_layout(s, tokens).packed_rows);
+    using Fill = cuda_common::NanFill;
+    const Fill o_fill{args.o, Fill::Type::bf16, args.lse_pitch, s.Hq, s.D, args.o_stride_s, args.o_stride_h};
+    const Fill lse_fill{args.lse, Fill::Type::f32, s.Hq, 1, args.lse_pitch, args.lse_pitch, 0};
+    cuda_common::check_packed_sequences(args.cu_seqlens_q, args.cu_seqlens_k,
+                                        {static_cast<int>(s.B), args.lse_pitch, args.k_tokens, s.Sq, s.Sk}, ints,
+                                        {o_fill, lse_fill, Fill{}}, stream);
+    seqs = cuda_common::packed_sequences(ints, static_cast<int>(s.B));
+  }
+  const auto q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q", seqs.cu_q);
+  const auto k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k", seqs.cu_k);
+  const auto v = strided(args.v, args.element, s.B, s.Sk, s.Hkv, s.D, "v", seqs.cu_k);
 
   if (opt.recipe == Recipe::nvfp4) {
     // NVFP4: the quantizer and the BF16 expansion write into the workspace;
@@ -186,11 +201,8 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   bufs.nonfinite = reinterpret_cast<int*>(base + layout.nonfinite);
   bufs.workspace = base + layout.scratch;
   if (packed) {
-    // Each sequence's first row in the tile-aligned layout, before the quantizer reads it.
-    auto* rows = reinterpret_cast<int*>(base + layout.packed_rows);
-    cuda_common::fill_packed_rows(args.cu_seqlens_q, static_cast<int>(s.B), rows, stream);
-    cuda_common::fill_packed_rows(args.cu_seqlens_k, static_cast<int>(s.B), rows + s.B + 1, stream);
-    bufs.rows_q = rows, bufs.rows_k = rows + s.B + 1;
+    // Each sequence's first row in the tile-aligned layout (check_packed_sequences above).
+    bufs.rows_q = seqs.rows_q, bufs.rows_k = seqs.rows_k;
     bufs.q_rows = lay.Sq, bufs.k_rows = lay.Sk;
   }
   if (args.saved != nullptr) {
@@ -218,7 +230,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   if (packed) {
     // The grid covers each sequence's longest; the operands are the one-entry layout above.
     a.B = static_cast<int>(s.B), a.Sq = static_cast<int>(s.Sq), a.Sk = static_cast<int>(s.Sk);
-    a.cu_seqlens_q = args.cu_seqlens_q, a.cu_seqlens_k = args.cu_seqlens_k, a.lse_pitch = args.lse_pitch;
+    a.cu_seqlens_q = seqs.cu_q, a.cu_seqlens_k = seqs.cu_k, a.lse_pitch = args.lse_pitch;
     a.rows_q = bufs.rows_q, a.rows_k = bufs.rows_k, a.q_rows = lay.Sq, a.k_rows = lay.Sk;
   }
   sm90::fwd::forward_fp8(a, stream);

@@ -100,7 +100,13 @@ struct DeviceForwardArgs {
   // used; shape.Sq and shape.Sk are the longest sequences; the LSE is (Hq,
   // lse_pitch), lse_pitch the query tokens in all, k_tokens the key tokens
   // in all (PackedTokens{lse_pitch, k_tokens} size the workspace and the
-  // saved block; cu_seqlens_q[B] and cu_seqlens_k[B] must not exceed them).
+  // saved block). The call checks cu_seqlens on the device, where they may
+  // change between calls unseen by the host (a replayed CUDA graph): both
+  // start at 0, never decrease, end at lse_pitch and k_tokens, and no
+  // sequence is longer than shape.Sq / shape.Sk; where they do not, O and
+  // the LSE are NaN (cuda_common::check_packed_sequences). shape.Sq and
+  // shape.Sk may exceed the longest sequences (the grids' tiles past a
+  // sequence's end leave at once).
   // Each sequence's O and LSE are those of a call on it alone, bit for bit.
   // `saved` keeps the operands in the packed layout: its backward takes the
   // same cu_seqlens and counts.
@@ -168,7 +174,8 @@ struct DeviceBackwardArgs {
   // DeviceForwardArgs (shape.Sq, shape.Sk the longest; q, o, d_o and dq
   // rows from cu_seqlens_q, k, v, dk and dv rows from cu_seqlens_k, batch
   // strides not used; the LSE (Hq, lse_pitch) as that forward returns it;
-  // k_tokens the key tokens in all).
+  // k_tokens the key tokens in all; cu_seqlens checked on the device as
+  // there, dq, dk and dv NaN where they do not fit).
   // Each sequence's gradients are those of a call on it alone, bit for bit
   // (deterministic; the one pass sums dQ in its own varying order).
   const int* cu_seqlens_q = nullptr;

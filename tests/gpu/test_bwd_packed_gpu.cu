@@ -5,8 +5,9 @@
 // whose dQ sums in a varying order), for lengths on and off the 128-token
 // tiles, sequences whose queries outnumber their keys (causal rows that see
 // no key), GQA, smooth_k and Direct-P on and off, both head dims, with and
-// without the operands the packed forward keeps. Outputs start as NaN, so
-// every row must be written.
+// without the operands the packed forward keeps; cu_seqlens that do not fit
+// the call give NaN gradients. Outputs start as NaN, so every row must be
+// written.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -67,8 +68,9 @@ struct BackwardCall {
 
   // Enqueues the backward on poisoned gradients and waits; packed: cu_seqlens on the
   // device; kept: what the forward kept (q and k are then not read).
+  // finite_start: the gradients start at zero instead (a test that expects NaN).
   void run(const AttentionOptions& opt, bool deterministic, const int* cu_q = nullptr, const int* cu_k = nullptr,
-           const DeviceArray<unsigned char>* kept = nullptr) {
+           const DeviceArray<unsigned char>* kept = nullptr, bool finite_start = false) {
     const AttentionShape& s = shape;
     const bool packed = cu_q != nullptr;
     const std::int64_t q_batch = packed ? 0 : s.Sq * s.Hq * s.D, k_batch = packed ? 0 : s.Sk * s.Hkv * s.D;
@@ -92,6 +94,7 @@ struct BackwardCall {
     a.cu_seqlens_q = cu_q, a.cu_seqlens_k = cu_k, a.lse_pitch = tokens.q, a.k_tokens = tokens.k;
     if (kept != nullptr) a.saved = kept->ptr, a.saved_bytes = kept->bytes();
     dq.poison(), dk.poison(), dv.poison();
+    if (finite_start) cudaMemset(dq.ptr, 0, dq.bytes()), cudaMemset(dk.ptr, 0, dk.bytes()), cudaMemset(dv.ptr, 0, dv.bytes());
     dispatch::sm90_backward_device(a, opt, deterministic, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   }
@@ -200,6 +203,36 @@ INSTANTIATE_TEST_SUITE_P(Packed, GpuBackwardPacked,
                                            PackedCase{128, MaskKind::causal, true, true, true, true},
                                            PackedCase{64, MaskKind::none, false, false, true, true}),
                          packed_name);
+
+// cu_seqlens that do not fit the call (checked on the device, as in the
+// forward: test_fwd_packed_gpu.cu) give NaN gradients everywhere, in both
+// modes; the gradients start at zero, so an unwritten element fails.
+TEST(GpuBackwardPackedCheck, CuSeqlensThatDoNotFitGiveNaN) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const gpu_test::PackedBatch batch;
+  const std::int64_t Hq = 4, Hkv = 2, D = 64;
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const auto [q, k, v] = gpu_test::packed_inputs(batch, Hq, Hkv, D, rng);
+  const auto d_o = to_bf16(gpu_test::attention_input(q.size(), D, 0.1f, rng));
+  BackwardCall call(batch.shape(Hq, Hkv, D), batch.total_q, batch.total_k);
+  call.q.upload(q), call.k.upload(k), call.v.upload(v), call.o.upload(d_o), call.d_o.upload(d_o);
+  cudaMemset(call.lse.ptr, 0, call.lse.bytes());
+  std::vector<int> cu_k = batch.cu_k;
+  cu_k[2] = cu_k[1] - 1;  // decreases
+  DeviceArray<int> dcu_q(batch.cu_q.size()), dcu_k(cu_k.size());
+  dcu_q.upload(batch.cu_q), dcu_k.upload(cu_k);
+  AttentionOptions opt;
+  opt.mask = MaskKind::causal;
+  for (const bool deterministic : {true, false}) {
+    call.run(opt, deterministic, dcu_q.ptr, dcu_k.ptr, nullptr, true);
+    std::int64_t finite = 0;
+    for (const auto* g : {&call.dq, &call.dk, &call.dv})
+      for (const Bf16 x : g->download()) finite += !std::isnan(__bfloat162float(x));
+    EXPECT_EQ(finite, 0) << (deterministic ? "two passes" : "one pass") << ": " << finite
+                         << " gradient elements are not NaN, seed " << seed;
+  }
+}
 
 TEST(GpuBackwardPackedErrors, NameTheArgument) {
   FP4ATTN_REQUIRE_HOPPER();

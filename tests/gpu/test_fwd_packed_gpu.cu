@@ -3,8 +3,10 @@
 // every sequence gives each sequence the bits of a call on it alone, O and
 // LSE, for lengths on and off the 128-token tiles, sequences whose queries
 // outnumber their keys (causal rows that see no key), GQA, smooth_k and
-// Direct-P on and off, and head dims read in place (64, 128, 72).
+// Direct-P on and off, and head dims read in place (64, 128, 72); cu_seqlens
+// that do not fit the call give NaN outputs.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -108,6 +110,76 @@ INSTANTIATE_TEST_SUITE_P(Packed, GpuForwardPacked,
                                            PackedCase{64, MaskKind::causal, true, true},
                                            PackedCase{72, MaskKind::causal, true, true}),
                          packed_name);
+
+// cu_seqlens are checked on the device against the call's sizes (the host
+// need not read them: a CUDA graph replays a call with whatever they hold).
+// A grid sized for longer sequences than the batch holds gives the same
+// bits; offsets that do not fit the call give O and LSE NaN everywhere (the
+// outputs start finite here, so an unwritten element fails) and touch no
+// memory outside the call's tensors (the sanitizer stage runs this case).
+TEST(GpuForwardPackedCheck, CuSeqlensThatDoNotFitGiveNaN) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const gpu_test::PackedBatch batch;
+  const std::int64_t Hq = 4, Hkv = 2, D = 64;
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const auto [q, k, v] = gpu_test::packed_inputs(batch, Hq, Hkv, D, rng);
+  DeviceArray<__nv_bfloat16> dq(q.size()), dk(k.size()), dv(v.size()), o(q.size());
+  DeviceArray<float> lse(static_cast<std::size_t>(Hq * batch.total_q));
+  DeviceArray<int> dcu_q(batch.cu_q.size()), dcu_k(batch.cu_k.size());
+  dq.upload(q), dk.upload(k), dv.upload(v);
+  AttentionOptions opt;
+  opt.mask = MaskKind::causal;
+  // Runs one call on cu_seqlens (cu_q, cu_k) with the shape's longest lengths
+  // `longer` tokens beyond the batch's; O and LSE start at zero.
+  const auto run = [&](const std::vector<int>& cu_q, const std::vector<int>& cu_k, std::int64_t longer) {
+    AttentionShape shape = batch.shape(Hq, Hkv, D);
+    shape.Sq += longer, shape.Sk += longer;
+    DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(shape, Recipe::fp8, batch.tokens()));
+    workspace.poison();
+    dcu_q.upload(cu_q), dcu_k.upload(cu_k);
+    cudaMemset(o.ptr, 0, o.bytes()), cudaMemset(lse.ptr, 0, lse.bytes());
+    const dispatch::DeviceForwardArgs a = gpu_test::packed_forward_args(
+        batch, shape, dq.ptr, dk.ptr, dv.ptr, o.ptr, lse.ptr, workspace.ptr, workspace.bytes(), dcu_q.ptr, dcu_k.ptr);
+    dispatch::sm90_forward_device(a, opt, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "seed " << seed;
+    return std::pair{o.download(), lse.download()};
+  };
+  const auto [o_exact, lse_exact] = run(batch.cu_q, batch.cu_k, 0);
+  const auto [o_wide, lse_wide] = run(batch.cu_q, batch.cu_k, 300);
+  std::int64_t differ = 0, nan_o = 0;
+  for (std::size_t i = 0; i < o_exact.size(); ++i) {
+    differ += bits(o_exact[i]) != bits(o_wide[i]);
+    nan_o += std::isnan(__bfloat162float(o_exact[i]));
+  }
+  for (std::size_t i = 0; i < lse_exact.size(); ++i) differ += bits(lse_exact[i]) != bits(lse_wide[i]);
+  EXPECT_EQ(differ, 0) << "a grid for longer sequences changed the result, seed " << seed;
+  EXPECT_EQ(nan_o, 0) << "valid cu_seqlens gave NaN, seed " << seed;
+
+  const auto with = [](std::vector<int> cu, std::size_t at, int value) {
+    cu[at] = value;
+    return cu;
+  };
+  const std::vector<int>& cq = batch.cu_q;
+  const std::vector<int>& ck = batch.cu_k;
+  std::vector<int> one_long(cq.size(), 0);  // every query in the last sequence: longer than the grid's rows
+  one_long.back() = cq.back();
+  const std::vector<std::pair<std::string, std::pair<std::vector<int>, std::vector<int>>>> invalid = {
+      {"cu_q starts at 1", {with(cq, 0, 1), ck}},
+      {"cu_k decreases", {cq, with(ck, 2, ck[1] - 1)}},
+      {"cu_q ends before total_q", {with(cq, cq.size() - 1, cq.back() - 1), ck}},
+      {"cu_k ends past total_k", {cq, with(ck, ck.size() - 1, ck.back() + 128)}},
+      {"a sequence longer than the grid", {one_long, ck}},
+      {"a negative offset", {cq, with(ck, 1, -5)}},
+  };
+  for (const auto& [what, cus] : invalid) {
+    const auto [o_bad, lse_bad] = run(cus.first, cus.second, 0);
+    std::int64_t finite = 0;
+    for (const auto x : o_bad) finite += !std::isnan(__bfloat162float(x));
+    for (const float x : lse_bad) finite += !std::isnan(x);
+    EXPECT_EQ(finite, 0) << what << ": " << finite << " output elements are not NaN, seed " << seed;
+  }
+}
 
 // The host's bound of the tile-aligned layout (no device involved): every
 // batch's rows, each sequence rounded up to 128 tokens, fit in

@@ -74,7 +74,7 @@ struct Fp8Buffers {
   std::int64_t code_pitch = 0;
   // Packed sequences (cu_seqlens): the tile-aligned layout of
   // cuda/common/packed_rows.hpp. rows_q, rows_k: B + 1 device ints
-  // (fill_packed_rows), sequence b's first row; q_rows, k_rows: the layout's
+  // (check_packed_sequences), sequence b's first row; q_rows, k_rows: the layout's
   // rows (packed_layout_rows). Every per-token output is then laid out as
   // for one batch entry of that many tokens (q, k: (1, q_rows, H, D); qt,
   // kt: (1, H, D, rows); vt_keys = k_rows; scales (1, H, rows / 128);
