@@ -14,9 +14,11 @@
 #          (the H200 columns of examples/accuracy; needs the python stage's
 #          package) and fuzz (random problems, GPU against the emulator;
 #          needs the python stage's package; FUZZ_CASES, FUZZ_SEED,
-#          FUZZ_SECONDS) and large (problems past 2^31 elements against
+#          FUZZ_SECONDS) and fuzz-varlen (random packed batches against
+#          per-sequence calls; the same FUZZ_* variables) and large (problems past 2^31 elements against
 #          slices of them; needs the python stage's package) are further stages;
-#          BENCH_ARGS adds options to bench/bench_fwd.py; COMMIT names the
+#          BENCH_ARGS adds options to bench/bench_fwd.py; PYTEST=0 makes the
+#          python stage install the package only; COMMIT names the
 #          library's commit where the copy has no git
 set -uo pipefail
 BUILD=${1:-build}
@@ -93,7 +95,9 @@ if has_stage python; then
   timeout 400 python3 -m pip install -q --no-build-isolation --no-deps --upgrade --target /tmp/fp4attn-site \
     -C build-dir=/tmp/fp4attn-pybuild -C cmake.define.CMAKE_BUILD_PARALLEL_LEVEL=16 . >"$OUT/pip.log" 2>&1
   rc=$?
-  if [[ $rc -eq 0 ]]; then
+  if [[ $rc -eq 0 && ${PYTEST:-1} == 0 ]]; then
+    echo "package installed; PYTEST=0: its tests not run" >"$OUT/pytest.log"
+  elif [[ $rc -eq 0 ]]; then
     (cd /tmp && PYTHONPATH=/tmp/fp4attn-site timeout 400 python3 -m pytest -q -p no:cacheprovider \
       "$OLDPWD/python/tests") >"$OUT/pytest.log" 2>&1
     rc=$?
@@ -114,6 +118,18 @@ if has_stage fuzz; then
   rc=$?
   grep -E "FAILED|Error" "$OUT/fuzz.log" | head -10
   summary+=("fuzz: rc=$rc ($(tail -1 "$OUT/fuzz.log"))")
+  [[ $rc -eq 0 ]] || status=1
+fi
+
+if has_stage fuzz-varlen; then
+  # Random packed batches, each sequence against a call on it alone, bit for bit
+  # (python/tests/fuzz_varlen_device.py); needs the python stage's package.
+  (cd python/tests && PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 500 python3 fuzz_varlen_device.py \
+    --cases ${FUZZ_CASES:-100} --seed ${FUZZ_SEED:-1} --seconds ${FUZZ_SECONDS:-300} ${COMMIT:+--commit "$COMMIT"} \
+    --out "$OUT/fuzz-varlen.json") >"$OUT/fuzz-varlen.log" 2>&1
+  rc=$?
+  grep -E "FAILED|Error" "$OUT/fuzz-varlen.log" | head -10
+  summary+=("fuzz-varlen: rc=$rc ($(tail -1 "$OUT/fuzz-varlen.log"))")
   [[ $rc -eq 0 ]] || status=1
 fi
 

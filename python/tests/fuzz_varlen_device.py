@@ -1,0 +1,204 @@
+"""Randomized check of packed (varlen) calls on the GPU against per-sequence calls.
+
+flash_attn_varlen_func promises each sequence the bits of a call on it alone:
+O, the LSE and, under autograd, dQ, dK and dV. Each case draws a batch of
+1 … 12 sequences whose query and key lengths mix empty sequences, a few
+tokens, the 128-token tile's edges and lengths up to 3 000 (queries and keys
+of one sequence equal or not), heads with GQA / MQA ratios, a head dim the
+packed path reads in place, bf16 or f16, causal or not, and a softmax scale;
+cu_seqlens on the GPU or the host; half the cases also take gradients. It
+runs the packed call, then every sequence with queries as its own
+flash_attn_func call (or, without keys, the O = 0 / LSE = −inf that a fully
+masked row gives), and compares bit for bit. Every fifth case also runs the
+packed forward captured in a CUDA graph for other lengths of the same token
+counts and replays it on the case's lengths: the replay must give the same
+bits. The backward runs the two deterministic passes on both sides
+(torch_ops.DETERMINISTIC_BACKWARD), whose gradients the contract fixes.
+
+    PYTHONPATH=<site> python3 python/tests/fuzz_varlen_device.py --cases 100 --seed 1 --out fuzz-varlen.json
+
+Exit status 1 when any case disagrees; the JSON lists every case with its draw
+(--only N reruns one).
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+
+import numpy as np
+import torch
+
+import fp4attn
+import fp4attn.torch_ops
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+HEAD_DIMS = [64, 128, 32, 96, 72, 40, 16, 112]  # what the one-call path reads in place (and its backward takes)
+EDGES = [1, 2, 127, 128, 129, 255, 256, 257, 383, 384]
+
+
+def draw_length(rng: np.random.Generator) -> int:
+    kind = rng.random()
+    if kind < 0.07:
+        return 0
+    if kind < 0.25:
+        return int(rng.integers(1, 17))
+    if kind < 0.45:
+        return int(rng.choice(EDGES))
+    return int(rng.integers(1, 3001))
+
+
+def draw(rng: np.random.Generator) -> dict:
+    batch = int(rng.integers(1, 13))
+    lens_q = [draw_length(rng) for _ in range(batch)]
+    same = rng.random() < 0.5
+    lens_k = list(lens_q) if same else [draw_length(rng) for _ in range(batch)]
+    if sum(lens_q) == 0:
+        lens_q[0] = 1
+    if sum(lens_k) == 0:
+        lens_k[0] = 1
+    hkv = int(rng.integers(1, 4))
+    return {
+        "lens_q": lens_q,
+        "lens_k": lens_k,
+        "Hkv": hkv,
+        "Hq": hkv * int(rng.choice([1, 2, 3, 4, 7])),
+        "D": int(rng.choice(HEAD_DIMS)),
+        "dtype": str(rng.choice(list(DTYPES))),
+        "causal": bool(rng.random() < 0.5),
+        "scale": None if rng.random() < 0.7 else float(rng.uniform(0.02, 0.3)),
+        "cu_on_gpu": bool(rng.random() < 0.5),
+        "backward": bool(rng.random() < 0.5),
+        "data_seed": int(rng.integers(0, 2**31)),
+    }
+
+
+def bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Elements whose bits differ (NaN payloads included)."""
+    if a.shape != b.shape:
+        return max(a.numel(), b.numel())
+    view = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    return int((a.contiguous().view(view) != b.contiguous().view(view)).sum())
+
+
+def other_lengths(lens: list, longest: int, rng: np.random.Generator) -> list:
+    """Lengths of the same sum and count, none past `longest` (what a captured call was sized for)."""
+    total, out = sum(lens), []
+    for i in range(len(lens) - 1):
+        rest = len(lens) - 1 - i
+        low, high = max(0, total - rest * longest), min(longest, total)
+        out.append(int(rng.integers(low, high + 1)))
+        total -= out[-1]
+    return out + [total]
+
+
+def run_case(c: dict) -> dict:
+    g = torch.Generator().manual_seed(c["data_seed"])
+    dtype = DTYPES[c["dtype"]]
+    cu_q = torch.tensor(np.cumsum([0] + c["lens_q"]), dtype=torch.int32)
+    cu_k = torch.tensor(np.cumsum([0] + c["lens_k"]), dtype=torch.int32)
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    q = torch.randn(total_q, c["Hq"], c["D"], generator=g).to("cuda", dtype)
+    k = (torch.randn(total_k, c["Hkv"], c["D"], generator=g) + 0.5).to("cuda", dtype)
+    v = torch.randn(total_k, c["Hkv"], c["D"], generator=g).to("cuda", dtype)
+    d_o = torch.randn(total_q, c["Hq"], c["D"], generator=g).to("cuda", dtype)
+    max_q, max_k = max(c["lens_q"]), max(c["lens_k"])
+    cus = (cu_q.cuda(), cu_k.cuda()) if c["cu_on_gpu"] else (cu_q, cu_k)
+    kw = {"causal": c["causal"], "softmax_scale": c["scale"]}
+    leaves = [x.clone().requires_grad_(c["backward"]) for x in (q, k, v)]
+    out, lse, _ = fp4attn.flash_attn_varlen_func(*leaves, *cus, max_q, max_k, return_attn_probs=True, **kw)
+    if c["backward"]:
+        out.backward(d_o)
+        for x in leaves:  # an input no sequence reads has no gradient: zeros
+            if x.grad is None:
+                x.grad = torch.zeros_like(x)
+    r = {"o_differ": 0, "lse_differ": 0, "grad_differ": 0}
+    for i in range(len(c["lens_q"])):
+        a, b, s, e = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        if b == a:
+            continue
+        if e == s:  # no keys: O = 0, LSE = -inf, no gradient
+            r["o_differ"] += int((out[a:b].float() != 0).sum())
+            r["lse_differ"] += int((lse[:, a:b] != float("-inf")).sum())
+            if c["backward"]:
+                r["grad_differ"] += int((leaves[0].grad[a:b].float() != 0).sum())
+            continue
+        one = [x.detach()[rows].clone().requires_grad_(c["backward"]).unsqueeze(0)
+               for x, rows in ((q, slice(a, b)), (k, slice(s, e)), (v, slice(s, e)))]
+        o1, lse1, _ = fp4attn.flash_attn_func(*one, return_attn_probs=True, **kw)
+        r["o_differ"] += bits_differ(out[a:b], o1[0])
+        r["lse_differ"] += bits_differ(lse[:, a:b], lse1[0])
+        if c["backward"]:
+            o1.backward(d_o[a:b].unsqueeze(0))
+            r["grad_differ"] += bits_differ(leaves[0].grad[a:b], one[0].grad[0])
+            r["grad_differ"] += bits_differ(leaves[1].grad[s:e], one[1].grad[0])
+            r["grad_differ"] += bits_differ(leaves[2].grad[s:e], one[2].grad[0])
+    if c["backward"]:  # keys of sequences without queries get zero gradients
+        for i in range(len(c["lens_q"])):
+            if c["lens_q"][i] == 0:
+                s, e = int(cu_k[i]), int(cu_k[i + 1])
+                r["grad_differ"] += int((leaves[1].grad[s:e].float() != 0).sum())
+                r["grad_differ"] += int((leaves[2].grad[s:e].float() != 0).sum())
+    if c.get("captured"):
+        # Captured for other lengths of the same token counts, replayed on the case's.
+        rng = np.random.default_rng(c["data_seed"])
+        first_q = torch.tensor(np.cumsum([0] + other_lengths(c["lens_q"], max_q, rng)), dtype=torch.int32).cuda()
+        first_k = torch.tensor(np.cumsum([0] + other_lengths(c["lens_k"], max_k, rng)), dtype=torch.int32).cuda()
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad():
+            with torch.cuda.graph(graph):
+                o_g, lse_g, _ = fp4attn.flash_attn_varlen_func(q, k, v, first_q, first_k, max_q, max_k,
+                                                               return_attn_probs=True, **kw)
+            first_q.copy_(cu_q), first_k.copy_(cu_k)
+            graph.replay()
+            torch.cuda.synchronize()
+        r["replay_differ"] = bits_differ(o_g, out.detach()) + bits_differ(lse_g, lse)
+    r["ok"] = r["o_differ"] == 0 and r["lse_differ"] == 0 and r["grad_differ"] == 0 and not r.get("replay_differ")
+    return r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--only", type=int, default=None, help="run case N of the seed's draw alone")
+    ap.add_argument("--seconds", type=float, default=math.inf, help="stop drawing after this long")
+    ap.add_argument("--out", default=None, help="JSON of every case and its result")
+    ap.add_argument("--commit", default=None, help="the library's commit, for the JSON")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("fuzz_varlen_device: no CUDA device; nothing to compare")
+        return 0
+    fp4attn.torch_ops.DETERMINISTIC_BACKWARD = True
+    rng = np.random.default_rng(args.seed)
+    cases = [draw(rng) for _ in range(args.cases)]
+    for i, c in enumerate(cases):
+        c["captured"] = i % 5 == 4
+    rows, failed, start = [], 0, time.time()
+    for i, c in enumerate(cases):
+        if args.only is not None and i != args.only:
+            continue
+        if time.time() - start > args.seconds:
+            break
+        try:
+            r = run_case(c)
+        except Exception as e:  # an exception is a failure too, with its message
+            r = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc(limit=3)}
+        rows.append({"case": i, **c, **r})
+        if not r["ok"]:
+            failed += 1
+            print(f"case {i} FAILED: {json.dumps(rows[-1])}", flush=True)
+    print(f"fuzz_varlen_device: {len(rows)} cases in {time.time() - start:.0f} s (seed {args.seed}; "
+          f"{sum(len(r['lens_q']) for r in rows)} sequences, {sum(r['backward'] for r in rows)} with gradients, "
+          f"{sum(bool(r.get('captured')) for r in rows)} replayed from a graph), {failed} failed")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "commit": args.commit,
+                       "command": " ".join(sys.argv), "seed": args.seed, "cases": rows}, f, separators=(",", ":"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
