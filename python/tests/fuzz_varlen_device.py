@@ -125,7 +125,7 @@ def run_case(c: dict) -> dict:
             if c["backward"]:
                 r["grad_differ"] += int((leaves[0].grad[a:b].float() != 0).sum())
             continue
-        one = [x.detach()[rows].clone().requires_grad_(c["backward"]).unsqueeze(0)
+        one = [x.detach()[rows].unsqueeze(0).clone().requires_grad_(c["backward"])
                for x, rows in ((q, slice(a, b)), (k, slice(s, e)), (v, slice(s, e)))]
         o1, lse1, _ = fp4attn.flash_attn_func(*one, return_attn_probs=True, **kw)
         r["o_differ"] += bits_differ(out[a:b], o1[0])
