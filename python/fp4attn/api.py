@@ -59,12 +59,19 @@ def _empty_attention(q, k, v, s: _host.Settings, torch_in: bool):
     if not torch_in:
         return np.zeros(q.shape, np.float32), np.full(lse_shape, -np.inf, np.float32)
     torch = _torch_ops.torch
-    # Zeros that autograd connects to q, k and v (their gradients are zeros, even where they
-    # hold non-finite values), as SDPA's outputs are.
-    none = torch.zeros((), dtype=torch.bool, device=q.device)
-    zero = torch.zeros((), dtype=q.dtype, device=q.device)
-    o = torch.where(none, q, zero) + torch.where(none, k.sum() + v.sum(), zero)
+    o = _connected(torch.zeros(q.shape, dtype=q.dtype, device=q.device), q, k, v)
     return o, torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device)
+
+
+def _connected(o, q, k, v):
+    """o as autograd connects it to q, k and v, with zero gradients (even where they hold non-finite
+    values), as SDPA's outputs are when nothing is attended; o itself where no gradient is wanted."""
+    torch = _torch_ops.torch
+    if not torch.is_grad_enabled() or not any(x.requires_grad for x in (q, k, v)):
+        return o
+    none = torch.zeros((), dtype=torch.bool, device=o.device)
+    zero = torch.zeros((), dtype=o.dtype, device=o.device)
+    return o + torch.where(none, q.sum() + k.sum() + v.sum(), zero).to(o.dtype)
 
 
 def attention(
@@ -278,6 +285,8 @@ def flash_attn_varlen_func(
         lses.append(_no_keys(q, hq, torch_in)[1])
     cat = _torch_ops.torch.cat if torch_in else np.concatenate
     out = outs[0] if len(outs) == 1 else cat(outs)
+    if torch_in and out.grad_fn is None:  # no sequence with queries and keys: zeros, still connected
+        out = _connected(out, q, k, v)
     if not return_attn_probs:
         return out
     return (out, lses[0] if len(lses) == 1 else cat(lses, 1), None)

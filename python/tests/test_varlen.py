@@ -5,6 +5,7 @@ torch layer on the CPU and, where there is one, the GPU); its errors name the
 argument."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -141,6 +142,24 @@ try:
 except ImportError:
     torch = None
 DEVICES = ["cpu"] + (["cuda"] if torch is not None and torch.cuda.is_available() else [])
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_batch_without_a_sequence_to_attend_has_zero_gradients(rng, device):
+    # No sequence has both queries and keys: O = 0 and LSE = -inf, and the
+    # output is still connected to q, k and v (zero gradients, as SDPA gives
+    # where nothing is attended), so a training step's backward runs.
+    arrays = packed(rng, [12, 3, 0], [0, 0, 5], 2, 1, 64)
+    q, k, v = (torch.from_numpy(x).to(device).requires_grad_() for x in arrays[:3])
+    cu_q, cu_k = (torch.from_numpy(x).to(device) for x in arrays[3:])
+    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 12, 5, return_attn_probs=True)
+    assert torch.equal(o, torch.zeros_like(o)) and bool((lse == -math.inf).all())
+    o.backward(torch.ones_like(o))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        assert x.grad is not None and torch.equal(x.grad, torch.zeros_like(x)), name
+    with torch.no_grad():  # nothing to connect without gradients
+        assert fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 12, 5).grad_fn is None
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
