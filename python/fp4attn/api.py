@@ -206,7 +206,9 @@ def flash_attn_varlen_func(
     entries from 0 to total). causal is bottom-right aligned per sequence.
     Each sequence's output is bit for bit what attention() gives on that
     sequence alone (quantization is per sequence and head), and so are its
-    gradients. Recipe fp8 on a Hopper GPU runs every sequence in one
+    gradients (but where the packed tensors are read through several views,
+    autograd's sum of their gradients turns a -0 into +0: README, "Varlen").
+    Recipe fp8 on a Hopper GPU runs every sequence in one
     forward call and one backward call whose quantizers and kernels read the
     packed tensors (torch_ops.varlen_forward_device; a batch whose longest
     sequence is far longer than the rest runs as a few such calls). Every

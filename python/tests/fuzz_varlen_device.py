@@ -15,8 +15,11 @@ counts and replays it on the case's lengths: the replay must give the same
 bits. The backward runs the two deterministic passes on both sides
 (torch_ops.DETERMINISTIC_BACKWARD), whose gradients the contract fixes.
 Gradient elements that are zero in both with opposite signs (+0 against -0,
-seen with f16 gradients) are counted apart and reported, not failed: the
-one difference from the contract that the script has found (README, "Varlen").
+seen with f16 gradients) are counted apart and reported, not failed: where
+the packed tensors are read through several views (a call per run of equal
+lengths, several packed groups), autograd sums the views' gradients into
+the leaf's, and (+0) + (-0) = +0 turns the kernel's -0 into +0 (README,
+"Varlen").
 
     PYTHONPATH=<site> python3 python/tests/fuzz_varlen_device.py --cases 100 --seed 1 --out fuzz-varlen.json
 
