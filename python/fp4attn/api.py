@@ -206,9 +206,9 @@ def flash_attn_varlen_func(
     entries from 0 to total). causal is bottom-right aligned per sequence.
     Each sequence's output is bit for bit what attention() gives on that
     sequence alone (quantization is per sequence and head), and so are its
-    gradients (but where the packed tensors are read through several views,
-    autograd's sum of their gradients turns a -0 into +0: README, "Varlen").
-    Recipe fp8 on a Hopper GPU runs every sequence in one
+    gradients (signs of zero included: every path reads the packed tensors
+    through one split, whose gradient autograd concatenates). Recipe fp8 on
+    a Hopper GPU runs every sequence in one
     forward call and one backward call whose quantizers and kernels read the
     packed tensors (torch_ops.varlen_forward_device; a batch whose longest
     sequence is far longer than the rest runs as a few such calls). Every
@@ -269,16 +269,17 @@ def flash_attn_varlen_func(
     # One (B, S, H, D) view of q, k and v per run of equal (query, key) lengths.
     as_batch = (lambda x, n: x.unflatten(0, (n, -1))) if torch_in else (lambda x, n: x.reshape(n, -1, *x.shape[1:]))
     hq, d = q.shape[1], q.shape[2]
+    runs = _host.equal_length_runs(lens_q, lens_k)
+    q_parts = _token_parts(q, [cu_q[i + n] - cu_q[i] for i, n in runs], torch_in)
+    k_parts, v_parts = (_token_parts(x, [cu_k[i + n] - cu_k[i] for i, n in runs], torch_in) for x in (k, v))
     outs, lses = [], []
-    for i, n in _host.equal_length_runs(lens_q, lens_k):
-        rows = slice(cu_q[i], cu_q[i + n])
+    for (i, n), q_run, k_run, v_run in zip(runs, q_parts, k_parts, v_parts):
         if lens_q[i] > 0 and lens_k[i] == 0:
-            o, lse = _no_keys(q[rows], hq, torch_in)
+            o, lse = _no_keys(q_run, hq, torch_in)
             outs.append(o)
             lses.append(lse)
         elif lens_q[i] > 0:
-            keys = slice(cu_k[i], cu_k[i + n])
-            o, lse = _forward(as_batch(q[rows], n), as_batch(k[keys], n), as_batch(v[keys], n), s, return_attn_probs)
+            o, lse = _forward(as_batch(q_run, n), as_batch(k_run, n), as_batch(v_run, n), s, return_attn_probs)
             outs.append(o.reshape(-1, hq, d))
             # (n, Hq, Lq) -> (Hq, n · Lq), the packed token order
             lses.append(lse.swapaxes(0, 1).reshape(hq, -1))
@@ -347,6 +348,16 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, recipe=recipe)
+
+
+def _token_parts(x, sizes: list, torch_in: bool) -> list:
+    """x's consecutive token rows in parts of `sizes` (which cover them all). A torch tensor is cut by
+    one split, so that autograd concatenates the parts' gradients: gradients of several slices would
+    be summed, and (+0) + (-0) = +0 would change the sign of zeros that a call on one part keeps."""
+    if torch_in:
+        return x.split(sizes)
+    starts = np.cumsum([0] + sizes)
+    return [x[a:b] for a, b in zip(starts[:-1], starts[1:])]
 
 
 def _no_keys(q_rows, hq: int, torch_in: bool):

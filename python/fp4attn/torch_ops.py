@@ -80,7 +80,6 @@ its gradient is zero. The host path also skips it when dLSE is all zeros.
 # signature's annotations to build the op schema.
 import contextlib
 import functools
-import itertools
 import warnings
 from typing import NamedTuple, Optional
 
@@ -881,17 +880,18 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     groups = _host.packed_groups(lens_q, lens_k)
     if len(groups) == 1:
         return run(_PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned), q, k, v)
-    starts_q = list(itertools.accumulate(lens_q, initial=0))
-    starts_k = list(itertools.accumulate(lens_k, initial=0))
+    # One split each, so that autograd concatenates the groups' gradients (summing those of several
+    # slices would turn -0 into +0: api._token_parts).
+    q_parts = q.split([sum(lens_q[first:first + n]) for first, n in groups])
+    k_parts, v_parts = (x.split([sum(lens_k[first:first + n]) for first, n in groups]) for x in (k, v))
     outs, lses = [], []
-    for first, n in groups:
+    for (first, n), q_group, k_group, v_group in zip(groups, q_parts, k_parts, v_parts):
         last = first + n
         group_q, group_k = lens_q[first:last], lens_k[first:last]
         group_dims = _validate.Dims(B=n, Sq=max(group_q), Sk=max(group_k), Hq=dims.Hq, Hkv=dims.Hkv, D=dims.D)
         group_cu = [c[first:last + 1] - c[first] for c in cu]  # on the device: no wait
-        rows, keys = slice(starts_q[first], starts_q[last]), slice(starts_k[first], starts_k[last])
-        o, lse = run(_PackedCall(group_cu, group_dims, s, opt, group_q, group_k, lse_returned), q[rows], k[keys],
-                     v[keys])
+        o, lse = run(_PackedCall(group_cu, group_dims, s, opt, group_q, group_k, lse_returned), q_group, k_group,
+                     v_group)
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses, dim=1)

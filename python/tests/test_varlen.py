@@ -146,6 +146,36 @@ DEVICES = ["cpu"] + (["cuda"] if torch is not None and torch.cuda.is_available()
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 @pytest.mark.parametrize("device", DEVICES)
+def test_torch_gradient_zeros_keep_their_sign(rng, device):
+    # Gradients below f16's range round to signed zeros. Each sequence's must be
+    # those of its own call bit for bit, signs of zero included: autograd would
+    # sum the gradients of several views of q, k and v into the leaves', and
+    # (+0) + (-0) = +0, so every path reads the packed tensors through one split.
+    lens_q, lens_k = [5, 300, 300, 0, 7, 128], [9, 300, 300, 3, 0, 200]  # runs, and sequences without tokens
+    arrays = packed(rng, lens_q, lens_k, 4, 2, 64)
+    q, k, v = (torch.from_numpy(x).to(device=device, dtype=torch.float16).requires_grad_() for x in arrays[:3])
+    cu_q, cu_k = (torch.from_numpy(x).to(device) for x in arrays[3:])
+    o = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 300, causal=True)
+    # dO on f16's subnormals: the gradients' smallest entries round to signed zeros.
+    d_o = (torch.randn(o.shape, generator=torch.Generator().manual_seed(2)) * 2e-7).to(device, torch.float16)
+    o.backward(d_o)
+    signed = 0
+    for i in range(len(lens_q)):
+        a, b, c, e = (int(x) for x in (cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]))
+        if b == a or e == c:
+            continue
+        one = [x.detach()[r].unsqueeze(0).clone().requires_grad_() for x, r in ((q, slice(a, b)), (k, slice(c, e)),
+                                                                               (v, slice(c, e)))]
+        fp4attn.flash_attn_func(*one, causal=True).backward(d_o[a:b].unsqueeze(0))
+        for name, got, want in (("dq", q.grad[a:b], one[0].grad[0]), ("dk", k.grad[c:e], one[1].grad[0]),
+                                ("dv", v.grad[c:e], one[2].grad[0])):
+            assert torch.equal(torch.signbit(got), torch.signbit(want)), (i, name)
+            signed += int(torch.signbit(want).sum())
+    assert signed > 0  # the check above saw negative zeros
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("device", DEVICES)
 def test_torch_batch_without_a_sequence_to_attend_has_zero_gradients(rng, device):
     # No sequence has both queries and keys: O = 0 and LSE = -inf, and the
     # output is still connected to q, k and v (zero gradients, as SDPA gives
