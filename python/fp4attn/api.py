@@ -297,12 +297,17 @@ def flash_attn_varlen_func(
 
 def _unpacked(x, name: str, axis: int, parts: int, layout: str) -> tuple:
     """The `parts` tensors that FlashAttention's packed functions stack along `axis` of x (views: torch
-    tensors stay where they are, with their strides; the device quantizers read them in place)."""
-    if not _is_torch(x):
+    tensors stay where they are, with their strides; the device quantizers read them in place). A
+    torch tensor is cut by one unbind, whose gradient autograd stacks: the sum of several indexings'
+    gradients would turn -0 into +0."""
+    torch_in = _is_torch(x)
+    if not torch_in:
         x = _host.to_host(x, name)
     rank = len(layout.split(","))
     if len(x.shape) != rank or x.shape[axis] != parts:
         raise ValueError(f"{name}: expected a {rank}-D {layout} array, got shape {tuple(x.shape)}")
+    if torch_in:
+        return x.unbind(axis)
     return tuple(x[(slice(None),) * axis + (i,)] for i in range(parts))
 
 

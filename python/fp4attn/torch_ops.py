@@ -794,8 +794,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settin
     if q.device.type == "cuda" and batch > most:
         # One device call's grids hold at most DEVICE_MAX_BATCH batch entries (window attention
         # over many images reaches it): larger batches run as calls on views, O and LSE joined.
-        parts = [attention(q[i:i + most], k[i:i + most], v[i:i + most], s, lse_returned)
-                 for i in range(0, batch, most)]
+        # One split each, whose gradient autograd concatenates (summing those of several slices
+        # would turn -0 into +0).
+        parts = [attention(*views, s, lse_returned) for views in zip(q.split(most), k.split(most), v.split(most))]
         return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
     keep = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     d, d_run = _padded_head_dim(q, k, v, s, keep)
