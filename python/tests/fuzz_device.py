@@ -21,12 +21,9 @@ random_problems.py at the JSON's commit: adding head dims there changed them).
 """
 
 import argparse
-import json
 import math
 import os
 import sys
-import time
-import traceback
 
 import numpy as np
 import torch
@@ -35,6 +32,7 @@ import fp4attn
 import fp4attn.torch_ops
 from fp4attn import _validate
 from conftest import BOUNDS
+from fuzz_runs import run_cases, write_record
 from fp64_reference import attention_backward_bshd, attention_bshd, cosine, rel_l2
 from random_problems import draw, emulator_options
 
@@ -280,34 +278,19 @@ def main() -> int:
         os.makedirs(args.dump, exist_ok=True)
     rng = np.random.default_rng(args.seed)
     cases = [draw(rng) for _ in range(args.cases)]
-    rows, failed, start = [], 0, time.time()
-    for i, c in enumerate(cases):
-        if args.only is not None and i != args.only:
-            continue
-        if time.time() - start > args.seconds:
-            break
-        try:
-            r = run_case(c, args.dump and f"{args.dump}/case-{args.seed}-{i}.npz")
-        except Exception as e:  # an exception is a failure too, with its message
-            r = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc(limit=3)}
-        rows.append({"case": i, **c, **r})
-        if not r["ok"]:
-            failed += 1
-            print(f"case {i} FAILED: {json.dumps(rows[-1])}", flush=True)
+    rows, failed, seconds = run_cases(
+        cases, lambda i, c: run_case(c, args.dump and f"{args.dump}/case-{args.seed}-{i}.npz"), args.only, args.seconds)
     kinds = {}
     for row in rows:
         kinds[row["recipe"]] = kinds.get(row["recipe"], 0) + 1
-    print(f"fuzz_device: {len(rows)} cases in {time.time() - start:.0f} s (seed {args.seed}; "
+    print(f"fuzz_device: {len(rows)} cases in {seconds:.0f} s (seed {args.seed}; "
           f"{', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}; "
           f"{sum(r.get('backward', False) for r in rows)} with gradients, "
           f"{sum(r.get('grad_tier') == 'fp64' for r in rows)} of them judged against fp64; "
           f"{sum(bool(r.get('o_flips_over_gpu_test_count')) for r in rows)} with more single-step O flips than the "
           f"GPU suites allow), "
           f"{failed} failed")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "commit": args.commit,
-                       "command": " ".join(sys.argv), "seed": args.seed, "cases": rows}, f, separators=(",", ":"))
+    write_record(args.out, args.seed, args.commit, rows)
     return 1 if failed else 0
 
 

@@ -27,17 +27,15 @@ Exit status 1 when any case disagrees; the JSON lists every case with its draw
 """
 
 import argparse
-import json
 import math
 import sys
-import time
-import traceback
 
 import numpy as np
 import torch
 
 import fp4attn
 import fp4attn.torch_ops
+from fuzz_runs import run_cases, write_record
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 HEAD_DIMS = [64, 128, 32, 96, 72, 40, 16, 112]  # what the one-call path reads in place (and its backward takes)
@@ -191,29 +189,13 @@ def main() -> int:
     cases = [draw(rng) for _ in range(args.cases)]
     for i, c in enumerate(cases):
         c["captured"] = i % 5 == 4
-    rows, failed, start = [], 0, time.time()
-    for i, c in enumerate(cases):
-        if args.only is not None and i != args.only:
-            continue
-        if time.time() - start > args.seconds:
-            break
-        try:
-            r = run_case(c)
-        except Exception as e:  # an exception is a failure too, with its message
-            r = {"ok": False, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc(limit=3)}
-        rows.append({"case": i, **c, **r})
-        if not r["ok"]:
-            failed += 1
-            print(f"case {i} FAILED: {json.dumps(rows[-1])}", flush=True)
-    print(f"fuzz_varlen_device: {len(rows)} cases in {time.time() - start:.0f} s (seed {args.seed}; "
+    rows, failed, seconds = run_cases(cases, lambda i, c: run_case(c), args.only, args.seconds)
+    print(f"fuzz_varlen_device: {len(rows)} cases in {seconds:.0f} s (seed {args.seed}; "
           f"{sum(len(r['lens_q']) for r in rows)} sequences, {sum(r['backward'] for r in rows)} with gradients, "
           f"{sum(bool(r.get('captured')) for r in rows)} replayed from a graph; gradient zeros of the other sign "
           f"in {sum(bool(r.get('grad_zero_signs_differ')) for r in rows)} cases, "
           f"{sum(r.get('grad_zero_signs_differ', 0) for r in rows)} elements), {failed} failed")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(), "commit": args.commit,
-                       "command": " ".join(sys.argv), "seed": args.seed, "cases": rows}, f, separators=(",", ":"))
+    write_record(args.out, args.seed, args.commit, rows)
     return 1 if failed else 0
 
 
