@@ -439,24 +439,31 @@ def _lse_term_inputs(d_lse: torch.Tensor, like_o: torch.Tensor, layout: str):
     return o, d_o
 
 
-def _smooth_k_lse_dq(d_lse: torch.Tensor, k_mean: torch.Tensor, dims: _validate.Dims, s: _host.Settings,
-                     packing: Optional[_Packing] = None) -> torch.Tensor:
+def _smooth_k_lse_dq(d_lse: torch.Tensor, lse: torch.Tensor, k_mean: torch.Tensor, dims: _validate.Dims,
+                     s: _host.Settings, packing: Optional[_Packing] = None) -> torch.Tensor:
     """The part of the LSE term's dQ that the backward, working on the smoothed K, leaves out.
 
     With smooth_k the scores are recomputed from K − k̄, so the backward returns
     scale·dS·(K − k̄); for the O term that is scale·dS·K, since rows of dS sum
     to zero, but the LSE term's rows sum to dLSE_i: dQ_i lacks scale·dLSE_i·k̄.
+    A row that sees no key has LSE = −inf whatever Q holds and dS = 0: its row
+    sums to 0, not dLSE_i, so it gets no term (lse, the forward's, tells which;
+    the mean of a sequence without keys, 0 / 0, is never read into a result).
     (dK needs nothing: there the mean's own gradient cancels the LSE shift's.)
-    k_mean: (B, Hkv, D) float32 (_k_mean). Packed sequences: d_lse (Hq, tokens), the result
-    (tokens, Hq, D), each token's row from its own sequence's mean.
+    k_mean: (B, Hkv, D) float32 (_k_mean). Packed sequences: d_lse and lse (Hq, tokens), the
+    result (tokens, Hq, D), each token's row from its own sequence's mean.
     """
     k_mean = k_mean.repeat_interleave(dims.Hq // dims.Hkv, dim=1)  # query head h reads key head h // group
     scale = s.scale if s.scale > 0 else dims.D**-0.5
+    d_lse = d_lse.to(torch.float32)
     if packing is not None:
         per_query = k_mean[_sequence_of_token(packing.cu_q, packing.total_q)]
-        return d_lse.to(torch.float32).transpose(0, 1)[..., None] * per_query * scale
-    pattern = "bhi,bhd->bihd" if s.layout == "bshd" else "bhi,bhd->bhid"
-    return torch.einsum(pattern, d_lse.to(torch.float32), k_mean) * scale
+        term, blind = d_lse.transpose(0, 1)[..., None] * per_query * scale, lse.transpose(0, 1)
+    else:
+        pattern = "bhi,bhd->bihd" if s.layout == "bshd" else "bhi,bhd->bhid"
+        term = torch.einsum(pattern, d_lse, k_mean) * scale
+        blind = lse.transpose(1, 2) if s.layout == "bshd" else lse  # (B, Hq, Sq) in the result's order
+    return torch.where(torch.isneginf(blind)[..., None], 0.0, term)
 
 
 def _sequence_of_token(cu: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -503,7 +510,8 @@ def _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt, 
             )
             dq_term = dq_term.float()
             if s.smooth_k:
-                dq_term = dq_term + _smooth_k_lse_dq(d_lse, _k_mean(k, kept, dims, s, packing), dims, s, packing)
+                dq_term = dq_term + _smooth_k_lse_dq(d_lse, lse, _k_mean(k, kept, dims, s, packing), dims, s,
+                                                     packing)
             # Summed in fp32, rounded once to the gradients' type.
             dq, dk = (dq.float() + dq_term).to(element), (dk.float() + dk_term.float()).to(element)
     return tuple(x.to(dtype) for x in (dq, dk, dv))
@@ -532,7 +540,7 @@ def _backward_host(d_o, d_lse, q, k, v, o, lse, dims, s: _host.Settings, opt):
         o_term, d_o_term = _lse_term_inputs(d_lse.to(torch.float32), o.to(torch.float32), s.layout)
         dq_term, dk_term, _ = _host_grads(q, k, torch.zeros_like(v), o_term, lse, d_o_term, s, opt)
         if s.smooth_k:
-            dq_term = dq_term + host_array(_smooth_k_lse_dq(d_lse, _k_mean(k, None, dims, s), dims, s))
+            dq_term = dq_term + host_array(_smooth_k_lse_dq(d_lse, lse, _k_mean(k, None, dims, s), dims, s))
         dq, dk = dq + dq_term, dk + dk_term
     return tuple(torch.from_numpy(x).to(device=q.device, dtype=q.dtype) for x in (dq, dk, dv))
 
@@ -848,8 +856,9 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
                           lens_q: list, lens_k: list, s: _host.Settings, lse_returned: bool = True) -> Optional[tuple]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed sequences in one device call, or None where
     that call cannot run them: recipe fp8's forward on a Hopper GPU, the kernels' head dims read in
-    place, every sequence with queries and keys, nothing tracing the call; where a gradient is
-    wanted, also the device backward.
+    place, some sequence with queries and some with keys, nothing tracing the call; where a
+    gradient is wanted, also the device backward. Sequences without queries or without keys take
+    no tile of the kernels: one without keys gives O = 0 and LSE = −inf, with zero gradients.
 
     The quantizer and the kernel take each sequence's own length from cu_seqlens, so every
     sequence's O and LSE are those of a call on it alone, bit for bit (test_varlen.py); so are its
@@ -860,8 +869,8 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     """
     if q.device.type != "cuda" or s.recipe != "fp8" or s.target != "sm90" or q.dtype not in _DEVICE_ELEMENTS:
         return None
-    if min(lens_q) == 0 or min(lens_k) == 0 or not _eager_call((q, k, v)):
-        return None
+    if max(lens_q) == 0 or max(lens_k) == 0 or not _eager_call((q, k, v)):
+        return None  # nothing to attend: api.flash_attn_varlen_func's zeros
     dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=q.shape[1], Hkv=k.shape[1], D=q.shape[2])
     opt = _host.options(s)
     if not _uses_device_path(q, dims, opt):

@@ -165,6 +165,25 @@ def test_gradient_through_the_lse(rng, device, recipe):
 
 
 @needs_backward
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("recipe", TRAINABLE)
+def test_lse_gradient_of_rows_that_see_no_key(rng, device, recipe):
+    # Causal with Sq > Sk, bottom-right aligned: the first Sq − Sk query rows
+    # see no key, and their LSE is −inf whatever Q holds. A finite dLSE there
+    # must give those rows dQ = 0 (smooth_k's share of the LSE term, scale·dLSE·k̄,
+    # belongs only to rows that see keys), and K's mean far from zero makes a
+    # wrong term large.
+    q, k, v, d_o = problem(rng, (1, 80, 48, 4, 2, 64), device)
+    d_lse = torch.from_numpy(rng.standard_normal((1, 4, 80)).astype(np.float32)).to(device)
+    out, lse = fp4attn.attention(q, k, v, causal=True, recipe=recipe, return_lse=True)
+    blind = 80 - 48
+    assert bool(torch.isneginf(lse[..., :blind]).all()) and bool(torch.isfinite(lse[..., blind:]).all())
+    torch.autograd.backward((out, lse), (d_o, d_lse))
+    assert not q.grad[:, :blind].any()
+    assert_close_to_reference(grads(q, k, v), reference(q, k, v, d_o, causal=True, d_lse=d_lse), GRAD_BOUNDS[recipe])
+
+
+@needs_backward
 def test_lse_alone_in_the_loss(rng):
     # dO = 0: only the LSE's term is left (the O term of the gradient vanishes).
     q, k, v, _ = problem(rng, SHAPES[1], "cpu")

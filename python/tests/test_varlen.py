@@ -195,9 +195,16 @@ def test_torch_batch_without_a_sequence_to_attend_has_zero_gradients(rng, device
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_torch_each_sequence_is_its_own_call(rng, device, causal):
+def test_torch_each_sequence_is_its_own_call(rng, monkeypatch, device, causal):
     # Forward and gradients: each sequence's as from its own call (on the GPU
     # the device path, with cu_seqlens as CUDA int32 tensors, as FlashAttention takes them).
+    # The gradients in the two deterministic passes: by default the packed call
+    # picks its backward mode for the whole batch, and at D = 64 the one pass
+    # (dQ summed in varying order, dS scaled per 128 x 128 pair) where a short
+    # sequence alone takes the two.
+    from fp4attn import torch_ops
+
+    monkeypatch.setattr(torch_ops, "DETERMINISTIC_BACKWARD", True)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     lens_q, lens_k = [5, 300, 300, 0, 7, 128], [9, 300, 300, 3, 0, 200]
     arrays = packed(rng, lens_q, lens_k, 4, 2, 64)
@@ -416,20 +423,25 @@ def test_packed_lse_terms_are_each_sequences(rng, scale):
     hq, hkv, d = 4, 2, 64
     q, k, _, cu_q, cu_k = (torch.from_numpy(x) for x in packed(rng, lens_q, lens_k, hq, hkv, d))
     k = k.to(torch.bfloat16)
-    d_lse = torch.randn((hq, q.shape[0]), generator=torch.Generator().manual_seed(4))
+    g = torch.Generator().manual_seed(4)
+    d_lse = torch.randn((hq, q.shape[0]), generator=g)
+    lse = torch.randn((hq, q.shape[0]), generator=g)
+    lse[lse < -1.0] = -math.inf  # rows that see no key: no term
     s = _host.make_settings(layout="bshd", mask=_host.MASK_NONE, scale=scale, scale_name="softmax_scale",
                             recipe="fp8", smooth_k=True, direct_p=True, gqa=True, names=("q", "k", "v"))
     dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=hq, Hkv=hkv, D=d)
     packing = torch_ops._Packing(cu_q, cu_k, q.shape[0], k.shape[0])
-    dq_term = torch_ops._smooth_k_lse_dq(d_lse, torch_ops._k_mean(k, None, dims, s, packing), dims, s, packing)
+    dq_term = torch_ops._smooth_k_lse_dq(d_lse, lse, torch_ops._k_mean(k, None, dims, s, packing), dims, s,
+                                         packing)
     o_term, d_o_term = torch_ops._lse_term_inputs(d_lse, q, s.layout)
     for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
         one = _validate.Dims(B=1, Sq=lq, Sk=lk, Hq=hq, Hkv=hkv, D=d)
-        d_lse_one = d_lse[None, :, rows]
+        d_lse_one, lse_one = d_lse[None, :, rows], lse[None, :, rows]
         k_one = k[None, keys]
-        expected = torch_ops._smooth_k_lse_dq(d_lse_one, torch_ops._k_mean(k_one, None, one, s), one, s)[0]
+        expected = torch_ops._smooth_k_lse_dq(d_lse_one, lse_one, torch_ops._k_mean(k_one, None, one, s), one, s)[0]
         assert torch.equal(dq_term[rows], expected), i
+        assert not dq_term[rows].transpose(0, 1)[torch.isneginf(lse_one[0])].any(), i
         o_one, d_o_one = torch_ops._lse_term_inputs(d_lse_one, q[None, rows], s.layout)
         assert torch.equal(o_term[rows], o_one[0]) and torch.equal(d_o_term[rows], d_o_one[0]), i
 
@@ -489,6 +501,47 @@ def test_device_call_gradients_are_each_sequences(rng, causal, dtype, lse_loss):
     fp4attn.flash_attn_func(*batched, causal=causal).backward(d_o[rows_12].unflatten(0, (2, 300)))
     for name, a, b in zip(("dq", "dk", "dv"), leaves, batched):
         assert torch.equal(a.grad, b.grad.flatten(0, 1)), name
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_device_call_takes_sequences_without_tokens(rng, monkeypatch, causal, d):
+    # Sequences without queries or without keys take no tile of the kernels, so
+    # an eager batch holding them runs as the one packed call too. A sequence
+    # without keys gives O = 0, LSE = -inf and dQ = 0 (a finite dLSE there
+    # included); one without queries gives dK = dV = 0; every other sequence's
+    # O, LSE and gradients are those of its own call, bit for bit (the two
+    # passes: the one pass's dQ order varies).
+    from fp4attn import torch_ops
+
+    monkeypatch.setattr(torch_ops, "DETERMINISTIC_BACKWARD", True)
+    lens_q = [5, 0, 300, 129, 7, 0, 64]
+    lens_k = [9, 40, 300, 0, 2, 0, 200]
+    arrays = packed(rng, lens_q, lens_k, 4, 2, d)
+    q, k, v = (torch.from_numpy(x).to("cuda", torch.bfloat16).requires_grad_() for x in arrays[:3])
+    cu_q, cu_k = (torch.from_numpy(x).cuda() for x in arrays[3:])
+    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 300, causal=causal, return_attn_probs=True)
+    if fp4attn.backend_info()["sm90_available"]:
+        assert type(o.grad_fn).__name__ == "_PackedAttentionBackward"
+    gen = torch.Generator().manual_seed(3)
+    d_o = torch.randn(o.shape, generator=gen).to("cuda", o.dtype)
+    d_lse = torch.randn(lse.shape, generator=gen).cuda()
+    torch.autograd.backward((o, lse), (d_o, d_lse))
+    cq, ck = arrays[3], arrays[4]
+    for i in range(len(lens_q)):
+        rows, keys = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        if lens_q[i] == 0:
+            assert not k.grad[keys].any() and not v.grad[keys].any(), i
+        elif lens_k[i] == 0:
+            assert not o[rows].any() and bool(torch.isneginf(lse[:, rows]).all()) and not q.grad[rows].any(), i
+        else:
+            one = [x[span].detach()[None].requires_grad_() for x, span in ((q, rows), (k, keys), (v, keys))]
+            o1, lse1, _ = fp4attn.flash_attn_func(*one, causal=causal, return_attn_probs=True)
+            assert torch.equal(o[rows], o1[0]) and torch.equal(lse[:, rows], lse1[0]), i
+            torch.autograd.backward((o1, lse1), (d_o[None, rows], d_lse[None, :, rows]))
+            for name, x, x1, span in zip(("dq", "dk", "dv"), (q, k, v), one, (rows, keys, keys)):
+                assert torch.equal(x.grad[span], x1.grad[0]), (name, i)
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
