@@ -898,6 +898,10 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     for (first, n), q_group, k_group, v_group in zip(groups, q_parts, k_parts, v_parts):
         last = first + n
         group_q, group_k = lens_q[first:last], lens_k[first:last]
+        if max(group_q) == 0 or max(group_k) == 0:  # nothing to attend in this group: no call
+            outs.append(torch.zeros_like(q_group))
+            lses.append(torch.full((dims.Hq, q_group.shape[0]), -float("inf"), dtype=torch.float32, device=q.device))
+            continue
         group_dims = _validate.Dims(B=n, Sq=max(group_q), Sk=max(group_k), Hq=dims.Hq, Hkv=dims.Hkv, D=dims.D)
         group_cu = [c[first:last + 1] - c[first] for c in cu]  # on the device: no wait
         o, lse = run(_PackedCall(group_cu, group_dims, s, opt, group_q, group_k, lse_returned), q_group, k_group,

@@ -505,25 +505,31 @@ def test_device_call_gradients_are_each_sequences(rng, causal, dtype, lse_loss):
 
 @pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128])
-def test_device_call_takes_sequences_without_tokens(rng, monkeypatch, causal, d):
+@pytest.mark.parametrize("d,lens_q,lens_k,groups", [
+    (64, [5, 0, 300, 129, 7, 0, 64], [9, 40, 300, 0, 2, 0, 200], 1),
+    (128, [5, 0, 300, 129, 7, 0, 64], [9, 40, 300, 0, 2, 0, 200], 1),
+    (128, [3000, 5, 7, 9, 0, 0], [3000, 5, 7, 9, 3, 384], 2),  # a packed group without queries
+    (128, [3000, 5, 7, 9, 40, 6], [3000, 5, 7, 9, 0, 0], 2),  # a packed group without keys
+])
+def test_device_call_takes_sequences_without_tokens(rng, monkeypatch, causal, d, lens_q, lens_k, groups):
     # Sequences without queries or without keys take no tile of the kernels, so
-    # an eager batch holding them runs as the one packed call too. A sequence
-    # without keys gives O = 0, LSE = -inf and dQ = 0 (a finite dLSE there
-    # included); one without queries gives dK = dV = 0; every other sequence's
-    # O, LSE and gradients are those of its own call, bit for bit (the two
-    # passes: the one pass's dQ order varies).
-    from fp4attn import torch_ops
+    # an eager batch holding them runs as the one packed call too (or as packed
+    # groups, one of which may hold nothing to attend). A sequence without keys
+    # gives O = 0, LSE = -inf and dQ = 0 (a finite dLSE there included); one
+    # without queries gives dK = dV = 0; every other sequence's O, LSE and
+    # gradients are those of its own call, bit for bit (the two passes: the one
+    # pass's dQ order varies).
+    from fp4attn import _host, torch_ops
 
     monkeypatch.setattr(torch_ops, "DETERMINISTIC_BACKWARD", True)
-    lens_q = [5, 0, 300, 129, 7, 0, 64]
-    lens_k = [9, 40, 300, 0, 2, 0, 200]
+    assert len(_host.packed_groups(lens_q, lens_k)) == groups
     arrays = packed(rng, lens_q, lens_k, 4, 2, d)
     q, k, v = (torch.from_numpy(x).to("cuda", torch.bfloat16).requires_grad_() for x in arrays[:3])
     cu_q, cu_k = (torch.from_numpy(x).cuda() for x in arrays[3:])
-    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 300, causal=causal, return_attn_probs=True)
+    o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                               return_attn_probs=True)
     if fp4attn.backend_info()["sm90_available"]:
-        assert type(o.grad_fn).__name__ == "_PackedAttentionBackward"
+        assert type(o.grad_fn).__name__ == ("_PackedAttentionBackward" if groups == 1 else "CatBackward0")
     gen = torch.Generator().manual_seed(3)
     d_o = torch.randn(o.shape, generator=gen).to("cuda", o.dtype)
     d_lse = torch.randn(lse.shape, generator=gen).cuda()
