@@ -206,16 +206,19 @@ def flash_attn_varlen_func(
     entries from 0 to total). causal is bottom-right aligned per sequence.
     Each sequence's output is bit for bit what attention() gives on that
     sequence alone (quantization is per sequence and head), and so are its
-    gradients (signs of zero included: every path reads the packed tensors
-    through one split, whose gradient autograd concatenates). Recipe fp8 on
-    a Hopper GPU runs every sequence in one forward call and one backward
-    call whose quantizers and kernels read the
-    packed tensors (torch_ops.varlen_forward_device; a batch whose longest
-    sequence is far longer than the rest runs as a few such calls). Every
-    other call runs consecutive sequences of equal lengths as one batched
-    call on views of the packed tensors and each other sequence as a call
-    of its own, so there a batch of many different lengths pays a call's
-    host cost per sequence. cu_seqlens are checked on the host: a CUDA
+    gradients in the deterministic backward (torch.use_deterministic_algorithms;
+    signs of zero included: every path reads the packed tensors through one
+    split, whose gradient autograd concatenates). By default the backward's
+    mode is picked per call, for the whole batch here: at D = 64 the one pass,
+    whose dQ sums vary in order, where a sequence alone may take the two.
+    Recipe fp8 on a Hopper GPU runs every sequence in one forward call and one
+    backward call whose quantizers and kernels read the packed tensors
+    (torch_ops.varlen_forward_device; sequences without queries or keys
+    included; a batch whose longest sequence is far longer than the rest runs
+    as a few such calls). Every other call runs consecutive sequences of
+    equal lengths as one batched call on views of the packed tensors and
+    each other sequence as a call of its own, so there a batch of many
+    different lengths pays a call's host cost per sequence. cu_seqlens are checked on the host: a CUDA
     tensor's entries are read there (a wait for the device) once and kept while torch's
     version counter says the tensor is unchanged, so a model's layers
     sharing one cu_seqlens wait once; inference tensors (made under
