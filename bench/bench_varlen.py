@@ -11,7 +11,9 @@ fp8 passes the same cu_seqlens tensor on every call, as a model's layers do
 (its entries are read to the host once); fp8_new_cu_seqlens a new one each
 call (read, and so a wait for the device, on every call). Where fp8 cuts the
 batch into packed groups (one long sequence among short ones), fp8_one_call
-runs it as one packed call.
+runs it as one packed call; where a batch has empty slots, fp8_per_run runs
+it without the packed call (a call per run of equal lengths). The
+per-sequence baselines skip empty slots.
 
 A case is a list of sequence lengths (query = key length), heads and head
 dim; TFLOP/s count each sequence's pairs (L·(L+1)/2 when causal). peak_mib:
@@ -45,7 +47,22 @@ CASES = [
     ("encoder_64_short", [96 + (37 * i) % 500 for i in range(64)], 16, 16, 64, False),
     # One long document among many short ones: fp8 runs it as two packed groups (_host.packed_groups).
     ("one_long_64_short", [32768] + [512] * 64, 32, 8, 128, True),
+    # A server's batch with two empty slots: one packed call still (fp8_per_run: the path such
+    # batches took before 2026-12-02, a call per run of equal lengths).
+    ("llm_prefill_8_prompts_2_empty", [1873, 512, 0, 3001, 777, 2048, 0, 1200, 256, 4000], 32, 8, 128, True),
 ]
+
+
+def without_one_call(fn):
+    """fn with the packed device call turned off: a call per run of equal lengths."""
+    def run(i):
+        one_call = torch_ops.varlen_forward_device
+        torch_ops.varlen_forward_device = lambda *a, **kw: None
+        try:
+            return fn(i)
+        finally:
+            torch_ops.varlen_forward_device = one_call
+    return run
 
 
 def torch_varlen():
@@ -113,18 +130,14 @@ def training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa,
     def fp8(i):
         fp4attn.flash_attn_varlen_func(qg, kg, vg, cu, cu, max(lens), max(lens), causal=causal).backward(d_o)
 
-    def fp8_per_run(i):
-        one_call = torch_ops.varlen_forward_device
-        torch_ops.varlen_forward_device = lambda *a, **kw: None
-        try:
-            fp8(i)
-        finally:
-            torch_ops.varlen_forward_device = one_call
+    fp8_per_run = without_one_call(fp8)
 
     def cudnn(i):
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             outs = []
             for a, b in zip(bounds, bounds[1:]):
+                if a == b:  # an empty slot: nothing to attend
+                    continue
                 qs, ks, vs = (x[a:b].unsqueeze(0).transpose(1, 2) for x in (qg, kg, vg))
                 outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=gqa)
                             .transpose(1, 2)[0])
@@ -154,11 +167,15 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--commit", default="")
     ap.add_argument("--backward", action="store_true", help="also forward + backward rows (op fwd_bwd_varlen)")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     args = ap.parse_args()
+    chosen = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
+    if not chosen:
+        ap.error(f"--cases: none of {args.cases!r} is a case ({', '.join(c[0] for c in CASES)})")
     torch.manual_seed(0)
     varlen_attn = torch_varlen()
     rows = []
-    for name, lens, hq, hkv, d, causal in CASES:
+    for name, lens, hq, hkv, d, causal in chosen:
         total = sum(lens)
         cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
         bounds = cu.tolist()
@@ -172,6 +189,8 @@ def main():
                 outs = []
                 with sdpa_kernel(backend):
                     for a, b in zip(bounds, bounds[1:]):
+                        if a == b:  # an empty slot: nothing to attend
+                            continue
                         qs, ks, vs = (x[a:b].unsqueeze(0).transpose(1, 2) for x in (q, k, v))
                         outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, enable_gqa=gqa)
                                     .transpose(1, 2)[0])
@@ -189,6 +208,8 @@ def main():
         }
         if len(_host.packed_groups(lens, lens)) > 1:  # the groups against one call over the whole batch
             impls["fp8_one_call"] = one_call(impls["fp8"])
+        if 0 in lens:
+            impls["fp8_per_run"] = without_one_call(impls["fp8"])
         if varlen_attn is not None:
             # Its causal flag changed across torch versions: is_causal, later window_size=(-1, 0).
             kk, vv = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v)) if gqa else (k, v)
