@@ -227,7 +227,9 @@ def flash_attn_varlen_func(
     read on the host: the one-call path takes the call, sized by max_seqlen_q
     and max_seqlen_k, and the device checks cu_seqlens at every replay
     (other lengths that fit give what an eager call gives; lengths that do
-    not give NaN); other calls are refused under capture. A sequence
+    not give NaN); other calls are refused under capture. torch.compile
+    traces the call as one op (torch_ops.varlen_op) whose implementation is
+    the eager call, run when the graph runs. A sequence
     with no keys gives O = 0 and LSE = −inf, as a fully masked row does.
     max_seqlen_q / max_seqlen_k must be at least the longest sequence
     (FlashAttention would drop rows; here it is an error). The other
@@ -246,13 +248,25 @@ def flash_attn_varlen_func(
                              f"{'shape ' + str(tuple(x.shape)) if hasattr(x, 'shape') else type(x).__name__}")
     # Dtypes, devices, D's stride and how the shapes agree, before any call runs.
     _validate.check_qkv(*(x[None] for x in (q, k, v)), "bshd")
+    s = _flash_attn_settings(causal, softmax_scale, recipe)
+    return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
+    if torch_in and _torch_ops.torch.compiler.is_compiling():
+        # Traced as one op (its lengths are read when it runs, not while it is traced).
+        o, lse = _torch_ops.varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s,
+                                      return_attn_probs)
+    else:
+        o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s, return_attn_probs)
+    return (o, lse, None) if return_attn_probs else o
+
+
+def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s: _host.Settings,
+                   lse_returned: bool):
+    """(O, LSE) of flash_attn_varlen_func's checked q, k and v (3-D), run eagerly."""
+    torch_in = _is_torch(q)
     if torch_in and q.is_cuda and _torch_ops.torch.cuda.is_current_stream_capturing():
         # cu_seqlens stay on the device: every replay runs on what they hold then.
-        s = _flash_attn_settings(causal, softmax_scale, recipe)
-        return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
-        o, lse = _torch_ops.varlen_forward_captured(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                    s, return_attn_probs)
-        return (o, lse, None) if return_attn_probs else o
+        return _torch_ops.varlen_forward_captured(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                  s, lse_returned)
     cu_q = _validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
     cu_k = _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
     if len(cu_k) != len(cu_q):
@@ -262,13 +276,11 @@ def flash_attn_varlen_func(
     lens_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
     _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", lens_q)
     _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", lens_k)
-    s = _flash_attn_settings(causal, softmax_scale, recipe)
-    return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
     if torch_in:  # one device call for all sequences where the device path takes them
         both = _torch_ops.varlen_forward_device(q, k, v, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s,
-                                                return_attn_probs)
+                                                lse_returned)
         if both is not None:
-            return (both[0], both[1], None) if return_attn_probs else both[0]
+            return both
     # One (B, S, H, D) view of q, k and v per run of equal (query, key) lengths.
     as_batch = (lambda x, n: x.unflatten(0, (n, -1))) if torch_in else (lambda x, n: x.reshape(n, -1, *x.shape[1:]))
     hq, d = q.shape[1], q.shape[2]
@@ -282,7 +294,7 @@ def flash_attn_varlen_func(
             outs.append(o)
             lses.append(lse)
         elif lens_q[i] > 0:
-            o, lse = _forward(as_batch(q_run, n), as_batch(k_run, n), as_batch(v_run, n), s, return_attn_probs)
+            o, lse = _forward(as_batch(q_run, n), as_batch(k_run, n), as_batch(v_run, n), s, lse_returned)
             outs.append(o.reshape(-1, hq, d))
             # (n, Hq, Lq) -> (Hq, n · Lq), the packed token order
             lses.append(lse.swapaxes(0, 1).reshape(hq, -1))
@@ -293,9 +305,7 @@ def flash_attn_varlen_func(
     out = outs[0] if len(outs) == 1 else cat(outs)
     if torch_in and out.grad_fn is None:  # no sequence with queries and keys: zeros, still connected
         out = _connected(out, q, k, v)
-    if not return_attn_probs:
-        return out
-    return (out, lses[0] if len(lses) == 1 else cat(lses, 1), None)
+    return out, lses[0] if len(lses) == 1 else cat(lses, 1)
 
 
 def _unpacked(x, name: str, axis: int, parts: int, layout: str) -> tuple:

@@ -91,6 +91,14 @@ from . import _ext, _host, _validate
 
 _OP = "fp4attn::attention"
 _BACKWARD_OP = "fp4attn::attention_backward"
+
+# The checks' cache of dtype names, filled now for torch's dtypes: torch.compile guards
+# on that dict's contents, and an op filling it while a graph runs would make the next
+# call recompile.
+for _dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int16,
+               torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2):
+    _validate._DTYPE_NAMES.setdefault(_dtype, str(_dtype).rsplit(".", 1)[-1])
+del _dtype
 # The op's arguments are q, k, v, the fields of _host.Settings in order, then
 # lse_returned and keep_for_backward.
 _SETTINGS_ARGS = slice(3, 3 + len(_host.Settings._fields))
@@ -1022,3 +1030,116 @@ class _PackedAttention(torch.autograd.Function):
         (q_shape, q_dtype), (k_shape, k_dtype), device = ctx.q_k_meta
         q, k = _stand_in(q_shape, q_dtype, device), _stand_in(k_shape, k_dtype, device)
         return ctx.call.backward(q, k, v, o, lse, grad_o, grad_lse, kept) + (None,)
+
+
+# ---- flash_attn_varlen_func under torch.compile --------------------------------
+# The eager varlen call reads cu_seqlens on the host (its runs, groups and checks
+# depend on the lengths), which a trace cannot do. Traced, the call is one op whose
+# implementation is that eager call, run when the graph runs; its backward op runs
+# the eager call again with autograd and takes the gradients from it, so every
+# value is the eager call's, bit for bit, at the cost of one more forward in the
+# backward.
+
+_VARLEN_OP = "fp4attn::varlen_attention"
+_VARLEN_BACKWARD_OP = "fp4attn::varlen_attention_backward"
+
+
+def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                 cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, qkv_layout: str, mask_kind: str,
+                 softmax_scale: float, recipe: str, smooth_k: bool, direct_p: bool, gqa: bool, arg_names: str,
+                 target: str, lse_returned: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O (total_q, Hq, D), LSE (Hq, total_q)) of flash_attn_varlen_func's eager call."""
+    from . import api
+
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
+    with torch.no_grad():
+        o, lse = api.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s,
+                                    lse_returned)
+    return o, lse
+
+
+_varlen_op = torch.library.custom_op(_VARLEN_OP, _varlen_impl, mutates_args=())
+
+
+@_varlen_op.register_fake
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, qkv_layout, mask_kind,
+                 softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, lse_returned):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def _autograd_inside_op():
+    """Autograd inside a custom op's implementation, which runs below it (its dispatch keys excluded)."""
+    lift = getattr(torch._C, "_SetExcludeDispatchKeyGuard", None)
+    if lift is None:
+        raise RuntimeError(f"fp4attn: the backward of flash_attn_varlen_func under torch.compile needs "
+                           f"torch._C._SetExcludeDispatchKeyGuard, which torch {torch.__version__} lacks")
+    keys = (torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchKey.ADInplaceOrView)
+    with contextlib.ExitStack() as stack:
+        for key in keys:
+            stack.enter_context(lift(key, False))
+        stack.enter_context(torch.enable_grad())
+        yield
+
+
+def _varlen_backward_impl(d_o: torch.Tensor, d_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                          max_seqlen_k: int, qkv_layout: str, mask_kind: str, softmax_scale: float, recipe: str,
+                          smooth_k: bool, direct_p: bool, gqa: bool, arg_names: str,
+                          target: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of the eager call for dO and dLSE (None: the caller never held the LSE)."""
+    from . import api
+
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
+    _require_backward(recipe)
+    with _autograd_inside_op():
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        o, lse = api.varlen_forward(*leaves, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s,
+                                    d_lse is not None)
+        outputs, grads = ((o, lse), (d_o, d_lse)) if d_lse is not None else ((o,), (d_o,))
+        got = torch.autograd.grad(outputs, leaves, grads, allow_unused=True)
+    # Contiguous, as the fake implementation promises (the leaves may be strided views).
+    return tuple(torch.zeros(x.shape, dtype=x.dtype, device=x.device) if g is None else g.contiguous()
+                 for x, g in zip((q, k, v), got))
+
+
+_varlen_backward_op = torch.library.custom_op(_VARLEN_BACKWARD_OP, _varlen_backward_impl, mutates_args=())
+
+
+@_varlen_backward_op.register_fake
+def _varlen_backward_fake(d_o, d_lse, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, qkv_layout,
+                          mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target):
+    _require_backward(recipe)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5])  # q, k, v and both cu_seqlens
+    ctx.rest = tuple(inputs[5:])  # max_seqlen_q, max_seqlen_k, the settings, lse_returned
+    ctx.set_materialize_grads(False)
+
+
+def _varlen_backward(ctx, grad_o, grad_lse):
+    q, k, v, cu_q, cu_k = ctx.saved_tensors
+    *sizes_and_settings, lse_returned = ctx.rest
+    if grad_o is None:  # the loss used the LSE alone
+        grad_o = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    d_lse = grad_lse if lse_returned else None
+    dq, dk, dv = _varlen_backward_op(grad_o, d_lse, q, k, v, cu_q, cu_k, *sizes_and_settings)
+    return (dq, dk, dv) + (None,) * (len(ctx.rest) + 2)
+
+
+_varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+def varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+              max_seqlen_k, s: _host.Settings, lse_returned: bool) -> tuple:
+    """flash_attn_varlen_func's (O, LSE) through the op that torch.compile traces (q, k, v checked)."""
+    for cu, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name}: expected a 1-D integer tensor while torch.compile traces the call, got "
+                            f"{type(cu).__name__}")
+    for value, name in ((max_seqlen_q, "max_seqlen_q"), (max_seqlen_k, "max_seqlen_k")):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+            raise ValueError(f"{name}: expected an int, got {type(value).__name__}")
+    return _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *s, lse_returned)

@@ -230,6 +230,62 @@ def test_torch_each_sequence_is_its_own_call(rng, monkeypatch, device, causal):
         assert torch.equal(g, e), name
 
 
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_call_is_the_eager_call(rng, monkeypatch, device):
+    # torch.compile(fullgraph=True) traces flash_attn_varlen_func as one op that
+    # reads cu_seqlens when it runs: O, LSE and the gradients (a loss on O and
+    # the LSE) are the eager call's bit for bit, and other lengths in the same
+    # tensors run the same graph with their own results.
+    from fp4attn import torch_ops
+
+    monkeypatch.setattr(torch_ops, "DETERMINISTIC_BACKWARD", True)
+    torch._dynamo.reset()
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    lens = [5, 130, 0, 64]
+    arrays = packed(rng, lens, lens, 4, 2, 64)
+    q, k, v = (torch.from_numpy(x).to(device=device, dtype=dtype) for x in arrays[:3])
+    cu = torch.from_numpy(arrays[3]).to(device)
+
+    def step(q, k, v, cu, d_o, d_lse):
+        o, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 130, 130, causal=True, return_attn_probs=True)
+        return (o.float() * d_o).sum() + (torch.where(lse.isinf(), 0.0, lse) * d_lse).sum(), o, lse
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    g = torch.Generator().manual_seed(0)
+    d_o = torch.randn(q.shape, generator=g).to(device)
+    d_lse = torch.randn((4, q.shape[0]), generator=g).to(device)
+    for lengths in (lens, [70, 0, 64, 65]):  # the second: new lengths, same token count
+        cu.copy_(torch.tensor(np.cumsum([0] + lengths), dtype=torch.int32))
+        results = []
+        for fn in (step, compiled):
+            leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+            # The second lengths run the first lengths' graph: nothing is recompiled for them.
+            stance = "fail_on_recompile" if lengths is not lens else "default"
+            with torch.compiler.set_stance(stance):
+                loss, o, lse = fn(*leaves, cu, d_o, d_lse)
+            loss.backward()
+            results.append((o, lse, *(x.grad for x in leaves)))
+        for name, want, got in zip(("o", "lse", "dq", "dk", "dv"), *results):
+            assert torch.equal(want, got), (name, lengths)
+    # cu_seqlens that are no tensor: the eager call's error, naming the argument.
+    with pytest.raises(TypeError, match="cu_seqlens_q: expected a 1-D integer"):
+        torch.compile(lambda q: fp4attn.flash_attn_varlen_func(q, k, v, [0, 264], [0, 264], 264, 264))(q)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_varlen_op_registration(rng):
+    from fp4attn import _host
+
+    arrays = packed(rng, [5, 30, 0], [9, 30, 3], 4, 2, 64)
+    q, k, v, cu_q, cu_k = (torch.from_numpy(x) for x in arrays)
+    s = _host.make_settings(layout="bshd", mask=_host.MASK_BOTTOM_RIGHT, scale=None, scale_name="softmax_scale",
+                            recipe="fp8", smooth_k=True, direct_p=True, gqa=True, names=("q", "k", "v"))
+    for x in (q, k, v):
+        x.requires_grad_()
+    torch.library.opcheck(torch.ops.fp4attn.varlen_attention.default, (q, k, v, cu_q, cu_k, 30, 30, *s, True))
+
+
 def test_packed_groups_bound_the_layout():
     # A packed call's grids span (sequences x longest) tiles: consecutive
     # groups keep that within PACKED_LAYOUT_WASTE times the group's tokens
