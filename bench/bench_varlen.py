@@ -13,7 +13,8 @@ call (read, and so a wait for the device, on every call). Where fp8 cuts the
 batch into packed groups (one long sequence among short ones), fp8_one_call
 runs it as one packed call; where a batch has empty slots, fp8_per_run runs
 it without the packed call (a call per run of equal lengths). The
-per-sequence baselines skip empty slots.
+per-sequence baselines skip empty slots. --compiled adds fp8_compiled, the
+call under torch.compile(fullgraph=True).
 
 A case is a list of sequence lengths (query = key length), heads and head
 dim; TFLOP/s count each sequence's pairs (L·(L+1)/2 when causal). peak_mib:
@@ -144,6 +145,10 @@ def training_row(args, name, lens, hq, hkv, d, causal, q, k, v, cu, bounds, gqa,
             torch.cat(outs).backward(d_o)
 
     impls = {"fp8": fp8, "fp8_per_run": fp8_per_run, "cudnn_per_sequence": cudnn}
+    if args.compiled:  # one op under torch.compile, whose backward runs the forward again
+        traced = torch.compile(lambda q, k, v: fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens),
+                                                                              causal=causal), fullgraph=True)
+        impls["fp8_compiled"] = lambda i: traced(qg, kg, vg).backward(d_o)
     if len(_host.packed_groups(lens, lens)) > 1:
         impls["fp8_one_call"] = one_call(fp8)
     if varlen_attn is not None:
@@ -168,6 +173,8 @@ def main():
     ap.add_argument("--commit", default="")
     ap.add_argument("--backward", action="store_true", help="also forward + backward rows (op fwd_bwd_varlen)")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also fp8 through torch.compile(fullgraph=True) (fp8_compiled)")
     args = ap.parse_args()
     chosen = [c for c in CASES if not args.cases or c[0] in args.cases.split(",")]
     if not chosen:
@@ -210,6 +217,11 @@ def main():
             impls["fp8_one_call"] = one_call(impls["fp8"])
         if 0 in lens:
             impls["fp8_per_run"] = without_one_call(impls["fp8"])
+        if args.compiled:
+            traced = torch.compile(lambda q, k, v: fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens),
+                                                                                  max(lens), causal=causal),
+                                   fullgraph=True)
+            impls["fp8_compiled"] = lambda i, traced=traced: traced(q, k, v)
         if varlen_attn is not None:
             # Its causal flag changed across torch versions: is_causal, later window_size=(-1, 0).
             kk, vv = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v)) if gqa else (k, v)
