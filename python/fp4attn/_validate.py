@@ -52,14 +52,19 @@ class Dims:
     D: int
 
 
-_DTYPE_NAMES: dict = {}  # dtype -> bare name, filled as dtypes are seen (str() of a torch dtype is slow)
+# dtype -> bare name, filled as dtypes are seen (str() of a torch dtype is slow). NumPy's
+# dtypes have a dict of their own: torch.compile traces the lookup for torch tensors,
+# and its tracer cannot hash NumPy dtype objects.
+_DTYPE_NAMES: dict = {}
+_NUMPY_DTYPE_NAMES: dict = {}
 
 
 def _dtype_name(x) -> str:
     # NumPy prints "float32", torch "torch.float32": compare the bare name.
-    name = _DTYPE_NAMES.get(x.dtype)
+    names = _NUMPY_DTYPE_NAMES if isinstance(x, np.ndarray) else _DTYPE_NAMES
+    name = names.get(x.dtype)
     if name is None:
-        name = _DTYPE_NAMES[x.dtype] = str(x.dtype).rsplit(".", 1)[-1]
+        name = names[x.dtype] = str(x.dtype).rsplit(".", 1)[-1]
     return name
 
 
