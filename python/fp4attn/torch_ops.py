@@ -860,6 +860,38 @@ def _device_cu_seqlens(cu, lens: list, device: torch.device, name: str) -> torch
     return host.to(device, non_blocking=True)
 
 
+def _packed_plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, cu_seqlens_k, lens_q: list, lens_k: list,
+                 s: _host.Settings, lse_returned: bool, differentiable: bool) -> Optional[list]:
+    """The packed device calls that run an eager varlen call, as (first query token, query tokens,
+    first key token, key tokens, _PackedCall, or None for a group with nothing to attend), or None
+    where the device path does not take the call (see varlen_forward_device)."""
+    if q.device.type != "cuda" or s.recipe != "fp8" or s.target != "sm90" or q.dtype not in _DEVICE_ELEMENTS:
+        return None
+    if max(lens_q) == 0 or max(lens_k) == 0:
+        return None  # nothing to attend: api.flash_attn_varlen_func's zeros
+    dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=q.shape[1], Hkv=k.shape[1], D=q.shape[2])
+    opt = _host.options(s)
+    if not _uses_device_path(q, dims, opt) or (differentiable and not _uses_device_backward(q, dims, opt)):
+        return None
+    cu = [_device_cu_seqlens(c, lens, q.device, name)
+          for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
+    groups = _host.packed_groups(lens_q, lens_k)
+    if len(groups) == 1:
+        return [(0, q.shape[0], 0, k.shape[0], _PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned))]
+    plan, q0, k0 = [], 0, 0
+    for first, n in groups:
+        last = first + n
+        group_q, group_k = lens_q[first:last], lens_k[first:last]
+        call = None
+        if max(group_q) > 0 and max(group_k) > 0:
+            group_dims = _validate.Dims(B=n, Sq=max(group_q), Sk=max(group_k), Hq=dims.Hq, Hkv=dims.Hkv, D=dims.D)
+            group_cu = [c[first:last + 1] - c[first] for c in cu]  # on the device: no wait
+            call = _PackedCall(group_cu, group_dims, s, opt, group_q, group_k, lse_returned)
+        plan.append((q0, sum(group_q), k0, sum(group_k), call))
+        q0, k0 = q0 + sum(group_q), k0 + sum(group_k)
+    return plan
+
+
 def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
                           lens_q: list, lens_k: list, s: _host.Settings, lse_returned: bool = True) -> Optional[tuple]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed sequences in one device call, or None where
@@ -875,61 +907,41 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     sequence among short ones), the batch runs as a few packed calls (_host.packed_groups).
     lse_returned: whether the caller gets the LSE (only then can it carry a gradient).
     """
-    if q.device.type != "cuda" or s.recipe != "fp8" or s.target != "sm90" or q.dtype not in _DEVICE_ELEMENTS:
-        return None
-    if max(lens_q) == 0 or max(lens_k) == 0 or not _eager_call((q, k, v)):
-        return None  # nothing to attend: api.flash_attn_varlen_func's zeros
-    dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=q.shape[1], Hkv=k.shape[1], D=q.shape[2])
-    opt = _host.options(s)
-    if not _uses_device_path(q, dims, opt):
+    if not _eager_call((q, k, v)):
         return None
     # Also for sequences all of one length: as one batched call on views of q, k and v, autograd
     # would fill a zero gradient of each and copy the views' into it (6 % of the step at 8 x 2048,
     # perf log v5).
     differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    if differentiable and not _uses_device_backward(q, dims, opt):
+    plan = _packed_plan(q, k, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s, lse_returned, differentiable)
+    if plan is None:
         return None
-    cu = [_device_cu_seqlens(c, lens, q.device, name)
-          for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
 
     def run(call, q, k, v):
         return _PackedAttention.apply(q, k, v, call) if differentiable else call.forward(q, k, v)[:2]
 
-    groups = _host.packed_groups(lens_q, lens_k)
-    if len(groups) == 1:
-        return run(_PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned), q, k, v)
+    if len(plan) == 1:
+        return run(plan[0][4], q, k, v)
     # One split each, so that autograd concatenates the groups' gradients (summing those of several
     # slices would turn -0 into +0: api._token_parts).
-    q_parts = q.split([sum(lens_q[first:first + n]) for first, n in groups])
-    k_parts, v_parts = (x.split([sum(lens_k[first:first + n]) for first, n in groups]) for x in (k, v))
+    q_parts = q.split([tokens for _, tokens, _, _, _ in plan])
+    k_parts, v_parts = (x.split([tokens for _, _, _, tokens, _ in plan]) for x in (k, v))
     outs, lses = [], []
-    for (first, n), q_group, k_group, v_group in zip(groups, q_parts, k_parts, v_parts):
-        last = first + n
-        group_q, group_k = lens_q[first:last], lens_k[first:last]
-        if max(group_q) == 0 or max(group_k) == 0:  # nothing to attend in this group: no call
+    for (_, _, _, _, call), q_group, k_group, v_group in zip(plan, q_parts, k_parts, v_parts):
+        if call is None:  # nothing to attend in this group: no call
             outs.append(torch.zeros_like(q_group))
-            lses.append(torch.full((dims.Hq, q_group.shape[0]), -float("inf"), dtype=torch.float32, device=q.device))
+            lses.append(torch.full((q.shape[1], q_group.shape[0]), -float("inf"), dtype=torch.float32,
+                                   device=q.device))
             continue
-        group_dims = _validate.Dims(B=n, Sq=max(group_q), Sk=max(group_k), Hq=dims.Hq, Hkv=dims.Hkv, D=dims.D)
-        group_cu = [c[first:last + 1] - c[first] for c in cu]  # on the device: no wait
-        o, lse = run(_PackedCall(group_cu, group_dims, s, opt, group_q, group_k, lse_returned), q_group, k_group,
-                     v_group)
+        o, lse = run(call, q_group, k_group, v_group)
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses, dim=1)
 
 
-def varlen_forward_captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
-                            max_seqlen_q: int, max_seqlen_k: int, s: _host.Settings,
-                            lse_returned: bool = True) -> tuple:
-    """varlen_forward_device while a CUDA graph is captured, for every replay: cu_seqlens are not read
-    on the host (a replay runs with whatever they hold then), so the call is one packed call sized
-    by what the host knows (the batch size, the token counts, max_seqlen_q and max_seqlen_k), and
-    the device checks cu_seqlens against it (cuda_common::check_packed_sequences): a replay with
-    any lengths that fit gives each sequence what a call on it alone gives, and one with lengths
-    that do not (a sequence longer than max_seqlen, offsets that decrease or do not end at the
-    token count) gives NaN outputs and gradients. Raises ValueError naming the argument where the
-    one-call path cannot take the call (it alone reads cu_seqlens on the device)."""
+def _captured_call(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                   max_seqlen_k: int, s: _host.Settings, lse_returned: bool, differentiable: bool) -> "_PackedCall":
+    """The one packed call of a varlen call under CUDA graph capture (varlen_forward_captured)."""
     batch = _validate.check_cu_seqlens_form(cu_seqlens_q, "cu_seqlens_q")
     if _validate.check_cu_seqlens_form(cu_seqlens_k, "cu_seqlens_k") != batch:
         raise ValueError(f"cu_seqlens_k: has {cu_seqlens_k.shape[0]} entries (batch size "
@@ -946,17 +958,65 @@ def varlen_forward_captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         longest.append(min(value, total))  # no sequence holds more tokens than the batch
     dims = _validate.Dims(B=batch, Sq=longest[0], Sk=longest[1], Hq=q.shape[1], Hkv=k.shape[1], D=q.shape[2])
     opt = _host.options(s)
-    differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     runs = (s.recipe == "fp8" and s.target == "sm90" and q.dtype in _DEVICE_ELEMENTS and batch <= _ext.DEVICE_MAX_BATCH
-            and _eager_call((q, k, v)) and _uses_device_path(q, dims, opt)
-            and (not differentiable or _uses_device_backward(q, dims, opt)))
+            and _uses_device_path(q, dims, opt) and (not differentiable or _uses_device_backward(q, dims, opt)))
     if not runs:
         raise ValueError("cu_seqlens_q: a CUDA graph can capture flash_attn_varlen_func only where one packed "
                          f"device call runs it (recipe fp8 on a Hopper GPU, at most {_ext.DEVICE_MAX_BATCH} "
                          "sequences): other calls read cu_seqlens on the host")
     cu = [c.to(torch.int32).contiguous() for c in (cu_seqlens_q, cu_seqlens_k)]
-    call = _PackedCall(cu, dims, s, opt, None, None, lse_returned)
+    return _PackedCall(cu, dims, s, opt, None, None, lse_returned)
+
+
+def varlen_forward_captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
+                            max_seqlen_q: int, max_seqlen_k: int, s: _host.Settings,
+                            lse_returned: bool = True) -> tuple:
+    """varlen_forward_device while a CUDA graph is captured, for every replay: cu_seqlens are not read
+    on the host (a replay runs with whatever they hold then), so the call is one packed call sized
+    by what the host knows (the batch size, the token counts, max_seqlen_q and max_seqlen_k), and
+    the device checks cu_seqlens against it (cuda_common::check_packed_sequences): a replay with
+    any lengths that fit gives each sequence what a call on it alone gives, and one with lengths
+    that do not (a sequence longer than max_seqlen, offsets that decrease or do not end at the
+    token count) gives NaN outputs and gradients. Raises ValueError naming the argument where the
+    one-call path cannot take the call (it alone reads cu_seqlens on the device)."""
+    differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if not _eager_call((q, k, v)):
+        raise ValueError("cu_seqlens_q: a CUDA graph can capture flash_attn_varlen_func only where one packed "
+                         "device call runs it, on plain tensors")
+    call = _captured_call(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s, lse_returned,
+                          differentiable)
     return _PackedAttention.apply(q, k, v, call) if differentiable else call.forward(q, k, v)[:2]
+
+
+def varlen_backward_device(d_o: torch.Tensor, d_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
+                           max_seqlen_q: int, max_seqlen_k: int, s: _host.Settings) -> Optional[tuple]:
+    """dQ, dK, dV of an eager varlen call that the packed device calls run, from its O and LSE and
+    without autograd (the backward op of the compiled call), or None where they do not run it. Each
+    call's backward quantizes Q and K again where the eager call's forward kept them: the same codes."""
+    if q.device.type != "cuda":
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        call = _captured_call(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s, d_lse is not None,
+                              True)
+        plan = [(0, q.shape[0], 0, k.shape[0], call)]
+    else:
+        lens_q, lens_k = ([b - a for a, b in zip(cu, cu[1:])]
+                          for cu in (_validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q"),
+                                     _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")))
+        plan = _packed_plan(q, k, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s, d_lse is not None, True)
+    if plan is None:
+        return None
+    dq, dk, dv = (torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
+    for q0, q_tokens, k0, k_tokens, call in plan:
+        if call is None:
+            continue
+        rows, keys = slice(q0, q0 + q_tokens), slice(k0, k0 + k_tokens)
+        grads = call.backward(q[rows], k[keys], v[keys], o[rows], lse[:, rows], d_o[rows],
+                              None if d_lse is None else d_lse[:, rows])
+        for full, part, span in zip((dq, dk, dv), grads, (rows, keys, keys)):
+            full[span] = part
+    return dq, dk, dv
 
 
 class _PackedCall:
@@ -1035,10 +1095,11 @@ class _PackedAttention(torch.autograd.Function):
 # ---- flash_attn_varlen_func under torch.compile --------------------------------
 # The eager varlen call reads cu_seqlens on the host (its runs, groups and checks
 # depend on the lengths), which a trace cannot do. Traced, the call is one op whose
-# implementation is that eager call, run when the graph runs; its backward op runs
-# the eager call again with autograd and takes the gradients from it, so every
-# value is the eager call's, bit for bit, at the cost of one more forward in the
-# backward.
+# implementation is that eager call, run when the graph runs. Its backward op runs
+# the packed device calls' backward where they ran the call (quantizing Q and K
+# again, where the eager call keeps the forward's codes), else the eager call again
+# with autograd, at the cost of one more forward; either way every value is the
+# eager call's, bit for bit.
 
 _VARLEN_OP = "fp4attn::varlen_attention"
 _VARLEN_BACKWARD_OP = "fp4attn::varlen_attention_backward"
@@ -1083,15 +1144,21 @@ def _autograd_inside_op():
 
 
 def _varlen_backward_impl(d_o: torch.Tensor, d_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-                          v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-                          max_seqlen_k: int, qkv_layout: str, mask_kind: str, softmax_scale: float, recipe: str,
-                          smooth_k: bool, direct_p: bool, gqa: bool, arg_names: str,
-                          target: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV of the eager call for dO and dLSE (None: the caller never held the LSE)."""
+                          v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, qkv_layout: str,
+                          mask_kind: str, softmax_scale: float, recipe: str, smooth_k: bool, direct_p: bool, gqa: bool,
+                          arg_names: str, target: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of the eager call for dO and dLSE (None: the caller never held the LSE), given the
+    forward's O and LSE: from the packed device calls' backward where they run the call, else by
+    running the eager call again with autograd."""
     from . import api
 
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
     _require_backward(recipe)
+    grads = varlen_backward_device(d_o, d_lse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, s)
+    if grads is not None:
+        return grads
     with _autograd_inside_op():
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
         o, lse = api.varlen_forward(*leaves, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s,
@@ -1107,25 +1174,25 @@ _varlen_backward_op = torch.library.custom_op(_VARLEN_BACKWARD_OP, _varlen_backw
 
 
 @_varlen_backward_op.register_fake
-def _varlen_backward_fake(d_o, d_lse, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, qkv_layout,
-                          mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target):
+def _varlen_backward_fake(d_o, d_lse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target):
     _require_backward(recipe)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:5])  # q, k, v and both cu_seqlens
+    ctx.save_for_backward(*inputs[:5], *output)  # q, k, v, both cu_seqlens, O and the LSE
     ctx.rest = tuple(inputs[5:])  # max_seqlen_q, max_seqlen_k, the settings, lse_returned
     ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, grad_o, grad_lse):
-    q, k, v, cu_q, cu_k = ctx.saved_tensors
+    q, k, v, cu_q, cu_k, o, lse = ctx.saved_tensors
     *sizes_and_settings, lse_returned = ctx.rest
     if grad_o is None:  # the loss used the LSE alone
         grad_o = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     d_lse = grad_lse if lse_returned else None
-    dq, dk, dv = _varlen_backward_op(grad_o, d_lse, q, k, v, cu_q, cu_k, *sizes_and_settings)
+    dq, dk, dv = _varlen_backward_op(grad_o, d_lse, q, k, v, o, lse, cu_q, cu_k, *sizes_and_settings)
     return (dq, dk, dv) + (None,) * (len(ctx.rest) + 2)
 
 
