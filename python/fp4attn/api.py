@@ -218,9 +218,10 @@ def flash_attn_varlen_func(
     as a few such calls). Every other call runs consecutive sequences of
     equal lengths as one batched call on views of the packed tensors and
     each other sequence as a call of its own, so there a batch of many
-    different lengths pays a call's host cost per sequence. cu_seqlens are checked on the host: a CUDA
-    tensor's entries are read there (a wait for the device) once and kept while torch's
-    version counter says the tensor is unchanged, so a model's layers
+    different lengths pays a call's host cost per sequence. cu_seqlens are
+    checked on the host: a CUDA tensor's entries are read there (a wait for
+    the device) once and kept while torch's version counter says the tensor
+    is unchanged, so a model's layers
     sharing one cu_seqlens wait once; inference tensors (made under
     torch.inference_mode) have no version counter and are read on every
     call, and CPU tensors never wait. Under CUDA graph capture nothing is

@@ -99,6 +99,7 @@ for _dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torc
                torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2):
     _validate._DTYPE_NAMES.setdefault(_dtype, str(_dtype).rsplit(".", 1)[-1])
 del _dtype
+
 # The op's arguments are q, k, v, the fields of _host.Settings in order, then
 # lse_returned and keep_for_backward.
 _SETTINGS_ARGS = slice(3, 3 + len(_host.Settings._fields))
@@ -470,7 +471,7 @@ def _smooth_k_lse_dq(d_lse: torch.Tensor, lse: torch.Tensor, k_mean: torch.Tenso
     else:
         pattern = "bhi,bhd->bihd" if s.layout == "bshd" else "bhi,bhd->bhid"
         term = torch.einsum(pattern, d_lse, k_mean) * scale
-        blind = lse.transpose(1, 2) if s.layout == "bshd" else lse  # (B, Hq, Sq) in the result's order
+        blind = lse.transpose(1, 2) if s.layout == "bshd" else lse  # LSE in the result's order of axes
     return torch.where(torch.isneginf(blind)[..., None], 0.0, term)
 
 
