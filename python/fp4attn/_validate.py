@@ -152,7 +152,9 @@ def check_scale(scale, name: str) -> float:
         value = float(scale)
     else:
         raise TypeError(f"{name}: expected a float or None, got {type(scale).__name__}")
-    if not math.isfinite(value) or value <= 0:
+    # Comparisons rather than math.isfinite: torch.compile may trace the value as a symbolic
+    # float (a scale that changed between calls), on which it can compare but not call math.
+    if not 0.0 < value < math.inf:  # NaN fails both
         raise ValueError(f"{name}: must be a positive finite number or None, got {scale}")
     return value
 

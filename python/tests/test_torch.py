@@ -167,6 +167,25 @@ def test_compile_fullgraph(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph_with_a_scale_that_changes(device):
+    # A scale that differs from call to call becomes a symbolic float to torch.compile; its
+    # checks must still trace (they compare it, which a symbolic float allows) and a bad one
+    # must still be refused by name.
+    q, k, v = make_bhsd(5, 1, 2, 2, 64, 64, 64, device)
+
+    def block(q, k, v, scale):
+        return fp4attn.sdpa(q, k, v, scale=scale)
+
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    for scale in (0.1, 0.2, 0.3):
+        torch.testing.assert_close(compiled(q, k, v, scale), block(q, k, v, scale), rtol=0, atol=0)
+    with pytest.raises(Exception, match="scale: must be a positive finite number"):
+        compiled(q, k, v, -0.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("D", [32, 72, 80, 96])
 def test_compile_fullgraph_at_head_dims_the_kernels_lack(device, D):
     # The padding decision of the device path (torch_ops._narrow_head_dim_plan) is a constant to torch.compile.
