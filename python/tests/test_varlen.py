@@ -274,6 +274,37 @@ def test_compiled_call_is_the_eager_call(rng, monkeypatch, device):
         torch.compile(lambda q: fp4attn.flash_attn_varlen_func(q, k, v, [0, 264], [0, 264], 264, 264))(q)
 
 
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_call_in_cuda_graphs(rng, monkeypatch):
+    # torch.compile(mode="reduce-overhead") records the op in a CUDA graph: its forward and
+    # backward then take the captured path (nothing read on the host), and replays with other
+    # lengths in the same cu_seqlens give the eager call's O and gradients (two passes both).
+    from fp4attn import torch_ops
+
+    monkeypatch.setattr(torch_ops, "DETERMINISTIC_BACKWARD", True)
+    torch._dynamo.reset()
+    lens = [5, 300, 129, 1000]
+    arrays = packed(rng, lens, lens, 4, 2, 128)
+    q, k, v = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in arrays[:3])
+    cu = torch.from_numpy(arrays[3]).cuda()
+    d_o = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to("cuda", torch.bfloat16)
+
+    def call(q, k, v, cu):
+        return fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 1000, 1000, causal=True)
+
+    def step(fn):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        o = fn(*leaves, cu)
+        o.backward(d_o)
+        return [o.detach().clone()] + [x.grad.clone() for x in leaves]  # a replay reuses its outputs' memory
+
+    compiled = torch.compile(call, fullgraph=True, mode="reduce-overhead")
+    for lengths in (lens, lens, lens, [700, 1, 333, 400], [0, 1000, 434, 0]):  # warm-up, record, replays
+        cu.copy_(torch.tensor(np.cumsum([0] + lengths), dtype=torch.int32))
+        for name, a, b in zip(("o", "dq", "dk", "dv"), step(compiled), step(call)):
+            assert torch.equal(a, b), (name, lengths)
+
+
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_varlen_op_registration(rng):
     from fp4attn import _host
