@@ -6,7 +6,9 @@ O, the LSE and, under autograd, dQ, dK and dV. Each case draws a batch of
 tokens, the 128-token tile's edges and lengths up to 3 000 (queries and keys
 of one sequence equal or not), heads with GQA / MQA ratios, a head dim the
 packed path reads in place, bf16 or f16, causal or not, and a softmax scale;
-cu_seqlens on the GPU or the host; half the cases also take gradients. It
+cu_seqlens on the GPU or the host; half the cases also take gradients, half of
+those with a loss on the LSE too (finite dLSE on every row, rows that see no key
+included, where the gradient must be zero). It
 runs the packed call, then every sequence with queries as its own
 flash_attn_func call (or, without keys, the O = 0 / LSE = −inf that a fully
 masked row gives), and compares bit for bit. Every fifth case also runs the
@@ -38,6 +40,7 @@ import fp4attn.torch_ops
 from fuzz_runs import run_cases, write_record
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+DEVICE = "cuda"  # the tensors' device ("cpu" runs the same cases on the host path, without graph replays)
 HEAD_DIMS = [64, 128, 32, 96, 72, 40, 16, 112]  # what the one-call path reads in place (and its backward takes)
 EDGES = [1, 2, 127, 128, 129, 255, 256, 257, 383, 384]
 
@@ -75,6 +78,8 @@ def draw(rng: np.random.Generator) -> dict:
         "cu_on_gpu": bool(rng.random() < 0.5),
         "backward": bool(rng.random() < 0.5),
         "data_seed": int(rng.integers(0, 2**31)),
+        # Drawn last, so that a seed's other draws are those of the script before it.
+        "lse_loss": bool(rng.random() < 0.5),
     }
 
 
@@ -110,17 +115,18 @@ def run_case(c: dict) -> dict:
     cu_q = torch.tensor(np.cumsum([0] + c["lens_q"]), dtype=torch.int32)
     cu_k = torch.tensor(np.cumsum([0] + c["lens_k"]), dtype=torch.int32)
     total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
-    q = torch.randn(total_q, c["Hq"], c["D"], generator=g).to("cuda", dtype)
-    k = (torch.randn(total_k, c["Hkv"], c["D"], generator=g) + 0.5).to("cuda", dtype)
-    v = torch.randn(total_k, c["Hkv"], c["D"], generator=g).to("cuda", dtype)
-    d_o = torch.randn(total_q, c["Hq"], c["D"], generator=g).to("cuda", dtype)
+    q = torch.randn(total_q, c["Hq"], c["D"], generator=g).to(DEVICE, dtype)
+    k = (torch.randn(total_k, c["Hkv"], c["D"], generator=g) + 0.5).to(DEVICE, dtype)
+    v = torch.randn(total_k, c["Hkv"], c["D"], generator=g).to(DEVICE, dtype)
+    d_o = torch.randn(total_q, c["Hq"], c["D"], generator=g).to(DEVICE, dtype)
+    d_lse = torch.randn(c["Hq"], total_q, generator=g).to(DEVICE) if c.get("lse_loss") else None
     max_q, max_k = max(c["lens_q"]), max(c["lens_k"])
-    cus = (cu_q.cuda(), cu_k.cuda()) if c["cu_on_gpu"] else (cu_q, cu_k)
+    cus = (cu_q.to(DEVICE), cu_k.to(DEVICE)) if c["cu_on_gpu"] else (cu_q, cu_k)
     kw = {"causal": c["causal"], "softmax_scale": c["scale"]}
     leaves = [x.clone().requires_grad_(c["backward"]) for x in (q, k, v)]
     out, lse, _ = fp4attn.flash_attn_varlen_func(*leaves, *cus, max_q, max_k, return_attn_probs=True, **kw)
     if c["backward"]:
-        out.backward(d_o)
+        torch.autograd.backward((out, lse) if d_lse is not None else out, (d_o, d_lse) if d_lse is not None else d_o)
         for x in leaves:  # an input no sequence reads has no gradient: zeros
             if x.grad is None:
                 x.grad = torch.zeros_like(x)
@@ -140,8 +146,11 @@ def run_case(c: dict) -> dict:
         o1, lse1, _ = fp4attn.flash_attn_func(*one, return_attn_probs=True, **kw)
         r["o_differ"] += bits_differ(out[a:b], o1[0])
         r["lse_differ"] += bits_differ(lse[:, a:b], lse1[0])
-        if c["backward"]:
+        if c["backward"] and d_lse is not None:
+            torch.autograd.backward((o1, lse1), (d_o[a:b].unsqueeze(0), d_lse[:, a:b].unsqueeze(0)))
+        elif c["backward"]:
             o1.backward(d_o[a:b].unsqueeze(0))
+        if c["backward"]:
             for got, want in ((leaves[0].grad[a:b], one[0].grad[0]), (leaves[1].grad[s:e], one[1].grad[0]),
                               (leaves[2].grad[s:e], one[2].grad[0])):
                 signs = zero_signs_differ(got, want)
@@ -191,7 +200,8 @@ def main() -> int:
         c["captured"] = i % 5 == 4
     rows, failed, seconds = run_cases(cases, lambda i, c: run_case(c), args.only, args.seconds)
     print(f"fuzz_varlen_device: {len(rows)} cases in {seconds:.0f} s (seed {args.seed}; "
-          f"{sum(len(r['lens_q']) for r in rows)} sequences, {sum(r['backward'] for r in rows)} with gradients, "
+          f"{sum(len(r['lens_q']) for r in rows)} sequences, {sum(r['backward'] for r in rows)} with gradients "
+          f"({sum(r['backward'] and r['lse_loss'] for r in rows)} with an LSE loss), "
           f"{sum(bool(r.get('captured')) for r in rows)} replayed from a graph; gradient zeros of the other sign "
           f"in {sum(bool(r.get('grad_zero_signs_differ')) for r in rows)} cases, "
           f"{sum(r.get('grad_zero_signs_differ', 0) for r in rows)} elements), {failed} failed")
