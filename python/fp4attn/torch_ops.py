@@ -927,14 +927,12 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     # slices would turn -0 into +0: api._token_parts).
     q_parts = q.split([tokens for _, tokens, _, _, _ in plan])
     k_parts, v_parts = (x.split([tokens for _, _, _, tokens, _ in plan]) for x in (k, v))
+    from . import api
+
     outs, lses = [], []
     for (_, _, _, _, call), q_group, k_group, v_group in zip(plan, q_parts, k_parts, v_parts):
-        if call is None:  # nothing to attend in this group: no call
-            outs.append(torch.zeros_like(q_group))
-            lses.append(torch.full((q.shape[1], q_group.shape[0]), -float("inf"), dtype=torch.float32,
-                                   device=q.device))
-            continue
-        o, lse = run(call, q_group, k_group, v_group)
+        # A group with nothing to attend makes no call: O = 0, LSE = -inf, as for a sequence without keys.
+        o, lse = api._no_keys(q_group, q.shape[1], True) if call is None else run(call, q_group, k_group, v_group)
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses, dim=1)
