@@ -155,8 +155,36 @@ def check_scale(scale, name: str) -> float:
     # Comparisons rather than math.isfinite: torch.compile may trace the value as a symbolic
     # float (a scale that changed between calls), on which it can compare but not call math.
     if not 0.0 < value < math.inf:  # NaN fails both
-        raise ValueError(f"{name}: must be a positive finite number or None, got {scale}")
+        # A traced value cannot be formatted (torch 2.11's Dynamo refuses the f-string, so the
+        # error would be about tracing instead of the scale); the message then goes without it.
+        got = "" if _traced() else f", got {scale!r}"
+        raise ValueError(f"{name}: must be a positive finite number or None{got}")
     return value
+
+
+def _traced() -> bool:
+    """Whether torch.compile is tracing this call (torch is looked up, never imported, here)."""
+    torch_module = sys.modules.get("torch")
+    return torch_module is not None and torch_module.compiler.is_compiling()
+
+
+def check_window(window, name: str, causal: bool) -> tuple:
+    """(left, right) of a sliding window given as FlashAttention's window_size: two ints, -1 for
+    no bound on that side. A causal mask already ends each row at its diagonal, so with one the
+    right bound can only be -1 or 0."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"{name}: expected (left, right), two ints (-1 for no bound), got {window!r}")
+    bounds = []
+    for side, value in zip(("left", "right"), window):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}: its {side} bound must be an int, got {type(value).__name__}")
+        if value < -1:
+            raise ValueError(f"{name}: its {side} bound must be -1 (no bound) or >= 0, got {int(value)}")
+        bounds.append(int(value))
+    if causal and bounds[1] > 0:
+        raise ValueError(f"{name}: a causal mask ends each row at its diagonal, so the right bound must be -1 or 0, "
+                         f"got {bounds[1]}")
+    return bounds[0], bounds[1]
 
 
 def check_absent(value, name: str, default, why: str) -> None:
