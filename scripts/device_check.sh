@@ -12,7 +12,8 @@
 #          (sustained load: SM clock, power, TFLOP/s), bench-sustained (the
 #          bar and model shapes, 3 s of back-to-back calls each) and accuracy-gpu
 #          (the H200 columns of examples/accuracy; needs the python stage's
-#          package) and fuzz (random problems, GPU against the emulator;
+#          package) and bench-window (sliding-window attention through the
+#          torch layer beside FlexAttention and SDPA; needs the package) and fuzz (random problems, GPU against the emulator;
 #          needs the python stage's package; FUZZ_CASES, FUZZ_SEED,
 #          FUZZ_SECONDS) and fuzz-varlen (random packed batches against
 #          per-sequence calls; the same FUZZ_* variables) and large (problems past 2^31 elements against
@@ -79,6 +80,13 @@ if has_stage sanitize; then
   small+=':GpuFoldMx.QkAndVMatchEmulatorOperands'
   # the one-pass backward (dQ by bulk reductions) and the forward's kept operands (both recipes)
   small+=':GpuBackwardFp8.OnePassMatchesEmulator:GpuBackwardFp8.SavedOperandsGiveTheSameGradients'
+  # sliding windows: the forward's first tile past 0 and both edges masked (two and three
+  # consumers, D = 256's split CTAs), the backward's key and query tile ranges
+  small+=':Windows/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq700_Sk900_D128_causal_directp_smoothk_window5_inf'
+  small+=':Windows/GpuForwardGrid.MatchesEmulator/B1_Hq4_Hkv4_Sq1024_Sk1024_D64_full_exp2_smoothk_3consumers_window300_300'
+  small+=':Windows/GpuForwardGrid.MatchesEmulator/B2_Hq2_Hkv2_Sq513_Sk1000_D256_causal_directp_smoothk_window150_inf'
+  small+=':Windows/GpuBackwardGrid.MatchesEmulatorAndReference/B2_Hq4_Hkv2_Sq700_Sk900_D64_causal_directp_smoothk_f32_window5_inf'
+  small+=':Windows/GpuBackwardGrid.MatchesEmulatorAndReference/B2_Hq4_Hkv2_Sq700_Sk900_D128_full_exp2_smoothk_f32_window100_37'
   for tool in memcheck racecheck; do
     FP4ATTN_REQUIRE_GPU=1 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 7 \
       "$BUILD/tests/fp4attn_gpu_tests" --gtest_filter="$small" >"$OUT/sanitize-$tool.log" 2>&1
@@ -223,6 +231,14 @@ if has_stage bench-torch; then
   PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_torch_fwd.py --out "$OUT" \
     ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-torch-stdout.log" | grep -v "^$" | tail -12
   summary+=("bench torch fwd: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-window; then
+  # Sliding-window causal attention through the torch layer, FlexAttention and SDPA beside it.
+  PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 500 python3 bench/bench_window.py \
+    --out "$OUT/bench-window.json" ${COMMIT:+--commit "$COMMIT"} ${WINDOW_CASES:+--cases "$WINDOW_CASES"} \
+    2>&1 | tee "$OUT/bench-window-stdout.log" | grep -v "^$" | tail -16
+  summary+=("bench window: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage accuracy-gpu; then

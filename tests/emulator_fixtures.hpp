@@ -67,12 +67,13 @@ inline reference::ForwardResult reference_on_quantized(const AttentionShape& s, 
       k[i] += in.k_mean[(b * s.Hkv + h) * s.D + d];
     }
   return reference::forward(s, to_double(in.q.dequantize()), k, to_double(in.v.dequantize()), opt.mask,
-                            opt.softmax_scale);
+                            opt.softmax_scale, opt.window);
 }
 
 inline reference::ForwardResult reference_on_inputs(const AttentionShape& s, const Inputs& x,
                                                     const AttentionOptions& opt) {
-  return reference::forward(s, to_double(x.q), to_double(x.k), to_double(x.v), opt.mask, opt.softmax_scale);
+  return reference::forward(s, to_double(x.q), to_double(x.k), to_double(x.v), opt.mask, opt.softmax_scale,
+                            opt.window);
 }
 
 struct Errors {

@@ -161,6 +161,48 @@ TEST(EmulatorForward, TopLeftCausalMatchesReference) {
   expect_within(e.kernel_lse, b.kernel, true, "top-left kernel");
 }
 
+// Sliding windows (FlashAttention's window_size): a causal one, and one on
+// both sides without a causal mask whose rows start inside a key tile and
+// end inside another. Every recipe, within the bounds the masks above meet.
+TEST(EmulatorForward, WindowsAgainstReference) {
+  struct Case {
+    MaskKind mask;
+    Window window;
+  };
+  for (const testing::SweepProblem& p : testing::sweep_problems()) {
+    const Inputs x = testing::realistic_inputs(p.shape, kTestSeed);
+    for (const Case c : {Case{MaskKind::causal, {70, -1}}, Case{MaskKind::none, {45, 20}}})
+      for (Recipe r : kAllRecipes) {
+        AttentionOptions o = with(AttentionOptions{}, p, c.mask);
+        o.recipe = r, o.window = c.window;
+        const testing::Bounds& b = testing::bounds_for(o);
+        const Errors e = testing::measure(p.shape, x, o);
+        const std::string what = testing::describe(o) + " window " + std::to_string(c.window.left) + "," +
+                                 std::to_string(c.window.right) + " D=" + std::to_string(p.shape.D);
+        expect_within(e.kernel_o, b.kernel, false, what + " kernel O");
+        expect_within(e.kernel_lse, b.kernel, true, what + " kernel");
+        expect_within(e.recipe_o, b.recipe_error, false, what + " recipe O");
+        expect_within(e.recipe_lse, b.recipe_error, true, what + " recipe");
+      }
+  }
+}
+
+// Rows whose window lies past the last key (Sq > Sk, top-left causal) see
+// nothing: O = 0 and LSE = −inf; the rows before them see their few keys.
+TEST(EmulatorForward, WindowPastTheKeysGivesZeroAndMinusInf) {
+  const AttentionShape s{.B = 1, .Hq = 1, .Hkv = 1, .Sq = 150, .Sk = 100, .D = 64};
+  const Inputs x = testing::realistic_inputs(s, kTestSeed);
+  AttentionOptions o;
+  o.mask = MaskKind::causal_top_left, o.window = {20, -1}, o.block_q = 64, o.block_k = 64;
+  const ForwardResult got = forward(s, x.q, x.k, x.v, o);
+  for (std::int64_t i = 0; i < s.Sq; ++i) {
+    const bool masked = i - 20 >= s.Sk;  // keys i − 20 .. i
+    EXPECT_EQ(std::isinf(got.lse[i]) && got.lse[i] < 0, masked) << " row " << i;
+    if (masked)
+      for (std::int64_t d = 0; d < s.D; ++d) ASSERT_EQ(got.o[i * s.D + d], 0.0f) << " row " << i;
+  }
+}
+
 // A group of query heads reading one kv head gives bit for bit what plain
 // multi-head attention gives with that kv head copied to each of them.
 TEST(EmulatorForward, GqaEqualsRepeatedKeyValueHeads) {

@@ -100,7 +100,7 @@ reference::BackwardResult reference_on_quantized(const AttentionShape& s, const 
   for (std::int64_t i = 0; i < s.kv_elems() && !in.k_mean.empty(); ++i)
     kq[i] += in.k_mean[((i / (s.D * s.Hkv * s.Sk)) * s.Hkv + (i / s.D) % s.Hkv) * s.D + i % s.D];
   return reference::backward(s, testing::to_double(in.q.dequantize()), kq, testing::to_double(in.v.dequantize()),
-                             testing::to_double(d_o), o.mask, o.softmax_scale);
+                             testing::to_double(d_o), o.mask, o.softmax_scale, o.window);
 }
 
 // Runs forward + backward and measures dQ, dK, dV against both references.
@@ -116,7 +116,7 @@ Worst measure(const AttentionShape& s, std::uint64_t seed, const AttentionOption
   const reference::BackwardResult kref = reference_on_quantized(s, x, d_o, o);
   const reference::BackwardResult rref = reference::backward(
       s, testing::to_double(x.q), testing::to_double(x.k), testing::to_double(x.v), testing::to_double(d_o), o.mask,
-      o.softmax_scale);
+      o.softmax_scale, o.window);
   Worst w;
   for (auto [g, k, r] : {std::tuple{&got.dq, &kref.dq, &rref.dq}, std::tuple{&got.dk, &kref.dk, &rref.dk},
                          std::tuple{&got.dv, &kref.dv, &rref.dv}}) {
@@ -137,6 +137,25 @@ TEST(EmulatorBackward, GradientsAgainstReference) {
       const BackwardBounds& b = bounds_for(o);
       const Worst w = measure(backward_shape(), kTestSeed, o);
       const std::string what = testing::describe(o) + (o.ds_format == GradFormat::e5m2 ? " dS e5m2" : "");
+      EXPECT_LE(w.kernel.rel_l2, b.kernel.rel_l2) << what << " kernel rel L2";
+      EXPECT_LE(w.kernel.one_minus_cos, b.kernel.one_minus_cos) << what << " kernel 1 - cos";
+      EXPECT_LE(w.recipe_error.rel_l2, b.recipe_error.rel_l2) << what << " recipe rel L2";
+      EXPECT_LE(w.recipe_error.one_minus_cos, b.recipe_error.one_minus_cos) << what << " recipe 1 - cos";
+    }
+}
+
+// Sliding windows: a causal one, and one on both sides whose rows start and
+// end inside key tiles (backward_shape: Sq < Sk, so the diagonal is offset).
+TEST(EmulatorBackward, WindowGradientsAgainstReference) {
+  for (const AttentionOptions& base : backward_configs())
+    for (const auto& [mask, window] : {std::pair{MaskKind::causal, Window{60, -1}},
+                                       std::pair{MaskKind::none, Window{40, 25}}}) {
+      AttentionOptions o = base;
+      o.mask = mask, o.window = window;
+      const BackwardBounds& b = bounds_for(o);
+      const Worst w = measure(backward_shape(), kTestSeed, o);
+      const std::string what = testing::describe(o) + " window " + std::to_string(window.left) + "," +
+                               std::to_string(window.right);
       EXPECT_LE(w.kernel.rel_l2, b.kernel.rel_l2) << what << " kernel rel L2";
       EXPECT_LE(w.kernel.one_minus_cos, b.kernel.one_minus_cos) << what << " kernel 1 - cos";
       EXPECT_LE(w.recipe_error.rel_l2, b.recipe_error.rel_l2) << what << " recipe rel L2";

@@ -182,7 +182,8 @@ TEST(ReferenceForward, CausalRowsEqualAttentionOverTheirVisiblePrefix) {
     const ForwardResult r = forward(s, p.q, p.k, p.v, c.mask, kScale);
     for (std::int64_t i = 0; i < c.Sq; ++i) {
       const std::int64_t n = c.visible_per_row[i];
-      for (std::int64_t j = 0; j < c.Sk; ++j) EXPECT_EQ(visible(c.mask, c.Sq, c.Sk, i, j), j < n) << i << "," << j;
+      for (std::int64_t j = 0; j < c.Sk; ++j)
+        EXPECT_EQ(visible(c.mask, Window{}, c.Sq, c.Sk, i, j), j < n) << i << "," << j;
       const double* o_row = r.o.data() + i * kD;
       if (n == 0) {
         EXPECT_EQ(r.lse[i], kNegInf);
@@ -194,6 +195,64 @@ TEST(ReferenceForward, CausalRowsEqualAttentionOverTheirVisiblePrefix) {
       const std::vector<double> k_prefix(p.k.begin(), p.k.begin() + n * kD);
       const std::vector<double> v_prefix(p.v.begin(), p.v.begin() + n * kD);
       const ForwardResult e = forward(one, q_row, k_prefix, v_prefix, MaskKind::none, kScale);
+      EXPECT_NEAR(r.lse[i], e.lse[0], kRoundoffTol) << "row " << i;
+      for (std::int64_t d = 0; d < kD; ++d) EXPECT_NEAR(o_row[d], e.o[d], kRoundoffTol) << "row " << i;
+    }
+  }
+}
+
+// A sliding window keeps each row's keys [first, end), written out by hand
+// from FlashAttention's window_size definition (d = Sk − Sq, or 0 top-left).
+struct WindowCase {
+  MaskKind mask;
+  Window window;
+  std::int64_t Sq, Sk;
+  std::vector<std::pair<std::int64_t, std::int64_t>> keys_per_row;  // [first, end)
+};
+
+// Each row must equal unmasked attention over exactly its window's keys.
+TEST(ReferenceForward, WindowRowsEqualAttentionOverTheirKeys) {
+  const std::vector<WindowCase> cases = {
+      // left 1, causal, Sq = Sk: keys i − 1 .. i
+      {MaskKind::causal, {1, -1}, 4, 4, {{0, 1}, {0, 2}, {1, 3}, {2, 4}}},
+      // left 1, right 0 is the same
+      {MaskKind::none, {1, 0}, 4, 4, {{0, 1}, {0, 2}, {1, 3}, {2, 4}}},
+      // left 0, right 1, Sq < Sk: d = 2, keys i + 2 .. i + 3
+      {MaskKind::none, {0, 1}, 3, 5, {{2, 4}, {3, 5}, {4, 5}}},
+      // left 2 only: keys from i + d − 2 to the end, d = −2 (Sq > Sk)
+      {MaskKind::none, {2, -1}, 5, 3, {{0, 3}, {0, 3}, {0, 3}, {0, 3}, {0, 3}}},
+      // left 0 only, Sq > Sk: d = −2, keys from i − 2 on; rows 0 .. 2 see all
+      {MaskKind::none, {0, -1}, 5, 3, {{0, 3}, {0, 3}, {0, 3}, {1, 3}, {2, 3}}},
+      // right 0 only, Sq > Sk: the bottom-right causal mask
+      {MaskKind::none, {-1, 0}, 5, 3, {{0, 0}, {0, 0}, {0, 1}, {0, 2}, {0, 3}}},
+      // causal Sq > Sk with left 1: leading rows see nothing
+      {MaskKind::causal, {1, 0}, 5, 3, {{0, 0}, {0, 0}, {0, 1}, {0, 2}, {1, 3}}},
+      // top-left, left 2, Sq > Sk: d = 0, rows past Sk + 1 see nothing
+      {MaskKind::causal_top_left, {2, -1}, 6, 3, {{0, 1}, {0, 2}, {0, 3}, {1, 3}, {2, 3}, {3, 3}}},
+  };
+  constexpr std::int64_t kD = 5;
+  constexpr double kScale = 0.8;
+  for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+    const WindowCase& c = cases[ci];
+    SCOPED_TRACE("case " + std::to_string(ci));
+    const AttentionShape s = make_shape(1, 1, 1, c.Sq, c.Sk, kD);
+    const Problem p = random_problem(s, 41 + ci);
+    const ForwardResult r = forward(s, p.q, p.k, p.v, c.mask, kScale, c.window);
+    for (std::int64_t i = 0; i < c.Sq; ++i) {
+      const auto [first, end] = c.keys_per_row[i];
+      for (std::int64_t j = 0; j < c.Sk; ++j)
+        EXPECT_EQ(visible(c.mask, c.window, c.Sq, c.Sk, i, j), j >= first && j < end) << i << "," << j;
+      const double* o_row = r.o.data() + i * kD;
+      if (end <= first) {
+        EXPECT_EQ(r.lse[i], kNegInf);
+        for (std::int64_t d = 0; d < kD; ++d) EXPECT_EQ(o_row[d], 0.0);
+        continue;
+      }
+      const AttentionShape one = make_shape(1, 1, 1, 1, end - first, kD);
+      const std::vector<double> q_row(p.q.begin() + i * kD, p.q.begin() + (i + 1) * kD);
+      const std::vector<double> k_keys(p.k.begin() + first * kD, p.k.begin() + end * kD);
+      const std::vector<double> v_keys(p.v.begin() + first * kD, p.v.begin() + end * kD);
+      const ForwardResult e = forward(one, q_row, k_keys, v_keys, MaskKind::none, kScale);
       EXPECT_NEAR(r.lse[i], e.lse[0], kRoundoffTol) << "row " << i;
       for (std::int64_t d = 0; d < kD; ++d) EXPECT_NEAR(o_row[d], e.o[d], kRoundoffTol) << "row " << i;
     }
@@ -302,11 +361,12 @@ struct GradCase {
   AttentionShape shape;
   MaskKind mask;
   double scale;
+  Window window{};
 };
 
 // L = Σ O ⊙ G, so dL/dO = G and backward(dO = G) must be the gradient of L.
 double loss(const GradCase& c, const Problem& p, const std::vector<double>& g) {
-  const ForwardResult r = forward(c.shape, p.q, p.k, p.v, c.mask, c.scale);
+  const ForwardResult r = forward(c.shape, p.q, p.k, p.v, c.mask, c.scale, c.window);
   double l = 0.0;
   for (std::size_t i = 0; i < g.size(); ++i) l += r.o[i] * g[i];
   return l;
@@ -335,6 +395,9 @@ TEST(ReferenceBackward, MatchesCentralFiniteDifferences) {
       {"causal Sq<Sk", make_shape(1, 2, 1, 3, 6, 5), MaskKind::causal, 0.9},
       {"causal top-left", make_shape(1, 2, 2, 5, 3, 4), MaskKind::causal_top_left, 0.0},
       {"GQA", make_shape(2, 4, 2, 4, 5, 3), MaskKind::none, 1.3},
+      {"causal window", make_shape(1, 2, 1, 6, 6, 4), MaskKind::causal, 0.0, {2, -1}},
+      {"two-sided window Sq<Sk", make_shape(1, 2, 2, 4, 7, 3), MaskKind::none, 0.8, {1, 2}},
+      {"left window Sq>Sk", make_shape(2, 2, 1, 6, 4, 3), MaskKind::none, 0.0, {1, -1}},
   };
   std::uint64_t seed = 61;
   for (const GradCase& c : cases) {
@@ -342,7 +405,7 @@ TEST(ReferenceBackward, MatchesCentralFiniteDifferences) {
     Problem p = random_problem(c.shape, seed);
     const std::vector<double> g = random_vector(c.shape.q_elems(), seed + 3);
     seed += 10;
-    const BackwardResult grad = backward(c.shape, p.q, p.k, p.v, g, c.mask, c.scale);
+    const BackwardResult grad = backward(c.shape, p.q, p.k, p.v, g, c.mask, c.scale, c.window);
     // A zero gradient would make the relative check meaningless.
     ASSERT_GT(l2_norm(grad.dq), 0.0);
     ASSERT_GT(l2_norm(grad.dk), 0.0);

@@ -19,18 +19,6 @@ constexpr double kFlopsPerTeraflop = 1e12;
 
 std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.end()}; }
 
-// Keys row i sees: masks keep a prefix of the keys, so binary search on the
-// reference's own rule avoids a second copy of it.
-std::int64_t visible_prefix(const AttentionShape& s, MaskKind mask, std::int64_t i) {
-  std::int64_t lo = 0, hi = s.Sk;  // answer in [lo, hi]
-  while (lo < hi) {
-    const std::int64_t mid = lo + (hi - lo) / 2;
-    if (reference::visible(mask, s.Sq, s.Sk, i, mid)) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
 }  // namespace
 
 std::string today_utc() {
@@ -44,7 +32,7 @@ std::string today_utc() {
 
 double forward_flops(const AttentionShape& shape, MaskKind mask) {
   double pairs = 0.0;
-  for (std::int64_t i = 0; i < shape.Sq; ++i) pairs += static_cast<double>(visible_prefix(shape, mask, i));
+  for (std::int64_t i = 0; i < shape.Sq; ++i) pairs += static_cast<double>(visible_keys(mask, Window{}, shape.Sq, shape.Sk, i).size());
   return kMatmulsPerPair * kFlopsPerMac * static_cast<double>(shape.B * shape.Hq * shape.D) * pairs;
 }
 

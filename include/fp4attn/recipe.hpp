@@ -42,6 +42,37 @@ enum class MaskKind : std::uint8_t {
   causal_top_left,  // query i sees key j iff j <= i (PyTorch SDPA's is_causal)
 };
 
+// Sliding-window (local) attention, FlashAttention's window_size. With d the
+// mask's diagonal offset (Sk - Sq, or 0 for causal_top_left), query i sees
+// key j only if i + d - left <= j <= i + d + right. A negative bound is no
+// bound. A causal mask ends every row at its diagonal already, so with one
+// `right` can only be -1 or 0.
+struct Window {
+  std::int64_t left = -1;
+  std::int64_t right = -1;
+  constexpr bool bounded() const { return left >= 0 || right >= 0; }
+};
+
+// The keys [first, end) one query row sees; first == end for a row that sees none.
+struct KeyRange {
+  std::int64_t first = 0;
+  std::int64_t end = 0;
+  constexpr std::int64_t size() const { return end - first; }
+};
+
+// Both bounds grow with i, so the keys of rows i0..i1 together lie in
+// [range(i0).first, range(i1).end), which is what the kernels' tile loops walk.
+constexpr KeyRange visible_keys(MaskKind mask, Window window, std::int64_t Sq, std::int64_t Sk, std::int64_t i) {
+  const std::int64_t d = mask == MaskKind::causal_top_left ? 0 : Sk - Sq;
+  std::int64_t first = 0, end = Sk;
+  if (mask != MaskKind::none) end = i + d + 1;
+  else if (window.right >= 0) end = i + d + window.right + 1;
+  if (window.left >= 0) first = i + d - window.left;
+  first = first < 0 ? 0 : first > Sk ? Sk : first;
+  end = end < first ? first : end > Sk ? Sk : end;
+  return {first, end};
+}
+
 struct RecipeSpec {
   TensorFormat qk;
   TensorFormat v;
@@ -96,6 +127,7 @@ inline std::optional<Target> parse_target(std::string_view name) {
 struct AttentionOptions {
   Recipe recipe = Recipe::fp8;
   MaskKind mask = MaskKind::none;
+  Window window;               // none by default
   float softmax_scale = 0.0f;  // 0 means 1/sqrt(D)
   bool smooth_k = true;
   bool direct_p = true;

@@ -21,13 +21,14 @@ struct BackwardResult {
 };
 
 // Does query row i see key j?
-bool visible(MaskKind mask, std::int64_t Sq, std::int64_t Sk, std::int64_t i, std::int64_t j);
+bool visible(MaskKind mask, Window window, std::int64_t Sq, std::int64_t Sk, std::int64_t i, std::int64_t j);
 
 // scale <= 0 means 1/sqrt(D).
 ForwardResult forward(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
-                      std::span<const double> v, MaskKind mask, double scale);
+                      std::span<const double> v, MaskKind mask, double scale, Window window = {});
 
 BackwardResult backward(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
-                        std::span<const double> v, std::span<const double> d_o, MaskKind mask, double scale);
+                        std::span<const double> v, std::span<const double> d_o, MaskKind mask, double scale,
+                        Window window = {});
 
 }  // namespace fp4attn::reference

@@ -6,6 +6,8 @@
 #include <span>
 #include <vector>
 
+#include "fp4attn/recipe.hpp"
+
 namespace fp4attn {
 
 // Sizes of one attention call. Tensors are (B, S, H, D), D contiguous.
@@ -26,6 +28,9 @@ struct AttentionShape {
 // Throws fp4attn::Error naming the argument: a size that is not positive, or
 // Hq not a multiple of Hkv.
 void check_shape(const AttentionShape& shape);
+// Throws fp4attn::Error naming window_left or window_right: a bound below -1,
+// or a right bound past the diagonal with a causal mask.
+void check_window(MaskKind mask, Window window);
 // Throws fp4attn::Error naming `name` when a tensor's element count is not the shape's.
 void check_element_count(std::size_t actual, std::int64_t expected, const char* name);
 

@@ -274,7 +274,14 @@ void bind_options(nb::module_& m) {
       .def_rw("smooth_k", &AttentionOptions::smooth_k)
       .def_rw("direct_p", &AttentionOptions::direct_p)
       .def_rw("target", &AttentionOptions::target)
-      .def_rw("dq_ds_rows", &AttentionOptions::dq_ds_rows);
+      .def_rw("dq_ds_rows", &AttentionOptions::dq_ds_rows)
+      // The sliding window's bounds (recipe.hpp's Window), -1 for none.
+      .def_prop_rw(
+          "window_left", [](const AttentionOptions& o) { return o.window.left; },
+          [](AttentionOptions& o, std::int64_t v) { o.window.left = v; })
+      .def_prop_rw(
+          "window_right", [](const AttentionOptions& o) { return o.window.right; },
+          [](AttentionOptions& o, std::int64_t v) { o.window.right = v; });
   nb::class_<QuantizeOptions>(m, "QuantizeOptions")
       .def(nb::init<>())
       .def_rw("fp8_token_block", &QuantizeOptions::fp8_token_block)
@@ -376,15 +383,23 @@ NB_MODULE(_ext, m) {
         "kept: for a call given the forward's kept block (smaller: its operands are read there).");
   m.def(
       "device_backward_one_pass_faster",
-      [](const py::ShapeTuple& shape, fp4attn::MaskKind mask) {
-        return fp4attn::dispatch::sm90_backward_one_pass_faster(py::shape_of(shape), mask);
+      [](const py::ShapeTuple& shape, fp4attn::MaskKind mask, std::int64_t window_left, std::int64_t window_right) {
+        return fp4attn::dispatch::sm90_backward_one_pass_faster(py::shape_of(shape), mask,
+                                                                fp4attn::Window{window_left, window_right});
       },
-      nb::arg("shape"), nb::arg("mask"),
+      nb::arg("shape"), nb::arg("mask"), nb::arg("window_left") = -1, nb::arg("window_right") = -1,
       "Whether backward_device with deterministic=False (dQ summed in one pass, order varying run to run) is "
-      "faster than the deterministic two passes for a (B, Sq, Sk, Hq, Hkv, D) call with this mask.");
-  m.def("device_backward_one_pass_faster_packed", &fp4attn::dispatch::sm90_packed_backward_one_pass_faster,
-        nb::arg("lens_q"), nb::arg("lens_k"), nb::arg("D"), nb::arg("mask"),
-        "device_backward_one_pass_faster for packed sequences of these query and key lengths.");
+      "faster than the deterministic two passes for a (B, Sq, Sk, Hq, Hkv, D) call with this mask and window.");
+  m.def(
+      "device_backward_one_pass_faster_packed",
+      [](const std::vector<std::int64_t>& lens_q, const std::vector<std::int64_t>& lens_k, std::int64_t D,
+         fp4attn::MaskKind mask, std::int64_t window_left, std::int64_t window_right) {
+        return fp4attn::dispatch::sm90_packed_backward_one_pass_faster(lens_q, lens_k, D, mask,
+                                                                       fp4attn::Window{window_left, window_right});
+      },
+      nb::arg("lens_q"), nb::arg("lens_k"), nb::arg("D"), nb::arg("mask"), nb::arg("window_left") = -1,
+      nb::arg("window_right") = -1,
+      "device_backward_one_pass_faster for packed sequences of these query and key lengths.");
   m.def("backward_device", &py::backward_device, nb::arg("shape"), nb::arg("element"), nb::arg("q"),
         nb::arg("q_strides"), nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("o"),
         nb::arg("o_strides"), nb::arg("d_o"), nb::arg("d_o_strides"), nb::arg("lse"), nb::arg("dq"),

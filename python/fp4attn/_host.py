@@ -36,9 +36,15 @@ class Settings(NamedTuple):
     gqa: bool  # may Hkv differ from Hq?
     names: str  # the caller's names for q, k, v, comma-separated, for error messages
     target: str = "sm90"  # whose numerics the emulator models; the sm90 kernels run only for "sm90"
+    # A sliding window (FlashAttention's window_size): with d the mask's diagonal offset (Sk - Sq,
+    # 0 top-left), query i sees keys i + d - window_left .. i + d + window_right; -1 is no bound.
+    window_left: int = -1
+    window_right: int = -1
 
 
-def make_settings(*, layout, mask, scale, scale_name, recipe, smooth_k, direct_p, gqa, names, target="sm90") -> Settings:
+def make_settings(*, layout, mask, scale, scale_name, recipe, smooth_k, direct_p, gqa, names, target="sm90",
+                  window=(-1, -1), window_name="window_size") -> Settings:
+    window_left, window_right = _validate.check_window(window, window_name, causal=mask != MASK_NONE)
     return Settings(
         layout=_validate.check_layout(layout),
         mask=mask,
@@ -49,6 +55,8 @@ def make_settings(*, layout, mask, scale, scale_name, recipe, smooth_k, direct_p
         gqa=gqa,
         names=",".join(names),
         target=_validate.check_choice(target, _validate.TARGETS, "target"),
+        window_left=window_left,
+        window_right=window_right,
     )
 
 
@@ -160,6 +168,8 @@ def _build_options(s: Settings) -> "_ext.AttentionOptions":
     opt.smooth_k = s.smooth_k
     opt.direct_p = s.direct_p
     opt.target = _ext.Target.__members__[s.target]
+    opt.window_left = s.window_left
+    opt.window_right = s.window_right
     return opt
 
 

@@ -87,6 +87,7 @@ def attention(
     layout="bshd",
     return_lse=False,
     target="sm90",
+    window=(-1, -1),
 ):
     """Low-precision attention, softmax(scale · q kᵀ) v.
 
@@ -96,6 +97,11 @@ def attention(
     target picks the hardware whose numerics are modelled: "sm90" (FP4
     expanded to E4M3, DESIGN §3.4) or "sm100" (ideal block-scaled FP4; CPU
     emulator only, so it never runs on the GPU).
+    window=(left, right) is a sliding window, FlashAttention's window_size:
+    query i sees keys i + d − left … i + d + right, d = Sk − Sq, −1 for no
+    bound on that side (with causal the right bound is 0 or −1). Recipes fp8,
+    mxfp4 and mxfp4_train run it on the sm90 kernels, skipping the key tiles
+    outside every row's window; nvfp4 runs it on the CPU emulator.
     Returns O in the input layout, and with return_lse also the natural-log
     LSE of shape (B, Hq, Sq). NumPy inputs give float32 NumPy outputs holding
     bf16 values; torch inputs give tensors of the input's dtype and device,
@@ -113,16 +119,17 @@ def attention(
         gqa=True,
         names=("q", "k", "v"),
         target=target,
+        window=window,
+        window_name="window",
     )
     return_lse = _validate.check_flag(return_lse, "return_lse")
     o, lse = _forward(q, k, v, s, return_lse)
     return (o, lse) if return_lse else o
 
 
-def _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, deterministic) -> None:
+def _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic) -> None:
     """FlashAttention's arguments for features fp4attn lacks: only their "off" value passes."""
     _validate.check_absent(dropout_p, "dropout_p", 0.0, "attention dropout is not supported")
-    _validate.check_absent(window_size, "window_size", (-1, -1), "sliding-window attention is not supported")
     _validate.check_absent(softcap, "softcap", 0.0, "score soft-capping is not supported")
     _validate.check_absent(alibi_slopes, "alibi_slopes", None, "ALiBi is not supported")
     if _validate.check_flag(deterministic, "deterministic"):
@@ -130,11 +137,14 @@ def _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, dete
                          "fp4attn.torch_ops.DETERMINISTIC_BACKWARD = True) makes the backward deterministic")
 
 
-def _flash_attn_settings(causal, softmax_scale, recipe) -> _host.Settings:
-    """FlashAttention's conventions: (B, S, H, D), bottom-right causal mask, GQA, smooth_k and Direct-P on."""
+def _flash_attn_settings(causal, softmax_scale, recipe, window_size) -> _host.Settings:
+    """FlashAttention's conventions: (B, S, H, D), bottom-right causal mask, GQA, smooth_k and Direct-P on;
+    window_size's right bound is 0 with causal=True, whatever was passed, as FlashAttention sets it."""
+    causal = _validate.check_flag(causal, "causal")
+    left, right = _validate.check_window(window_size, "window_size", causal=False)
     return _host.make_settings(
         layout="bshd",
-        mask=_host.MASK_BOTTOM_RIGHT if _validate.check_flag(causal, "causal") else _host.MASK_NONE,
+        mask=_host.MASK_BOTTOM_RIGHT if causal else _host.MASK_NONE,
         scale=softmax_scale,
         scale_name="softmax_scale",
         recipe=recipe,
@@ -142,6 +152,7 @@ def _flash_attn_settings(causal, softmax_scale, recipe) -> _host.Settings:
         direct_p=True,
         gqa=True,
         names=("q", "k", "v"),
+        window=(left, 0 if causal else right),
     )
 
 
@@ -163,16 +174,19 @@ def flash_attn_func(
     """FlashAttention's flash_attn_func: (B, S, H, D) tensors, causal bottom-right aligned, GQA/MQA.
 
     The same parameters in the same order, so that positional calls keep
-    their meaning. Features fp4attn lacks accept only their "off" value and
+    their meaning. window_size = (left, right) is a sliding window: query i
+    sees keys i + Sk − Sq − left … i + Sk − Sq + right, −1 for no bound on
+    that side (causal=True makes the right bound 0, as in FlashAttention).
+    Features fp4attn lacks accept only their "off" value and
     raise ValueError naming the argument otherwise: dropout_p (0.0),
-    window_size ((-1, -1)), softcap (0.0), alibi_slopes (None). deterministic
+    softcap (0.0), alibi_slopes (None). deterministic
     accepts False: the backward's mode follows torch's deterministic
     algorithms setting (fp4attn.torch_ops.DETERMINISTIC_BACKWARD). With
     return_attn_probs=True it returns (out, softmax_lse, None): the attention
     probabilities are never formed, so the third element is None.
     """
-    _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, deterministic)
-    s = _flash_attn_settings(causal, softmax_scale, recipe)
+    _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic)
+    s = _flash_attn_settings(causal, softmax_scale, recipe, window_size)
     return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
     o, lse = _forward(q, k, v, s, return_attn_probs)
     return (o, lse, None) if return_attn_probs else o
@@ -238,7 +252,7 @@ def flash_attn_varlen_func(
     only None. With return_attn_probs=True it returns (out, softmax_lse,
     None), softmax_lse of shape (Hq, total_q) as FlashAttention's.
     """
-    _check_flash_attn_extras(dropout_p, window_size, softcap, alibi_slopes, deterministic)
+    _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic)
     _validate.check_absent(block_table, "block_table", None, "paged KV caches are not supported")
     torch_in = _is_torch(q)
     if not torch_in:
@@ -249,7 +263,7 @@ def flash_attn_varlen_func(
                              f"{'shape ' + str(tuple(x.shape)) if hasattr(x, 'shape') else type(x).__name__}")
     # Dtypes, devices, D's stride and how the shapes agree, before any call runs.
     _validate.check_qkv(*(x[None] for x in (q, k, v)), "bshd")
-    s = _flash_attn_settings(causal, softmax_scale, recipe)
+    s = _flash_attn_settings(causal, softmax_scale, recipe, window_size)
     return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
     if torch_in and _torch_ops.torch.compiler.is_compiling():
         # Traced as one op (its lengths are read when it runs, not while it is traced).

@@ -131,9 +131,10 @@ def _deterministic_backward() -> Optional[bool]:
     return None
 
 
-def one_pass_faster(dims: _validate.Dims, mask: str) -> bool:
-    """Whether the one-pass device backward is faster than the two passes for this problem and mask."""
-    return _ext.device_backward_one_pass_faster(_device_shape(dims), _ext.MaskKind.__members__[mask])
+def one_pass_faster(dims: _validate.Dims, mask: str, window_left: int = -1, window_right: int = -1) -> bool:
+    """Whether the one-pass device backward is faster than the two passes for this problem, mask and window."""
+    return _ext.device_backward_one_pass_faster(_device_shape(dims), _ext.MaskKind.__members__[mask], window_left,
+                                                window_right)
 
 
 def is_tensor(x) -> bool:
@@ -196,8 +197,9 @@ def _warn_host_copy(q: torch.Tensor, dims: _validate.Dims, s: _host.Settings, st
     """Says that a call on CUDA tensors leaves the device (once per kind of call:
     Python's default warning filter shows each distinct message once)."""
     if q.device.type == "cuda":
+        window = f", window ({s.window_left}, {s.window_right})" if max(s.window_left, s.window_right) >= 0 else ""
         warnings.warn(
-            f"fp4attn: no GPU kernel for this {step} (recipe {s.recipe}, target {s.target}, D = {dims.D}, "
+            f"fp4attn: no GPU kernel for this {step} (recipe {s.recipe}, target {s.target}, D = {dims.D}{window}, "
             f"{torch.cuda.get_device_name(q.device)}): its CUDA tensors are copied to the host and run there, "
             "which synchronises with the device and is far slower",
             RuntimeWarning,
@@ -311,12 +313,15 @@ def _attention_impl(
     gqa: bool,
     arg_names: str,
     target: str,
+    window_left: int,
+    window_right: int,
     lse_returned: bool = True,
     keep_for_backward: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # lse_returned only tells the backward whether the LSE can carry a gradient;
     # keep_for_backward asks for the third output (empty where nothing is kept).
-    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
+                       window_left, window_right)
     dims = _host.check(q, k, v, s)
     opt = _host.options(s)
     if _uses_device_path(q, dims, opt):
@@ -333,11 +338,12 @@ _attention_op = torch.library.custom_op(_OP, _attention_impl, mutates_args=())
 
 @_attention_op.register_fake
 def _attention_fake(
-    q, k, v, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, lse_returned=True,
-    keep_for_backward=False
+    q, k, v, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, window_left,
+    window_right, lse_returned=True, keep_for_backward=False
 ):
     # Runs at trace time on fake tensors: the same checks, so compiled code raises the same errors.
-    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
+                       window_left, window_right)
     dims = _host.check(q, k, v, s)
     kept = _kept_bytes(q, dims, _host.options(s), keep_for_backward)
     return (q.new_empty(q.shape), q.new_empty((dims.B, dims.Hq, dims.Sq), dtype=torch.float32),
@@ -574,6 +580,8 @@ def _attention_backward_impl(
     gqa: bool,
     arg_names: str,
     target: str,
+    window_left: int,
+    window_right: int,
     deterministic: Optional[bool] = True,
     kept: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -584,7 +592,8 @@ def _attention_backward_impl(
     and K's operands; q and k are then stand-ins that carry only shape, dtype
     and device.
     """
-    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
+                       window_left, window_right)
     _require_backward(recipe)
     return _backward_checked(d_o, d_lse, q, k, v, o, lse, s, _host.check(q, k, v, s), deterministic, kept)
 
@@ -597,7 +606,7 @@ def _backward_checked(d_o, d_lse, q, k, v, o, lse, s: _host.Settings, dims: _val
         kept = None
     if _uses_device_backward(q, dims, opt):
         if deterministic is None:
-            deterministic = not one_pass_faster(dims, s.mask)
+            deterministic = not one_pass_faster(dims, s.mask, s.window_left, s.window_right)
         return _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s, opt, deterministic, kept)
     if kept is not None:
         raise RuntimeError("the forward kept Q's and K's operands for a device backward this call cannot run")
@@ -609,7 +618,8 @@ _attention_backward_op = torch.library.custom_op(_BACKWARD_OP, _attention_backwa
 
 @_attention_backward_op.register_fake
 def _attention_backward_fake(d_o, d_lse, q, k, v, o, lse, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k,
-                             direct_p, gqa, arg_names, target, deterministic=True, kept=None):
+                             direct_p, gqa, arg_names, target, window_left, window_right, deterministic=True,
+                             kept=None):
     _require_backward(recipe)
     return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype)
 
@@ -1063,7 +1073,8 @@ class _PackedCall:
             deterministic = True  # lengths unknown to the host: the two passes, right for any of them
         elif deterministic is None:
             deterministic = not _ext.device_backward_one_pass_faster_packed(
-                self.lens_q, self.lens_k, self.dims.D, _ext.MaskKind.__members__[self.s.mask])
+                self.lens_q, self.lens_k, self.dims.D, _ext.MaskKind.__members__[self.s.mask], self.s.window_left,
+                self.s.window_right)
         packing = _Packing(self.cu[0], self.cu[1], q.shape[0], k.shape[0])
         return _backward_device(d_o, d_lse, q, k, v, o, lse, self.dims, self.s, self.opt, deterministic, kept,
                                 packing)
@@ -1107,11 +1118,12 @@ _VARLEN_BACKWARD_OP = "fp4attn::varlen_attention_backward"
 def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, qkv_layout: str, mask_kind: str,
                  softmax_scale: float, recipe: str, smooth_k: bool, direct_p: bool, gqa: bool, arg_names: str,
-                 target: str, lse_returned: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 target: str, window_left: int, window_right: int, lse_returned: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of flash_attn_varlen_func's eager call."""
     from . import api
 
-    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
+                       window_left, window_right)
     with torch.no_grad():
         o, lse = api.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s,
                                     lse_returned)
@@ -1123,7 +1135,8 @@ _varlen_op = torch.library.custom_op(_VARLEN_OP, _varlen_impl, mutates_args=())
 
 @_varlen_op.register_fake
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, qkv_layout, mask_kind,
-                 softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, lse_returned):
+                 softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, window_left, window_right,
+                 lse_returned):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -1146,13 +1159,15 @@ def _varlen_backward_impl(d_o: torch.Tensor, d_lse: Optional[torch.Tensor], q: t
                           v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, qkv_layout: str,
                           mask_kind: str, softmax_scale: float, recipe: str, smooth_k: bool, direct_p: bool, gqa: bool,
-                          arg_names: str, target: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          arg_names: str, target: str, window_left: int,
+                          window_right: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of the eager call for dO and dLSE (None: the caller never held the LSE), given the
     forward's O and LSE: from the packed device calls' backward where they run the call, else by
     running the eager call again with autograd."""
     from . import api
 
-    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target)
+    s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
+                       window_left, window_right)
     _require_backward(recipe)
     grads = varlen_backward_device(d_o, d_lse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                    max_seqlen_k, s)
@@ -1174,7 +1189,8 @@ _varlen_backward_op = torch.library.custom_op(_VARLEN_BACKWARD_OP, _varlen_backw
 
 @_varlen_backward_op.register_fake
 def _varlen_backward_fake(d_o, d_lse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target):
+                          qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
+                          window_left, window_right):
     _require_backward(recipe)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 

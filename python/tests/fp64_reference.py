@@ -9,20 +9,29 @@ import numpy as np
 MASKS = ("none", "bottom_right", "top_left")
 
 
-def visible(mask: str, sq: int, sk: int) -> np.ndarray:
-    """(Sq, Sk) boolean: may query i see key j?"""
+def visible(mask: str, sq: int, sk: int, window=(-1, -1)) -> np.ndarray:
+    """(Sq, Sk) boolean: may query i see key j? window = (left, right) as FlashAttention's
+    window_size: keys i + d - left .. i + d + right, d = Sk - Sq (0 top-left), -1 no bound."""
     i = np.arange(sq)[:, None]
     j = np.arange(sk)[None, :]
+    d = 0 if mask == "top_left" else sk - sq
     if mask == "none":
-        return np.ones((sq, sk), dtype=bool)
-    if mask == "bottom_right":  # FlashAttention: the last query sees every key
-        return j <= i + (sk - sq)
-    if mask == "top_left":  # PyTorch SDPA: query i sees keys 0..i
-        return j <= i
-    raise ValueError(mask)
+        seen = np.ones((sq, sk), dtype=bool)
+    elif mask == "bottom_right":  # FlashAttention: the last query sees every key
+        seen = j <= i + d
+    elif mask == "top_left":  # PyTorch SDPA: query i sees keys 0..i
+        seen = j <= i
+    else:
+        raise ValueError(mask)
+    left, right = window
+    if left >= 0:
+        seen = seen & (j >= i + d - left)
+    if right >= 0:
+        seen = seen & (j <= i + d + right)
+    return seen
 
 
-def attention_bshd(q, k, v, mask="none", scale=None):
+def attention_bshd(q, k, v, mask="none", scale=None, window=(-1, -1)):
     """O (B, Sq, Hq, D) and natural-log LSE (B, Hq, Sq); fully masked rows give O = 0, LSE = -inf."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     b, sq, hq, d = q.shape
@@ -32,7 +41,7 @@ def attention_bshd(q, k, v, mask="none", scale=None):
     k = np.repeat(k, group, axis=2)  # query head h reads key head h // group
     v = np.repeat(v, group, axis=2)
     s = np.einsum("bihd,bjhd->bhij", q, k) * scale
-    s = np.where(visible(mask, sq, sk), s, -np.inf)
+    s = np.where(visible(mask, sq, sk, window), s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     p = np.exp(s - m_safe)
@@ -55,7 +64,7 @@ def rel_l2(a, ref) -> float:
     return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
 
 
-def attention_backward_bshd(q, k, v, d_o, mask="none", scale=None, d_lse=None):
+def attention_backward_bshd(q, k, v, d_o, mask="none", scale=None, d_lse=None, window=(-1, -1)):
     """dQ, dK, dV (fp64, shapes of q, k, v) of attention_bshd for the upstream gradients dO and dLSE.
 
     dS = P ⊙ (dP − Delta) with Delta = rowsum(dO ⊙ O) − dLSE, since ∂LSE/∂S = P.
@@ -69,7 +78,7 @@ def attention_backward_bshd(q, k, v, d_o, mask="none", scale=None, d_lse=None):
     kr = np.repeat(k, group, axis=2)
     vr = np.repeat(v, group, axis=2)
     s = np.einsum("bihd,bjhd->bhij", q, kr) * scale
-    s = np.where(visible(mask, sq, sk), s, -np.inf)
+    s = np.where(visible(mask, sq, sk, window), s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - np.where(np.isfinite(m), m, 0.0))
     l = p.sum(axis=-1, keepdims=True)

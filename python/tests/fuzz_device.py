@@ -3,7 +3,8 @@
 Each case draws a problem (batch, heads with GQA / MQA ratios, sequence
 lengths from 1 up past several 128-token tiles, Sq != Sk, head dims 8 … 256),
 an element type, a layout (bshd, bhsd, or a strided view into a wider
-buffer), a recipe, causal or not, smooth_k and Direct-P on or off, a softmax
+buffer), a recipe, causal or not, a sliding window in 3 of 10 cases (drawn from a
+stream of its own, so that seeds keep their other draws), smooth_k and Direct-P on or off, a softmax
 scale and a data distribution (plain, outlier channels, a large shared key
 mean, tiny or huge magnitudes). It runs the call on CUDA tensors and the CPU
 emulator's sm90 target (which the GPU kernels reproduce bit for bit but for
@@ -87,7 +88,8 @@ def place(x: torch.Tensor, c: dict, device: str) -> torch.Tensor:
 def call(c: dict, q, k, v):
     layout = "bhsd" if c["layout"] == "bhsd" else "bshd"
     return fp4attn.attention(q, k, v, causal=c["causal"], scale=c["scale"], recipe=c["recipe"],
-                             smooth_k=c["smooth_k"], direct_p=c["direct_p"], layout=layout, return_lse=True)
+                             smooth_k=c["smooth_k"], direct_p=c["direct_p"], layout=layout, return_lse=True,
+                             window=tuple(c["window"]))
 
 
 def grads(c: dict, q, k, v, d_o):
@@ -172,7 +174,8 @@ def run_case(c: dict, dump: str = None) -> dict:
     real = differ & ~noise
     if bf16_steps(o_got[real], o_want[real], c["dtype"]) > 1:
         mask = "bottom_right" if c["causal"] else "none"
-        abs_sum, _ = attention_bshd(inputs[0], inputs[1], np.abs(inputs[2]), mask=mask, scale=c["scale"])
+        abs_sum, _ = attention_bshd(inputs[0], inputs[1], np.abs(inputs[2]), mask=mask, scale=c["scale"],
+                                    window=c["window"])
         noise |= differ & (np.abs(o_got - o_want) <= np.ldexp(abs_sum, -20))
         real = differ & ~noise
     r = {"o_rel_l2": rel_l2(o_got, o_want) if np.linalg.norm(o_want) > 0 else float(np.linalg.norm(o_got)),
@@ -194,7 +197,7 @@ def run_case(c: dict, dump: str = None) -> dict:
         # The whole recipe's error against fp64, loosely: an error the GPU path
         # and the emulator could share (how the inputs are read) is far outside.
         mask = "bottom_right" if c["causal"] else "none"
-        o_ref, _ = attention_bshd(*inputs, mask=mask, scale=c["scale"])
+        o_ref, _ = attention_bshd(*inputs, mask=mask, scale=c["scale"], window=c["window"])
         if np.linalg.norm(o_ref) > 0:
             b = BOUNDS[c["recipe"]]
             o_b = host_f32(bshd(o_dev, c))
@@ -216,8 +219,8 @@ def run_case(c: dict, dump: str = None) -> dict:
         run_dims = _validate.Dims(B=c["B"], Sq=c["Sq"], Sk=c["Sk"], Hq=c["Hq"], Hkv=c["Hkv"],
                                   D=fp4attn._ext.sm90_head_dim_for(c["D"]) or c["D"])
         bwd_opt = emulator_options(c, c["scale"])
-        bwd_opt.dq_ds_rows = 128 if fp4attn.torch_ops.one_pass_faster(run_dims, "causal" if c["causal"] else "none") \
-            else 64
+        bwd_opt.dq_ds_rows = 128 if fp4attn.torch_ops.one_pass_faster(
+            run_dims, "causal" if c["causal"] else "none", *c["window"]) else 64
         expected = fp4attn._ext.backward(*inputs, host_f32(bshd(o_dev, c)), host_f32(lse_dev), d_o.numpy(), bwd_opt,
                                          fp4attn._ext.Executor.emulator)[:3]
         # The device backward adds in another order than the emulator (and the
@@ -227,7 +230,7 @@ def run_case(c: dict, dump: str = None) -> dict:
         # The device returns gradients in the input's dtype: the emulator's too.
         expected = [torch.from_numpy(np.asarray(e)).to(DTYPES[c["dtype"]]).float().numpy() for e in expected]
         mask = "bottom_right" if c["causal"] else "none"
-        ref = attention_backward_bshd(*inputs, d_o.numpy(), mask=mask, scale=c["scale"])
+        ref = attention_backward_bshd(*inputs, d_o.numpy(), mask=mask, scale=c["scale"], window=c["window"])
         grad_ok, r["grad_tier"] = True, "emulator"
         for name, a, e, f in zip(("dq", "dk", "dv"), g_dev, expected, ref):
             a = host_f32(bshd(a, c)).astype(np.float64)

@@ -47,12 +47,29 @@ def draw(rng: np.random.Generator, max_work: float = MAX_WORK) -> dict:
         c["backward"] = c["recipe"] in TRAINABLE and rng.random() < 0.5
         work = c["B"] * c["Hq"] * c["Sq"] * c["Sk"] * c["D"]
         if work <= max_work / (3 if c["backward"] else 1):
+            c["window"] = window(c)
             return c
+
+
+def window(c: dict) -> list:
+    """A sliding window for draw c (FlashAttention's window_size; [-1, -1] in 7 of 10 draws), from a
+    stream of its own, so that seeds keep the draws they made before windows existed."""
+    rng = np.random.default_rng([c["data_seed"], 0x77])
+    if rng.random() < 0.7:
+        return [-1, -1]
+    longest = max(c["Sq"], c["Sk"])
+    bound = lambda: int(rng.integers(0, 40)) if rng.random() < 0.4 else int(rng.integers(0, 2 * longest + 1))
+    left = -1 if rng.random() < 0.2 else bound()
+    right = (-1 if left >= 0 and rng.random() < 0.5 else 0) if c["causal"] else (-1 if rng.random() < 0.3 else bound())
+    if left < 0 and right < 0:
+        left = bound()
+    return [left, right]
 
 
 def emulator_options(c: dict, scale):
     """The options of draw c for fp4attn._ext on (B, S, H, D) arrays, at softmax scale `scale` (None: 1/sqrt(D))."""
     s = fp4attn._host.make_settings(layout="bshd", mask="causal" if c["causal"] else "none", scale=scale,
                                     scale_name="scale", recipe=c["recipe"], smooth_k=c["smooth_k"],
-                                    direct_p=c["direct_p"], gqa=True, names=("q", "k", "v"))
+                                    direct_p=c["direct_p"], gqa=True, names=("q", "k", "v"),
+                                    window=tuple(c.get("window", (-1, -1))), window_name="window")
     return fp4attn._host.options(s)

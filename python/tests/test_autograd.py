@@ -199,9 +199,9 @@ def test_lse_alone_in_the_loss(rng):
 @pytest.mark.parametrize("recipe", TRAINABLE)
 def test_backward_op_registration(rng, recipe):
     q, k, v, d_o = problem(rng, SHAPES[0], "cpu")
-    o, lse = fp4attn.attention(q, k, v, causal=True, recipe=recipe, return_lse=True)
+    o, lse = fp4attn.attention(q, k, v, causal=True, recipe=recipe, return_lse=True, window=(30, 0))
     args = (d_o, torch.randn(lse.shape), q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(),
-            "bshd", "causal", 0.0, recipe, True, True, True, "q,k,v", "sm90", True)
+            "bshd", "causal", 0.0, recipe, True, True, True, "q,k,v", "sm90", 30, 0, True)
     torch.library.opcheck(torch.ops.fp4attn.attention_backward.default, args)
 
 
@@ -478,7 +478,7 @@ def test_no_operands_kept_without_autograd(rng):
     # Inference (no_grad, or inputs that need no gradient) keeps nothing: the
     # op's third output is empty and the forward writes no transposed copies.
     q, k, v, _ = problem(rng, (1, 128, 128, 2, 2, 64), "cuda", torch.bfloat16)
-    args = ("bshd", "none", 0.0, "fp8", True, True, True, "q,k,v", "sm90", True)
+    args = ("bshd", "none", 0.0, "fp8", True, True, True, "q,k,v", "sm90", -1, -1, True)  # no window; lse_returned
     with torch.no_grad():
         _, _, kept = torch.ops.fp4attn.attention(q, k, v, *args, False)
     assert kept.numel() == 0

@@ -153,7 +153,13 @@ def test_features_fp4attn_lacks_take_only_their_off_value(qkv):
     with raises(ValueError, "dropout_p"):
         fp4attn.flash_attn_func(*qkv, 0.1)  # FlashAttention's fourth argument
     with raises(ValueError, "window_size"):
-        fp4attn.flash_attn_func(*qkv, window_size=(128, 0))
+        fp4attn.flash_attn_func(*qkv, window_size=(-2, 0))
+    with raises(TypeError, "window_size"):
+        fp4attn.flash_attn_func(*qkv, window_size=(4.0, 0))
+    with raises(TypeError, "window_size"):
+        fp4attn.flash_attn_func(*qkv, window_size=8)
+    with raises(ValueError, "window"):
+        fp4attn.attention(*qkv, causal=True, window=(8, 3))  # a causal mask ends rows at the diagonal
     with raises(ValueError, "softcap"):
         fp4attn.flash_attn_func(*qkv, softcap=30.0)
     with raises(ValueError, "alibi_slopes"):

@@ -39,7 +39,7 @@ def _training_draws():
 
 def _id(c):
     return "{recipe}_B{B}_Hq{Hq}_Hkv{Hkv}_Sq{Sq}_Sk{Sk}_D{D}_{dtype}_{layout}".format(**c) + (
-        "_causal" if c["causal"] else "")
+        "_causal" if c["causal"] else "") + ("_window{}_{}".format(*c["window"]) if max(c["window"]) >= 0 else "")
 
 
 def _element_type(name):
@@ -68,12 +68,13 @@ def test_random_problem_matches_fp64(c):
     v = g.standard_normal((c["B"], c["Sk"], c["Hkv"], c["D"])).astype(np.float32).astype(dtype)
     layout = "bhsd" if c["layout"] == "bhsd" else "bshd"
     o, lse = fp4attn.attention(*(_placed(x, c["layout"]) for x in (q, k, v)), causal=c["causal"], layout=layout,
-                               recipe=c["recipe"], smooth_k=c["smooth_k"], direct_p=c["direct_p"], return_lse=True)
+                               recipe=c["recipe"], smooth_k=c["smooth_k"], direct_p=c["direct_p"], return_lse=True,
+                               window=tuple(c["window"]))
     if layout == "bhsd":
         o = o.transpose(0, 2, 1, 3)
     assert o.shape == q.shape and lse.shape == (c["B"], c["Hq"], c["Sq"])
     o_ref, lse_ref = attention_bshd(*(x.astype(np.float64) for x in (q, k, v)),
-                                    mask="bottom_right" if c["causal"] else "none")
+                                    mask="bottom_right" if c["causal"] else "none", window=c["window"])
     seen = np.isfinite(lse_ref)
     np.testing.assert_array_equal(np.isfinite(lse), seen)  # −inf exactly on rows that see no key
     np.testing.assert_array_equal(o[~seen.transpose(0, 2, 1)], 0.0)  # and O = 0 there
@@ -97,7 +98,7 @@ def test_random_problem_gradients_match_fp64(c):
     opt = emulator_options(c, None)
     o, lse, _ = fp4attn._ext.forward(q, k, v, opt, fp4attn._ext.Executor.emulator)
     got = fp4attn._ext.backward(q, k, v, o, lse, d_o, opt, fp4attn._ext.Executor.emulator)[:3]
-    want = attention_backward_bshd(q, k, v, d_o, mask="bottom_right" if c["causal"] else "none")
+    want = attention_backward_bshd(q, k, v, d_o, mask="bottom_right" if c["causal"] else "none", window=c["window"])
     bounds = GRAD_BOUNDS[c["recipe"]]
     for name, a, e in zip(("dq", "dk", "dv"), got, want):
         assert np.isfinite(a).all(), name

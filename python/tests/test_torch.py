@@ -150,7 +150,9 @@ def test_eager_path_is_the_op(device, recipe, monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 def test_custom_op_registration(device):
     q, k, v = make_bhsd(4, 1, 2, 2, 32, 48, 64, device)
-    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "bshd", "causal", 0.0, "fp8", True, True, True, "q,k,v", "sm90")
+    # With a sliding window (its left bound 20 keys, its right one the causal diagonal).
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), "bshd", "causal", 0.0, "fp8", True, True, True,
+            "q,k,v", "sm90", 20, 0)
     torch.library.opcheck(torch.ops.fp4attn.attention.default, args)
 
 

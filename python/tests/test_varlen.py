@@ -124,7 +124,7 @@ def test_errors_name_the_argument(rng):
     with raises(ValueError, "block_table"):
         call(q, k, v, cu_q, cu_k, 7, 9, block_table=np.zeros((2, 1), np.int32))
     with raises(ValueError, "window_size"):
-        call(q, k, v, cu_q, cu_k, 7, 9, window_size=(8, 0))
+        call(q, k, v, cu_q, cu_k, 7, 9, window_size=(8, -3))
     with raises(TypeError, "k"):
         call(q, k.astype(np.float64), v, cu_q, cu_k, 7, 9)
 

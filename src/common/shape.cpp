@@ -28,6 +28,16 @@ void check_shape(const AttentionShape& shape) {
                           std::to_string(shape.Hkv) + ")");
 }
 
+void check_window(MaskKind mask, Window window) {
+  if (window.left < -1)
+    throw Error("window_left", "must be -1 (no bound) or >= 0, got " + std::to_string(window.left));
+  if (window.right < -1)
+    throw Error("window_right", "must be -1 (no bound) or >= 0, got " + std::to_string(window.right));
+  if (mask != MaskKind::none && window.right > 0)
+    throw Error("window_right", "must be -1 or 0 with a causal mask (it ends every row at its diagonal), got " +
+                                    std::to_string(window.right));
+}
+
 void check_element_count(std::size_t actual, std::int64_t expected, const char* name) {
   if (actual != static_cast<std::size_t>(expected))
     throw Error(name, "has " + std::to_string(actual) + " elements, the shape needs " + std::to_string(expected));

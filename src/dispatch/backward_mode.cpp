@@ -18,8 +18,13 @@ constexpr double kOnePassMinMeanKeys = 256.0;
 
 }  // namespace
 
-double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk) {
+double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk, Window window) {
   if (Sq <= 0) return 0.0;
+  if (window.bounded()) {  // a row at a time (O(Sq), next to the call's O(Sq·Sk) work)
+    double keys = 0.0;
+    for (std::int64_t i = 0; i < Sq; ++i) keys += static_cast<double>(visible_keys(mask, window, Sq, Sk, i).size());
+    return keys / static_cast<double>(Sq);
+  }
   if (mask == MaskKind::none) return static_cast<double>(Sk);
   // Row i sees clamp(i + c, 0, Sk) keys: none before row `first`, all Sk from
   // row `full` on, i + c in between.
@@ -31,16 +36,17 @@ double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk) {
   return (rising + static_cast<double>(Sq - full) * static_cast<double>(Sk)) / static_cast<double>(Sq);
 }
 
-bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask) {
-  return shape.D == 64 && mean_visible_keys(mask, shape.Sq, shape.Sk) >= kOnePassMinMeanKeys;
+bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask, Window window) {
+  return shape.D == 64 && mean_visible_keys(mask, shape.Sq, shape.Sk, window) >= kOnePassMinMeanKeys;
 }
 
 bool sm90_packed_backward_one_pass_faster(const std::vector<std::int64_t>& lens_q,
-                                          const std::vector<std::int64_t>& lens_k, std::int64_t D, MaskKind mask) {
+                                          const std::vector<std::int64_t>& lens_k, std::int64_t D, MaskKind mask,
+                                          Window window) {
   if (lens_q.size() != lens_k.size()) throw Error("lens_k", "must give one length per sequence, as lens_q");
   double pairs = 0.0, rows = 0.0;
   for (std::size_t b = 0; b < lens_q.size(); ++b) {
-    pairs += static_cast<double>(lens_q[b]) * mean_visible_keys(mask, lens_q[b], lens_k[b]);
+    pairs += static_cast<double>(lens_q[b]) * mean_visible_keys(mask, lens_q[b], lens_k[b], window);
     rows += static_cast<double>(lens_q[b]);
   }
   return D == 64 && rows > 0.0 && pairs / rows >= kOnePassMinMeanKeys;

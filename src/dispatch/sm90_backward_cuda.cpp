@@ -312,6 +312,7 @@ void sm90_backward_device(const DeviceBackwardArgs& args, const AttentionOptions
   a.rows = rows;
   a.softmax_scale = scale;
   a.mask = opt.mask;
+  a.window_left = kernel_window_bound(opt.window.left), a.window_right = kernel_window_bound(opt.window.right);
   a.p_code = opt.direct_p ? sm90::bwd::PCode::direct_p : sm90::bwd::PCode::exp2_cvt;
   if (!deterministic) {
     // One pass: the dK/dV kernel adds dQ to fp32 sums (order varies run to run).

@@ -121,7 +121,8 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
 
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const float scale = opt.softmax_scale > 0.0f ? opt.softmax_scale : 1.0f / std::sqrt(static_cast<float>(s.D));
-  const auto with_output = [&args](sm90::fwd::Fp8ForwardArgs a) {
+  const auto with_output = [&args, &opt](sm90::fwd::Fp8ForwardArgs a) {
+    a.window_left = kernel_window_bound(opt.window.left), a.window_right = kernel_window_bound(opt.window.right);
     a.o = args.o;
     a.o_stride_b = args.o_stride_b, a.o_stride_s = args.o_stride_s, a.o_stride_h = args.o_stride_h;
     a.lse = args.lse;

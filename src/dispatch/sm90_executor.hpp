@@ -4,6 +4,7 @@
 // small lets dispatch compile without any CUDA header.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -25,6 +26,12 @@ inline constexpr std::int64_t kSm90MaxBatch = 65535;
 // (automatic dispatch runs larger host calls on the emulator).
 inline bool sm90_grid_holds(const AttentionShape& shape) {
   return shape.B <= kSm90MaxBatch && shape.Hq <= kSm90MaxBatch;
+}
+
+// A window bound as the kernels take it: an int, -1 for none. A bound of
+// 2^29 keys or more binds no sequence the kernels run, so it is capped there.
+inline int kernel_window_bound(std::int64_t bound) {
+  return bound < 0 ? -1 : static_cast<int>(std::min<std::int64_t>(bound, std::int64_t{1} << 29));
 }
 
 inline void check_sm90_grid(const AttentionShape& shape) {
@@ -198,7 +205,7 @@ std::size_t sm90_device_backward_workspace_bytes(const AttentionShape& shape, bo
 
 // Mean number of keys a query row sees under `mask` (the pairs each row
 // forms); 0 for Sq = 0.
-double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk);
+double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk, Window window = {});
 
 // Whether the one-pass backward (`deterministic = false`: the dK/dV kernel
 // also sums dQ, in an order that varies run to run) is faster than the two
@@ -211,12 +218,13 @@ double mean_visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk);
 // dQ per pair costs more than the second pass). Callers
 // that need no reproducible bits pass deterministic =
 // !sm90_backward_one_pass_faster(shape, mask).
-bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask);
+bool sm90_backward_one_pass_faster(const AttentionShape& shape, MaskKind mask, Window window = {});
 
 // The same for packed sequences of these query and key lengths (one pair per
 // sequence): the mean over all query rows of the keys each sees.
 bool sm90_packed_backward_one_pass_faster(const std::vector<std::int64_t>& lens_q,
-                                          const std::vector<std::int64_t>& lens_k, std::int64_t D, MaskKind mask);
+                                          const std::vector<std::int64_t>& lens_k, std::int64_t D, MaskKind mask,
+                                          Window window = {});
 
 // Backward on device pointers (recipes fp8 and mxfp4_train), enqueued on
 // `stream`: the GPU quantizer (Q, K, smooth_k as the forward, unless `saved`

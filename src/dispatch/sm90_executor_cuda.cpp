@@ -124,6 +124,7 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
   }
 
   if (!nvfp4) {
+    a.window_left = kernel_window_bound(opt.window.left), a.window_right = kernel_window_bound(opt.window.right);
     a.o = o.get();
     // O is dense (B, Sq, Hq, D) bf16 here; Q's codes may sit at a wider row pitch (Fp8Buffers::code_pitch).
     a.o_stride_h = shape.D, a.o_stride_s = shape.Hq * shape.D, a.o_stride_b = shape.Sq * shape.Hq * shape.D;

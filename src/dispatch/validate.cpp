@@ -59,6 +59,7 @@ void validate(const AttentionShape& shape, const AttentionOptions& opt) {
     throw Error("softmax_scale", "must be finite and >= 0 (0 means 1/sqrt(D)), got " +
                                      std::to_string(opt.softmax_scale));
   if (opt.threads < 0) throw Error("threads", "must be >= 0 (0 means all cores), got " + std::to_string(opt.threads));
+  check_window(opt.mask, opt.window);
 }
 
 void validate_sizes(const AttentionShape& shape, std::size_t q_size, std::size_t k_size, std::size_t v_size) {
@@ -81,6 +82,8 @@ bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt) {
   if (std::find(std::begin(kSm90Recipes), std::end(kSm90Recipes), opt.recipe) == std::end(kSm90Recipes))
     return false;
   if (opt.block_q != kSm90Tile || opt.block_k != kSm90Tile) return false;
+  // The NVFP4 kernel (BF16 wgmma) takes no sliding window; the E4M3 kernels do.
+  if (opt.recipe == Recipe::nvfp4 && opt.window.bounded()) return false;
   if (sm90_kernel_head_dim(shape.D)) return true;
   // The MX recipes' fold into E4M3 feeds the same kernel at D = 256.
   const bool mx = opt.recipe == Recipe::mxfp4 || opt.recipe == Recipe::mxfp4_train;

@@ -137,12 +137,12 @@ void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t i = i0 + r, row = (b * sh.Hq + hq) * sh.Sq + i;
     row_amax[r] = 0.0f;
-    const std::int64_t seen = std::min(kn, visible_keys(pb.opt.mask, sh.Sq, sh.Sk, i) - j0);
+    const TileKeys seen = keys_in_tile(visible_keys(pb.opt, sh.Sq, sh.Sk, i), j0, kn);
     float* p = &t.p[r * bk];
     float* ds = &t.ds[r * bk];
     std::fill_n(p, kn, 0.0f);
     std::fill_n(ds, kn, 0.0f);
-    if (seen <= 0 || !std::isfinite(pb.lse_log2[row])) continue;  // no visible key: P = dS = 0
+    if (seen.hi <= seen.lo || !std::isfinite(pb.lse_log2[row])) continue;  // no visible key: P = dS = 0
     // Same accumulation as the forward, so P is recomputed from the scores its LSE saw.
     const float c = score_row(pb.q_s, b, hq, i, t.keys, uses_fp8_mma_model(pb.opt), t.s.data()) * pb.scale_log2;
     const float* dov = pb.d_o.row(b, hq, i);
@@ -155,7 +155,7 @@ void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64
         fp8_mma_step(dov + d, dov_exp + d, &t.values.values[d * bk], &t.values.exponents[d * bk], bk, kFp8MmaK, kn,
                      t.dp.data(), t.values.mma_scratch.data());
     }
-    for (std::int64_t j = 0; j < seen; ++j) {
+    for (std::int64_t j = seen.lo; j < seen.hi; ++j) {
       const float u = direct_p::log2_score(t.s[j], c, pb.lse_log2[row]);
       p[j] = decode(ElemFormat::e4m3, pb.opt.direct_p ? direct_p::fp8_code(u) : fp8_code_exp2(pb.opt.target, u));
       const float dp_factor = dof * pb.v.factor_of(b, hkv, j0 + j);
@@ -192,9 +192,11 @@ void compute_pair(const Problem& pb, std::int64_t b, std::int64_t hq, std::int64
   }
 }
 
-// Key tiles a query tile's rows can see: a prefix, longest for its last row.
-std::int64_t visible_key_count(const Problem& pb, std::int64_t i0, std::int64_t rows) {
-  return visible_keys(pb.opt.mask, pb.shape.Sq, pb.shape.Sk, i0 + rows - 1);
+// The keys a query tile's rows see together: from its first row's first to
+// its last row's end (recipe.hpp).
+KeyRange tile_keys(const Problem& pb, std::int64_t i0, std::int64_t rows) {
+  return {visible_keys(pb.opt, pb.shape.Sq, pb.shape.Sk, i0).first,
+          visible_keys(pb.opt, pb.shape.Sq, pb.shape.Sk, i0 + rows - 1).end};
 }
 
 void dq_item(const Problem& pb, std::int64_t item, std::vector<float>& dq) {
@@ -204,8 +206,8 @@ void dq_item(const Problem& pb, std::int64_t item, std::vector<float>& dq) {
   const std::int64_t hkv = hq / sh.group(), i0 = qt * bq, rows = std::min(bq, sh.Sq - i0);
   PairTile t(D, bq, bk);
   std::vector<float> acc(static_cast<std::size_t>(rows * D), 0.0f), part(static_cast<std::size_t>(D));
-  const std::int64_t keys = visible_key_count(pb, i0, rows);
-  for (std::int64_t j0 = 0; j0 < keys; j0 += bk) {
+  const KeyRange keys = tile_keys(pb, i0, rows);
+  for (std::int64_t j0 = keys.first / bk * bk; j0 < keys.end; j0 += bk) {
     const std::int64_t kn = std::min(bk, sh.Sk - j0);
     compute_pair(pb, b, hq, i0, rows, j0, kn, pb.opt.dq_ds_rows, t);
     // K's FP8 scale is one per key tile, so it factors out of the sum over keys.
@@ -237,7 +239,8 @@ void dkv_item(const Problem& pb, std::int64_t item, std::vector<float>& dk, std:
   for (std::int64_t hq = hkv * sh.group(); hq < (hkv + 1) * sh.group(); ++hq)
     for (std::int64_t i0 = 0; i0 < sh.Sq; i0 += bq) {
       const std::int64_t rows = std::min(bq, sh.Sq - i0);
-      if (visible_key_count(pb, i0, rows) <= j0) continue;  // the whole pair is masked
+      const KeyRange keys = tile_keys(pb, i0, rows);
+      if (keys.end <= j0 || keys.first >= j0 + kn) continue;  // the whole pair is masked
       compute_pair(pb, b, hq, i0, rows, j0, kn, bq, t);
       // Q's and dO's FP8 scales are one per query tile, and dSᵀ's one per
       // pair: they factor out of the sum over queries.

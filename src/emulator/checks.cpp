@@ -21,6 +21,7 @@ void check_problem(const AttentionShape& shape, const AttentionOptions& opt) {
   if (opt.dq_ds_rows <= 0) throw Error("dq_ds_rows", "must be positive, got " + std::to_string(opt.dq_ds_rows));
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0.0f)
     throw Error("softmax_scale", "must be finite and non-negative (0 means 1/sqrt(D))");
+  check_window(opt.mask, opt.window);
 }
 
 ChannelPadded channel_padded(const AttentionShape& shape, const AttentionOptions& opt, std::span<const float> q,

@@ -149,15 +149,18 @@ void run_query_tile(const Problem& pb, std::int64_t item, TileScratch& t, Forwar
   std::fill(t.m.begin(), t.m.end(), kNegInf);
   std::fill(t.l.begin(), t.l.end(), 0.0f);
   std::fill(t.o_acc.begin(), t.o_acc.end(), 0.0f);
-  // Masks keep a prefix of the keys, longest for the tile's last row: tiles
-  // past it are skipped, as the kernel skips them.
-  const std::int64_t tile_keys = visible_keys(pb.opt.mask, sh.Sq, sh.Sk, i0 + rows - 1);
-  for (std::int64_t j0 = 0; j0 < tile_keys; j0 += block_k) {
+  // The rows' keys lie between the first row's first and the last row's end
+  // (recipe.hpp); the kernel skips the tiles outside, so the model does. A
+  // tile inside that a row does not see leaves its m, l and O as they were,
+  // in the kernel too (all of its P codes are 0).
+  const std::int64_t keys_first = visible_keys(pb.opt, sh.Sq, sh.Sk, i0).first;
+  const std::int64_t keys_end = visible_keys(pb.opt, sh.Sq, sh.Sk, i0 + rows - 1).end;
+  for (std::int64_t j0 = keys_first / block_k * block_k; j0 < keys_end; j0 += block_k) {
     const std::int64_t kn = std::min(block_k, sh.Sk - j0);
     load_key_tile(pb.k, b, hkv, j0, kn, t.keys);
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t seen = std::min(kn, visible_keys(pb.opt.mask, sh.Sq, sh.Sk, i0 + r) - j0);
-      if (seen <= 0) continue;  // fully masked for this row: m, l, O unchanged
+      const TileKeys seen = keys_in_tile(visible_keys(pb.opt, sh.Sq, sh.Sk, i0 + r), j0, kn);
+      if (seen.hi <= seen.lo) continue;  // fully masked for this row: m, l, O unchanged
       // c turns s into the log2 domain: the kernel's one multiplier (scales · softmax scale · log2 e).
       // A product that underflows to 0 (MXFP4 fold factors of an all-zero Q row and K tile, 2^-133
       // each) becomes the smallest subnormal, as in the kernels: masked scores stay −inf instead
@@ -166,7 +169,7 @@ void run_query_tile(const Problem& pb, std::int64_t item, TileScratch& t, Forwar
       if (c == 0.0f) c = std::numeric_limits<float>::denorm_min();
       float tile_max = kNegInf;
       for (std::int64_t j = 0; j < kn; ++j) {
-        if (j >= seen) t.s[j] = kNegInf;
+        if (j < seen.lo || j >= seen.hi) t.s[j] = kNegInf;
         else tile_max = std::max(tile_max, t.s[j] * c);
       }
       const float m_new = std::max(t.m[r], tile_max);

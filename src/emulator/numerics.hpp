@@ -26,15 +26,19 @@ inline float round_to_bf16(float x) {
   return bits_float((bits + kHalfMinusOne + lsb) & kKeepMask);
 }
 
-// Every mask lets query row i see a prefix of the keys; its length (0 for a
-// fully masked row). Causal is bottom-right aligned when Sq != Sk (DESIGN §4).
-inline std::int64_t visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk, std::int64_t i) {
-  switch (mask) {
-    case MaskKind::none: return Sk;
-    case MaskKind::causal: return std::clamp<std::int64_t>(i + 1 + (Sk - Sq), 0, Sk);
-    case MaskKind::causal_top_left: return std::clamp<std::int64_t>(i + 1, 0, Sk);
-  }
-  return Sk;
+// The keys query row i sees under the options' mask and window (recipe.hpp).
+// Causal is bottom-right aligned when Sq != Sk (DESIGN §4).
+inline KeyRange visible_keys(const AttentionOptions& opt, std::int64_t Sq, std::int64_t Sk, std::int64_t i) {
+  return fp4attn::visible_keys(opt.mask, opt.window, Sq, Sk, i);
+}
+
+// The part of a key tile [j0, j0 + kn) that row keys `keys` sees, as offsets
+// into the tile; lo >= hi when it sees none of it.
+struct TileKeys {
+  std::int64_t lo = 0, hi = 0;
+};
+inline TileKeys keys_in_tile(KeyRange keys, std::int64_t j0, std::int64_t kn) {
+  return {std::max<std::int64_t>(keys.first - j0, 0), std::min<std::int64_t>(keys.end - j0, kn)};
 }
 
 // softmax_scale 0 means 1/sqrt(D), the usual attention temperature.

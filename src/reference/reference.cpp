@@ -25,8 +25,9 @@ namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 void validate(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
-              std::span<const double> v, double scale) {
+              std::span<const double> v, double scale, MaskKind mask, Window window) {
   check_shape(shape);
+  check_window(mask, window);
   if (!std::isfinite(scale)) throw Error("scale", "must be finite");
   check_element_count(q.size(), shape.q_elems(), "q");
   check_element_count(k.size(), shape.kv_elems(), "k");
@@ -35,17 +36,6 @@ void validate(const AttentionShape& shape, std::span<const double> q, std::span<
 
 double resolve_scale(double scale, std::int64_t D) {
   return scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
-}
-
-// Every mask kind lets a row see a prefix of the keys; this is its length,
-// 0 for a fully masked row.
-std::int64_t visible_keys(MaskKind mask, std::int64_t Sq, std::int64_t Sk, std::int64_t i) {
-  switch (mask) {
-    case MaskKind::none: return Sk;
-    case MaskKind::causal: return std::clamp<std::int64_t>(i + 1 + (Sk - Sq), 0, Sk);
-    case MaskKind::causal_top_left: return std::clamp<std::int64_t>(i + 1, 0, Sk);
-  }
-  return Sk;
 }
 
 // Runs body(t) for t in [0, count) on up to hardware_concurrency threads,
@@ -70,6 +60,16 @@ struct HeadMatrix {
   std::vector<double> transposed;  // (D, Sk)
 };
 
+// A row's visible keys [first, first + n) as the loops below take them: the
+// key matrices seen from key `first` on.
+struct KeysFrom {
+  const double* rows;        // row `first` of (Sk, D)
+  const double* transposed;  // column `first` of (D, Sk)
+};
+KeysFrom keys_from(const HeadMatrix& m, std::int64_t first, std::int64_t D) {
+  return {m.rows.data() + first * D, m.transposed.data() + first};
+}
+
 HeadMatrix gather_head(std::span<const double> x, const AttentionShape& shape, std::int64_t b, std::int64_t h) {
   const std::int64_t Sk = shape.Sk, D = shape.D;
   HeadMatrix m{std::vector<double>(Sk * D), std::vector<double>(D * Sk)};
@@ -83,23 +83,22 @@ HeadMatrix gather_head(std::span<const double> x, const AttentionShape& shape, s
 
 // out[j] = x · row_j for j < n, from the transposed (D, Sk) matrix: the inner
 // loop runs over keys, and each out[j] still sums over d in ascending order.
-void dot_with_rows(const double* x, const std::vector<double>& transposed, std::int64_t Sk, std::int64_t n,
-                   std::int64_t D, double* out) {
+void dot_with_rows(const double* x, const double* transposed, std::int64_t Sk, std::int64_t n, std::int64_t D,
+                   double* out) {
   std::fill(out, out + n, 0.0);
   for (std::int64_t d = 0; d < D; ++d) {
     const double xd = x[d];
-    const double* col = transposed.data() + d * Sk;
+    const double* col = transposed + d * Sk;
     for (std::int64_t j = 0; j < n; ++j) out[j] += xd * col[j];
   }
 }
 
 // out[d] = Σ_{j<n} w[j] · row_j[d], from the row-major (Sk, D) matrix.
-void weighted_row_sum(const double* w, const std::vector<double>& rows, std::int64_t n, std::int64_t D,
-                      double* out) {
+void weighted_row_sum(const double* w, const double* rows, std::int64_t n, std::int64_t D, double* out) {
   std::fill(out, out + D, 0.0);
   for (std::int64_t j = 0; j < n; ++j) {
     const double wj = w[j];
-    const double* row = rows.data() + j * D;
+    const double* row = rows + j * D;
     for (std::int64_t d = 0; d < D; ++d) out[d] += wj * row[d];
   }
 }
@@ -107,8 +106,8 @@ void weighted_row_sum(const double* w, const std::vector<double>& rows, std::int
 // One query row's softmax over its n visible keys: p[j] = exp(s_j − lse),
 // normalized, with s_j = scale · q·k_j. Returns lse. Subtracting the row
 // maximum before exp keeps every exponential in (0, 1], so nothing overflows.
-double softmax_row(const double* q_row, const HeadMatrix& k, std::int64_t Sk, std::int64_t n, std::int64_t D,
-                   double scale, double* p) {
+double softmax_row(const double* q_row, KeysFrom k, std::int64_t Sk, std::int64_t n, std::int64_t D, double scale,
+                   double* p) {
   dot_with_rows(q_row, k.transposed, Sk, n, D, p);
   double m = kNegInf;
   for (std::int64_t j = 0; j < n; ++j) {
@@ -127,13 +126,14 @@ double softmax_row(const double* q_row, const HeadMatrix& k, std::int64_t Sk, st
 
 }  // namespace
 
-bool visible(MaskKind mask, std::int64_t Sq, std::int64_t Sk, std::int64_t i, std::int64_t j) {
-  return j >= 0 && j < visible_keys(mask, Sq, Sk, i);
+bool visible(MaskKind mask, Window window, std::int64_t Sq, std::int64_t Sk, std::int64_t i, std::int64_t j) {
+  const KeyRange keys = visible_keys(mask, window, Sq, Sk, i);
+  return j >= keys.first && j < keys.end;
 }
 
 ForwardResult forward(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
-                      std::span<const double> v, MaskKind mask, double scale) {
-  validate(shape, q, k, v, scale);
+                      std::span<const double> v, MaskKind mask, double scale, Window window) {
+  validate(shape, q, k, v, scale, mask, window);
   scale = resolve_scale(scale, shape.D);
   const std::int64_t Sq = shape.Sq, Sk = shape.Sk, Hq = shape.Hq, D = shape.D, group = shape.group();
   ForwardResult out{std::vector<double>(shape.q_elems(), 0.0), std::vector<double>(shape.lse_elems(), kNegInf)};
@@ -144,19 +144,21 @@ ForwardResult forward(const AttentionShape& shape, std::span<const double> q, st
     const HeadMatrix vh = gather_head(v, shape, b, h / group);
     std::vector<double> p(Sk);
     for (std::int64_t i = 0; i < Sq; ++i) {
-      const std::int64_t n = visible_keys(mask, Sq, Sk, i);
+      const KeyRange keys = visible_keys(mask, window, Sq, Sk, i);
+      const std::int64_t n = keys.size();
       if (n == 0) continue;  // fully masked: O stays 0 and LSE −inf
       const std::int64_t row = bshd_index(Sq, Hq, D, b, i, h, 0);
-      out.lse[(b * Hq + h) * Sq + i] = softmax_row(q.data() + row, kh, Sk, n, D, scale, p.data());
-      weighted_row_sum(p.data(), vh.rows, n, D, out.o.data() + row);
+      out.lse[(b * Hq + h) * Sq + i] = softmax_row(q.data() + row, keys_from(kh, keys.first, D), Sk, n, D, scale, p.data());
+      weighted_row_sum(p.data(), keys_from(vh, keys.first, D).rows, n, D, out.o.data() + row);
     }
   });
   return out;
 }
 
 BackwardResult backward(const AttentionShape& shape, std::span<const double> q, std::span<const double> k,
-                        std::span<const double> v, std::span<const double> d_o, MaskKind mask, double scale) {
-  validate(shape, q, k, v, scale);
+                        std::span<const double> v, std::span<const double> d_o, MaskKind mask, double scale,
+                        Window window) {
+  validate(shape, q, k, v, scale, mask, window);
   check_element_count(d_o.size(), shape.q_elems(), "d_o");
   scale = resolve_scale(scale, shape.D);
   const std::int64_t B = shape.B, Sq = shape.Sq, Sk = shape.Sk, Hq = shape.Hq, Hkv = shape.Hkv, D = shape.D;
@@ -177,28 +179,30 @@ BackwardResult backward(const AttentionShape& shape, std::span<const double> q, 
     double* dv = dv_part.data() + task * head_elems;
     std::vector<double> p(Sk), ds(Sk), o_row(D);
     for (std::int64_t i = 0; i < Sq; ++i) {
-      const std::int64_t n = visible_keys(mask, Sq, Sk, i);
+      const KeyRange keys = visible_keys(mask, window, Sq, Sk, i);
+      const std::int64_t n = keys.size(), j0 = keys.first;
       if (n == 0) continue;  // fully masked: O is the constant 0, so no gradient flows
       const std::int64_t row = bshd_index(Sq, Hq, D, b, i, h, 0);
       const double* q_row = q.data() + row;
       const double* do_row = d_o.data() + row;
-      softmax_row(q_row, kh, Sk, n, D, scale, p.data());
-      weighted_row_sum(p.data(), vh.rows, n, D, o_row.data());
+      const KeysFrom ks = keys_from(kh, j0, D), vs = keys_from(vh, j0, D);
+      softmax_row(q_row, ks, Sk, n, D, scale, p.data());
+      weighted_row_sum(p.data(), vs.rows, n, D, o_row.data());
       // D_i = rowsum(dO ⊙ O) equals Σ_j P_ij dP_ij, the softmax Jacobian's
       // shared term, at O(D) instead of O(Sk) cost.
       double delta = 0.0;
       for (std::int64_t d = 0; d < D; ++d) delta += do_row[d] * o_row[d];
       // dP_ij = dO_i · v_j, then dS_ij = P_ij (dP_ij − D_i).
-      dot_with_rows(do_row, vh.transposed, Sk, n, D, ds.data());
+      dot_with_rows(do_row, vs.transposed, Sk, n, D, ds.data());
       for (std::int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - delta);
       // S = scale · Q Kᵀ, so dQ = scale · dS K and dK = scale · dSᵀ Q.
       double* dq_row = out.dq.data() + row;
-      weighted_row_sum(ds.data(), kh.rows, n, D, dq_row);
+      weighted_row_sum(ds.data(), ks.rows, n, D, dq_row);
       for (std::int64_t d = 0; d < D; ++d) dq_row[d] *= scale;
       for (std::int64_t j = 0; j < n; ++j) {
         const double dsj = scale * ds[j], pj = p[j];
-        double* dk_j = dk + j * D;
-        double* dv_j = dv + j * D;
+        double* dk_j = dk + (j0 + j) * D;
+        double* dv_j = dv + (j0 + j) * D;
         for (std::int64_t d = 0; d < D; ++d) {
           dk_j[d] += dsj * q_row[d];
           dv_j[d] += pj * do_row[d];  // dV = Pᵀ dO

@@ -58,6 +58,7 @@ struct Case {
   bool smooth_k;
   dispatch::DeviceElement element = dispatch::DeviceElement::f32;
   Recipe recipe = Recipe::fp8;
+  Window window{};  // a sliding window (none by default)
 };
 
 constexpr dispatch::DeviceElement kF32 = dispatch::DeviceElement::f32;
@@ -70,18 +71,23 @@ GradBounds bounds_of(Recipe r) {
                                   : GradBounds{kMaxRelL2VsEmulator, kMinCosineVsEmulator, kMaxExtraRecipeError};
 }
 
+std::string window_bound_name(std::int64_t bound) { return bound < 0 ? "inf" : std::to_string(bound); }
+
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   static constexpr const char* kElementNames[] = {"f32", "f16", "bf16"};
   return gpu_test::shape_mask_name(c.shape, c.mask) + (c.direct_p ? "_directp" : "_exp2") +
          (c.smooth_k ? "_smoothk" : "") + "_" + kElementNames[static_cast<int>(c.element)] +
-         (c.recipe == Recipe::mxfp4_train ? "_mxfp4train" : "");
+         (c.recipe == Recipe::mxfp4_train ? "_mxfp4train" : "") +
+         (c.window.bounded() ? "_window" + window_bound_name(c.window.left) + "_" + window_bound_name(c.window.right)
+                             : "");
 }
 
 AttentionOptions options_of(const Case& c) {
   AttentionOptions opt;
   opt.recipe = c.recipe;
   opt.mask = c.mask;
+  opt.window = c.window;
   opt.direct_p = c.direct_p;
   opt.smooth_k = c.smooth_k;
   return opt;
@@ -220,7 +226,8 @@ TEST_P(GpuBackwardGrid, MatchesEmulatorAndReference) {
   const emulator::BackwardResult want = emulator::backward(s, p.q, p.k, p.v, p.fwd.o, p.fwd.lse, p.d_o, opt);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.D));
   const reference::BackwardResult truth =
-      reference::backward(s, to_double(p.q), to_double(p.k), to_double(p.v), to_double(p.d_o), c.mask, scale);
+      reference::backward(s, to_double(p.q), to_double(p.k), to_double(p.v), to_double(p.d_o), c.mask, scale,
+                          c.window);
   const std::string where = case_name(::testing::TestParamInfo<Case>(c, 0)) + " seed=" + std::to_string(seed);
   const GradBounds bound = bounds_of(c.recipe);
 
@@ -243,7 +250,7 @@ TEST_P(GpuBackwardGrid, MatchesEmulatorAndReference) {
     EXPECT_LE(gpu_vs_ref.rel_l2, emu_vs_ref.rel_l2 + bound.max_extra_recipe_error) << kNames[g] << " vs fp64 " << where;
   }
   // Fully masked rows (bottom-right causal, Sq > Sk): exactly zero gradients.
-  if (c.mask == MaskKind::causal && s.Sq > s.Sk) {
+  if (c.mask == MaskKind::causal && s.Sq > s.Sk && !c.window.bounded()) {
     for (std::int64_t b = 0; b < s.B; ++b)
       for (std::int64_t i = 0; i < s.Sq - s.Sk; ++i)
         for (std::int64_t h = 0; h < s.Hq; ++h)
@@ -289,6 +296,24 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 4, 4, 512, 512, 128}, MaskKind::causal, true, false, kF32, kMx},
         Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, true, kF32, kMx},
         Case{{1, 4, 2, 384, 256, 128}, MaskKind::none, true, true, dispatch::DeviceElement::bf16, kMx}),
+    case_name);
+
+// Sliding windows: the dQ kernel's key tiles start at the first its rows
+// see, the dK/dV kernel's query tiles end at the last that sees its keys,
+// and both mask the tiles that cross an edge (the dS scales the dQ kernel
+// writes are the ones the dK/dV kernel reads, pair for pair).
+INSTANTIATE_TEST_SUITE_P(
+    Windows, GpuBackwardGrid,
+    ::testing::Values(
+        Case{{1, 2, 2, 1024, 1024, 128}, MaskKind::causal, true, true, kF32, Recipe::fp8, {256, -1}},
+        Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, true, true, kF32, Recipe::fp8, {5, -1}},
+        Case{{2, 4, 2, 700, 900, 128}, MaskKind::none, false, true, kF32, Recipe::fp8, {100, 37}},
+        Case{{1, 2, 1, 600, 300, 64}, MaskKind::causal, true, true, kF32, Recipe::fp8, {130, 0}},
+        Case{{1, 2, 2, 500, 300, 128}, MaskKind::causal_top_left, true, true, dispatch::DeviceElement::bf16,
+             Recipe::fp8, {64, -1}},
+        Case{{1, 2, 1, 900, 300, 64}, MaskKind::none, true, false, kF32, Recipe::fp8, {0, 200}},
+        Case{{1, 4, 2, 600, 800, 128}, MaskKind::causal, true, true, kF32, kMx, {200, -1}},
+        Case{{1, 4, 2, 600, 800, 64}, MaskKind::none, true, false, kF32, kMx, {50, 50}}),
     case_name);
 
 // The kernels store neighbouring gradient elements as one two-element store
@@ -364,7 +389,9 @@ TEST(GpuBackwardFp8, OnePassMatchesEmulator) {
                         Case{{1, 4, 2, 385, 257, 128}, MaskKind::none, true, false},
                         Case{{1, 2, 2, 129, 300, 128}, MaskKind::causal_top_left, true, true,
                              dispatch::DeviceElement::bf16},
-                        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, kF32, kMx}}) {
+                        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, kF32, kMx},
+                        Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, true, true, kF32, Recipe::fp8, {150, -1}},
+                        Case{{1, 4, 2, 600, 800, 64}, MaskKind::none, false, true, kF32, Recipe::fp8, {70, 90}}}) {
     const std::uint32_t seed = gpu_test::fresh_seed();
     std::mt19937 rng(seed);
     const Problem p = make_problem(c, rng);

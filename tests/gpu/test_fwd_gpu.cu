@@ -33,6 +33,7 @@ struct Case {
   bool smooth_k;
   float outlier = 1.0f;  // magnitude of the rare outliers in Q and K (1: none)
   int consumers = 0;     // Fp8ForwardArgs::consumers (0: the launcher's choice)
+  Window window{};       // a sliding window (none by default)
 };
 
 std::string describe(const Case& c, std::uint32_t seed) {
@@ -41,7 +42,8 @@ std::string describe(const Case& c, std::uint32_t seed) {
          " Sq=" + std::to_string(s.Sq) + " Sk=" + std::to_string(s.Sk) + " D=" + std::to_string(s.D) +
          " mask=" + std::to_string(static_cast<int>(c.mask)) + " direct_p=" + std::to_string(c.direct_p) +
          " smooth_k=" + std::to_string(c.smooth_k) + " outlier=" + std::to_string(c.outlier) +
-         " consumers=" + std::to_string(c.consumers) + " seed=" + std::to_string(seed);
+         " consumers=" + std::to_string(c.consumers) + " window=" + std::to_string(c.window.left) + "," +
+         std::to_string(c.window.right) + " seed=" + std::to_string(seed);
 }
 
 // Test name of a grid case, e.g. B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk,
@@ -52,6 +54,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                      (c.smooth_k ? "_smoothk" : "");
   if (c.outlier != 1.0f) name += "_outliers";
   if (c.consumers != 0) name += "_" + std::to_string(c.consumers) + "consumers";
+  const auto bound = [](std::int64_t b) { return b < 0 ? std::string("inf") : std::to_string(b); };
+  if (c.window.bounded()) name += "_window" + bound(c.window.left) + "_" + bound(c.window.right);
   return name;
 }
 
@@ -129,6 +133,7 @@ GpuResult run_gpu(const Case& c, const std::vector<float>& q, const std::vector<
   a.B = s.B, a.Hq = s.Hq, a.Hkv = s.Hkv, a.Sq = s.Sq, a.Sk = s.Sk, a.D = s.D;
   a.softmax_scale = scale;
   a.mask = c.mask;
+  a.window_left = static_cast<int>(c.window.left), a.window_right = static_cast<int>(c.window.right);
   a.p_code = c.direct_p ? sm90::fwd::PCode::direct_p : sm90::fwd::PCode::exp2_cvt;
   a.consumers = c.consumers;
   sm90::fwd::forward_fp8(a, nullptr);
@@ -186,6 +191,7 @@ void expect_case_matches_emulator(const Case& c, std::int64_t o_skew = 0, bool s
   if (signed_scores) set_score_signs(s, q, k);
   AttentionOptions opt;
   opt.mask = c.mask;
+  opt.window = c.window;
   opt.direct_p = c.direct_p;
   opt.smooth_k = c.smooth_k;
   const GpuResult got = run_gpu(c, q, k, v, o_skew);
@@ -250,6 +256,30 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 4, 2, 300, 333, 160}, MaskKind::causal, true, true},
         Case{{2, 2, 2, 513, 400, 192}, MaskKind::none, true, true},
         Case{{1, 2, 2, 200, 200, 224}, MaskKind::causal, false, true}),
+    case_name);
+
+// Sliding windows (FlashAttention's window_size): the CTA's tiles start at
+// the first one its rows see, and the mask runs on tiles that cross either
+// edge. Windows narrower than a tile, wider than several, one-sided and
+// two-sided, with Sq ≠ Sk (the diagonal offset), rows that see nothing,
+// both consumer counts at D = 64 and the split CTAs of D = 256.
+INSTANTIATE_TEST_SUITE_P(
+    Windows, GpuForwardGrid,
+    ::testing::Values(
+        Case{{1, 2, 2, 1024, 1024, 128}, MaskKind::causal, true, true, 1.0f, 0, {256, -1}},
+        Case{{1, 2, 2, 1024, 1024, 128}, MaskKind::causal, false, true, 1.0f, 0, {256, -1}},
+        Case{{2, 4, 2, 700, 900, 128}, MaskKind::causal, true, true, 1.0f, 0, {5, -1}},     // narrower than a tile
+        Case{{2, 4, 2, 700, 900, 128}, MaskKind::none, true, true, 1.0f, 0, {100, 37}},    // two-sided
+        Case{{1, 2, 1, 900, 300, 128}, MaskKind::none, true, false, 1.0f, 0, {0, 200}},    // Sq > Sk: d = −600
+        Case{{1, 2, 1, 600, 300, 128}, MaskKind::causal, true, true, 1.0f, 0, {130, 0}},  // rows 0..299 see nothing
+        Case{{1, 2, 2, 500, 300, 128}, MaskKind::causal_top_left, true, true, 1.0f, 0, {64, -1}},  // rows past 364 see nothing
+        Case{{1, 2, 2, 333, 1500, 128}, MaskKind::none, true, true, 1.0f, 0, {-1, 10}},  // right bound only
+        Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, true, true, 1.0f, 0, {200, -1}},
+        Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, true, true, 1.0f, 3, {200, -1}},
+        Case{{1, 4, 4, 1024, 1024, 64}, MaskKind::none, false, true, 1.0f, 3, {300, 300}},
+        Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, false, true, 8.0f, 0, {129, -1}},
+        Case{{2, 2, 2, 513, 1000, 256}, MaskKind::causal, true, true, 1.0f, 0, {150, -1}},
+        Case{{1, 4, 2, 300, 333, 80}, MaskKind::none, true, true, 1.0f, 0, {50, 50}}),
     case_name);
 
 // Scores of a set sign (set_score_signs): whole tiles of a row, and so

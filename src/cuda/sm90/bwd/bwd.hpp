@@ -98,6 +98,7 @@ struct Fp8BackwardArgs {
   PackedRows rows;
   float softmax_scale = 0.0f;  // resolved (> 0)
   MaskKind mask = MaskKind::none;
+  int window_left = -1, window_right = -1;  // a sliding window (recipe.hpp's Window), -1 for no bound
   PCode p_code = PCode::direct_p;
 };
 

@@ -11,6 +11,7 @@
 
 #include "cuda/sm90/bwd/config.h"
 #include "cuda/sm90/bwd/wgmma_ss64.cuh"
+#include "cuda/sm90/key_bounds.cuh"
 #include "fp4attn/direct_p.hpp"
 #include "fp4attn/formats.hpp"
 

@@ -59,14 +59,16 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   if (k0 >= seq_k) return;  // a tile past a packed sequence's end: no keys
   const OperandPlace qp = operand_place(args.rows.q, args.rows.q_rows, batch, args.Sq);
   const OperandPlace kp = operand_place(args.rows.k, args.rows.k_rows, batch, args.Sk);
-  const bool causal = args.mask != MaskKind::none;
-  const int diagonal = args.mask == MaskKind::causal ? seq_k - seq_q : 0;
+  const KeyBounds bounds = KeyBounds::of(args.mask, args.window_left, args.window_right, seq_q, seq_k);
   // Query tiles of this entry (the layout's are qp.tiles, from qp.row0 / 128 on).
   const int entry_q_blocks = (seq_q + Cfg::kBlock - 1) / Cfg::kBlock;
-  // Query i sees key j iff j ≤ i + diagonal: the first query that sees key k0.
-  const int first_query = causal ? max(0, k0 - diagonal) : 0;
+  // Query i sees key j iff i + lower ≤ j ≤ i + upper: the first query that
+  // sees key k0 and the last that sees the tile's last key.
+  const int first_query = bounds.bounded_above ? max(0, k0 - bounds.upper) : 0;
+  const int last_query =
+      bounds.bounded_below ? min(seq_q - 1, min(k0 + Cfg::kBlock, seq_k) - 1 - bounds.lower) : seq_q - 1;
   const int first_q_tile = first_query >= seq_q ? entry_q_blocks : first_query / Cfg::kBlock;
-  const int q_tiles = entry_q_blocks - first_q_tile;
+  const int q_tiles = last_query < first_query ? 0 : last_query / Cfg::kBlock + 1 - first_q_tile;
   const int iterations = q_tiles * group;
 
   const int wg = threadIdx.x / kWarpgroupThreads;
@@ -199,8 +201,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         }
         fence_registers(s);
         const bool partial = k0 + Cfg::kBlock > seq_k || q0 + Cfg::kBlock > seq_q;
-        const bool on_diagonal = causal && first_key + Cfg::kRowsPerConsumer - 1 > q0 + diagonal;
-        if (partial || on_diagonal) {
+        if (partial || bounds.cuts(first_key, Cfg::kRowsPerConsumer, q0, Cfg::kBlock)) {
 #pragma unroll
           for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -208,7 +209,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int query = q0 + 8 * j + frag.col + e;
-                const bool hidden = key_abs[r] >= seq_k || query >= seq_q || (causal && key_abs[r] > query + diagonal);
+                const bool hidden = key_abs[r] >= seq_k || query >= seq_q || key_abs[r] > query + bounds.upper ||
+                                    key_abs[r] < query + bounds.lower;
                 if (hidden) s[4 * j + 2 * r + e] = neg_inf();
               }
         }

@@ -41,11 +41,13 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   if (q0 >= seq_q) return;  // a tile past a packed sequence's end: no rows, and no pair the dK/dV kernel reads
   const OperandPlace qp = operand_place(args.rows.q, args.rows.q_rows, batch, args.Sq);
   const OperandPlace kp = operand_place(args.rows.k, args.rows.k_rows, batch, args.Sk);
-  const bool causal = args.mask != MaskKind::none;
-  const int diagonal = args.mask == MaskKind::causal ? seq_k - seq_q : 0;
+  // The key tiles this query tile's rows see: tile_begin .. tile_begin + k_tiles − 1.
+  const KeyBounds bounds = KeyBounds::of(args.mask, args.window_left, args.window_right, seq_q, seq_k);
   const int last_row = min(q0 + Cfg::kBlock, seq_q) - 1;
-  const int last_key = causal ? min(seq_k - 1, last_row + diagonal) : seq_k - 1;
-  const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlock + 1;
+  const int last_key = bounds.last_key(last_row, seq_k);
+  const int first_key = bounds.first_key(q0);
+  const int tile_begin = first_key / Cfg::kBlock;
+  const int k_tiles = last_key < first_key ? 0 : last_key / Cfg::kBlock + 1 - tile_begin;
 
   const int wg = threadIdx.x / kWarpgroupThreads;
   if (threadIdx.x == 0) {
@@ -74,8 +76,9 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       wait_barrier(&smem.empty[stage], ((n / Cfg::kStages) & 1) ^ 1);
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                            &smem.full[stage], 3 * Cfg::kTileBytes);
-      const std::int32_t k_coord[4] = {0, kp.row0 + n * Cfg::kBlock, kv_head, kp.batch};
-      const std::int32_t kt_coord[4] = {kp.row0 + n * Cfg::kBlock, 0, kv_head, kp.batch};
+      const int key0 = (tile_begin + n) * Cfg::kBlock;
+      const std::int32_t k_coord[4] = {0, kp.row0 + key0, kv_head, kp.batch};
+      const std::int32_t kt_coord[4] = {kp.row0 + key0, 0, kv_head, kp.batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.k[stage], &tm_k,
                                       k_coord, &smem.full[stage]);
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v[stage], &tm_v,
@@ -121,12 +124,13 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     const std::uint8_t* q_rows = smem.q + consumer * Cfg::kConsumerBytes;
     const std::uint8_t* do_rows = smem.d_o + consumer * Cfg::kConsumerBytes;
     wait_barrier(&smem.q_full, 0);
-    for (int n = 0; n < k_tiles; ++n) {
-      const int stage = n % Cfg::kStages;
-      const int first_key = n * Cfg::kBlock;
+    for (int i = 0; i < k_tiles; ++i) {
+      const int stage = i % Cfg::kStages;
+      const int n = tile_begin + i;  // the key tile
+      const int key0 = n * Cfg::kBlock;
       const float k_scale = args.k_scale[k_block0 + n];
       const float v_scale = args.v_scale[k_block0 + n];
-      wait_barrier(&smem.full[stage], (n / Cfg::kStages) & 1);
+      wait_barrier(&smem.full[stage], (i / Cfg::kStages) & 1);
 
       float s[Cfg::kSRegs], dp[Cfg::kSRegs];
       wgmma_fence();
@@ -138,18 +142,20 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       fence_registers(s);
       fence_registers(dp);
 
-      // −inf outside the mask: keys ≥ seq_k, rows ≥ seq_q, causally key > row + diagonal.
-      const bool partial = first_key + Cfg::kBlock > seq_k || q0 + Cfg::kBlock > seq_q;
-      const bool on_diagonal = causal && first_key + Cfg::kBlock - 1 > first_row + diagonal;
-      if (partial || on_diagonal) {
+      // −inf outside the mask: keys ≥ seq_k, rows ≥ seq_q, keys outside the row's bounds.
+      const bool partial = key0 + Cfg::kBlock > seq_k || q0 + Cfg::kBlock > seq_q;
+      if (partial || bounds.cuts(key0, Cfg::kBlock, first_row, Cfg::kRowsPerConsumer)) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int limit = row_abs[r] >= seq_q ? -1 : causal ? min(seq_k - 1, row_abs[r] + diagonal) : seq_k - 1;
+          const int limit = row_abs[r] >= seq_q ? -1 : min(seq_k - 1, row_abs[r] + bounds.upper);
+          const int start = row_abs[r] + bounds.lower;
 #pragma unroll
           for (int j = 0; j < Cfg::kSRegs / 4; ++j)
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (first_key + 8 * j + frag.col + e > limit) s[4 * j + 2 * r + e] = neg_inf();
+            for (int e = 0; e < 2; ++e) {
+              const int key = key0 + 8 * j + frag.col + e;
+              if (key > limit || key < start) s[4 * j + 2 * r + e] = neg_inf();
+            }
         }
       }
       std::uint32_t p[Cfg::kTokenSteps][4];

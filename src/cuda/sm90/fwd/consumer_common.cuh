@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/key_bounds.cuh"
 #include "cuda/sm90/ptx.cuh"
 
 namespace fp4attn::sm90::fwd {
@@ -60,18 +61,21 @@ FP4ATTN_DEVICE_INLINE int thread_index_reread() {
   return t;
 }
 
-// S = −inf where key ≥ Sk or, causally, key > row + diagonal.
+// S = −inf where key ≥ Sk or outside the row's bounds.
 template <int N>
 FP4ATTN_DEVICE_INLINE void mask_scores(float (&s)[N], const Fragment& f, int first_key, const int (&row_abs)[2], int Sk,
-                                       bool causal, int diagonal) {
+                                       const KeyBounds& bounds) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int limit = causal ? min(Sk - 1, row_abs[r] + diagonal) : Sk - 1;
+    const int limit = min(Sk - 1, row_abs[r] + bounds.upper);
+    const int start = row_abs[r] + bounds.lower;
 #pragma unroll
     for (int j = 0; j < N / 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (first_key + 8 * j + f.col + e > limit) s[4 * j + 2 * r + e] = neg_inf();
+      for (int e = 0; e < 2; ++e) {
+        const int key = first_key + 8 * j + f.col + e;
+        if (key > limit || key < start) s[4 * j + 2 * r + e] = neg_inf();
+      }
   }
 }
 

@@ -71,6 +71,9 @@ struct Fp8ForwardArgs {
   int B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0;
   float softmax_scale = 0.0f;  // already resolved (> 0)
   MaskKind mask = MaskKind::none;
+  // A sliding window (recipe.hpp's Window), -1 for no bound; with the mask's
+  // diagonal it bounds each row's keys on either side.
+  int window_left = -1, window_right = -1;
   PCode p_code = PCode::direct_p;
   MxScaleRule mx_scale_rule = MxScaleRule::round_up;  // PCode::mxfp4_exp2's block scale
   // Packed sequences of different lengths (FlashAttention's varlen batches),

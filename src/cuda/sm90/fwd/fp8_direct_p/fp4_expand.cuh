@@ -140,7 +140,7 @@ FP4ATTN_DEVICE_INLINE void expand_v_chunk(std::uint32_t codes, std::uint32_t til
 // threads; thread 0 also issues the copies). Smem: SharedStorage<Cfg, true>.
 template <class Cfg, class Smem>
 __device__ void produce_expanded(Smem& smem, const Fp8ForwardArgs& args, const CUtensorMap* tm_vt_fp4, int q0,
-                                 int head, int kv_head, int batch, int k_tiles) {
+                                 int head, int kv_head, int batch, int tile_begin, int k_tiles) {
   using Staging = Fp4Staging<Cfg>;
   constexpr int D = Cfg::kHeadDim;
   constexpr int kChunks = D / kMxBlockKeys;  // per thread and tile, for K and for Vᵀ alike; scales per Q/K row
@@ -161,8 +161,11 @@ __device__ void produce_expanded(Smem& smem, const Fp8ForwardArgs& args, const C
   const auto v_flip = [](int t) { return (t / kGroups) & 1; };
   const auto v_d0 = [](int t) { return (t / kGroups) * kChunks; };
 
+  // n counts the CTA's tiles from 0 (stages, slots, phases); key tile
+  // tile_begin + n is the one it holds (a sliding window's first tile).
   auto issue_tile = [&](int n) {  // thread 0
     const int slot = n % Staging::kStages;
+    n += tile_begin;
     const int rows = min(Cfg::kBlockK, args.Sk - n * Cfg::kBlockK);
     const std::uint32_t k_bytes = rows * D / 2;
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
@@ -211,6 +214,7 @@ __device__ void produce_expanded(Smem& smem, const Fp8ForwardArgs& args, const C
   std::uint32_t k_codes = 0, v_codes = 0;
   float k_fac = 1.0f;
   auto load_scales = [&](int n) {
+    n += tile_begin;
     const int key = n * Cfg::kBlockK + t, blk = n * kGroups + v_group(t);
     k_codes = key < args.Sk ? load_scale_word<D>(args.k_fp4_scales + (kv_row0 + key) * kChunks) : 0u;
     v_codes = blk < v_blocks ? load_scale_word<D>(v_scales + blk * D + v_d0(t)) : 0u;
@@ -232,7 +236,7 @@ __device__ void produce_expanded(Smem& smem, const Fp8ForwardArgs& args, const C
     const int me = opaque(t);
     const std::uint32_t k_codes_at = smem_u32(st.k[slot]), k_tile_at = smem_u32(smem.k[stage]);
     const std::uint32_t v_codes_at = smem_u32(st.v[slot]), v_tile_at = smem_u32(smem.v[stage]);
-    const bool k_valid = n * Cfg::kBlockK + me < args.Sk;
+    const bool k_valid = (tile_begin + n) * Cfg::kBlockK + me < args.Sk;
     const int swap = qk_chunk_swap<D>(me);
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
@@ -241,7 +245,7 @@ __device__ void produce_expanded(Smem& smem, const Fp8ForwardArgs& args, const C
                          cuda_quantize::fold_table(scale_exponent(kc, blk), k_r));
     }
     const int grp = v_group(me);
-    const bool v_valid = n * kGroups + grp < v_blocks;
+    const bool v_valid = (tile_begin + n) * kGroups + grp < v_blocks;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
       const int c = i ^ v_flip(me);  // this chunk's channel is v_d0 + c

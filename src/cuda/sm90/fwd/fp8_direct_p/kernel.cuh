@@ -234,14 +234,17 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   const int op_batch = packed ? 0 : batch;
   const int q_row0 = packed ? args.rows_q[batch] : 0, k_row0 = packed ? args.rows_k[batch] : 0;
   const int k_layout_rows = packed ? static_cast<int>(args.k_rows) : args.Sk;
-  const bool causal = args.mask != MaskKind::none;
-  // Bottom-right alignment: query i sees key j iff j ≤ i + Sk − Sq.
-  const int diagonal = args.mask == MaskKind::causal ? seq_k - seq_q : 0;
+  // Bottom-right alignment: query i sees key j ≤ i + Sk − Sq (causal), and a
+  // sliding window bounds the keys on either side of that diagonal.
+  const KeyBounds bounds = KeyBounds::of(args.mask, args.window_left, args.window_right, seq_q, seq_k);
   const int num_k_tiles = (k_layout_rows + Cfg::kBlockK - 1) / Cfg::kBlockK;  // k_scale's pitch
-  // Tiles past the CTA's last visible key are skipped (causal), never masked.
+  // Tiles outside the keys the CTA's rows see (causal, a window) are skipped,
+  // never masked: tiles tile_begin .. tile_begin + k_tiles − 1 run.
   const int last_row = min(q0 + Cfg::kBlockQ, seq_q) - 1;
-  const int last_key = causal ? min(seq_k - 1, last_row + diagonal) : seq_k - 1;
-  const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlockK + 1;
+  const int last_key = bounds.last_key(last_row, seq_k);
+  const int first_key = bounds.first_key(q0);
+  const int tile_begin = first_key / Cfg::kBlockK;
+  const int k_tiles = last_key < first_key ? 0 : last_key / Cfg::kBlockK + 1 - tile_begin;
   // Consumers that own at least one row below Sq; the others leave at once
   // (the last CTA of a sequence that does not fill it: with three consumers
   // at D = 64, S = 4096 ends on a CTA of 64 rows).
@@ -283,7 +286,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
     // ---- producer
     if constexpr (kFp4In) {
       set_max_registers_dec<Cfg::kExpandingProducerRegs>();
-      produce_expanded<Cfg>(smem, args, &tm_vt, q0, head, kv_head, batch, k_tiles);
+      produce_expanded<Cfg>(smem, args, &tm_vt, q0, head, kv_head, batch, tile_begin, k_tiles);
       return;
     }
     set_max_registers_dec<Cfg::kProducerRegs>();
@@ -304,12 +307,14 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
                                            &smem.kv_full[stage], Cfg::kKBytes + Cfg::kVBytes);
 #pragma unroll
       for (int panel = 0; panel < Cfg::kQkPanels; ++panel) {
-        const std::int32_t k_coord[4] = {panel * Cfg::kQkPanelBytes, k_row0 + n * Cfg::kBlockK, kv_head, op_batch};
+        const std::int32_t k_coord[4] = {panel * Cfg::kQkPanelBytes, k_row0 + (tile_begin + n) * Cfg::kBlockK, kv_head,
+                                         op_batch};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                         smem.k[stage] + panel * Cfg::kKPanelBytes, &tm_k, k_coord,
                                         &smem.kv_full[stage]);
       }
-      const std::int32_t v_coord[4] = {k_row0 + n * Cfg::kBlockK, o_split * Cfg::kOColumns, kv_head, op_batch};
+      const std::int32_t v_coord[4] = {k_row0 + (tile_begin + n) * Cfg::kBlockK, o_split * Cfg::kOColumns, kv_head,
+                                       op_batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem.v[stage], &tm_vt,
                                       v_coord, &smem.kv_full[stage]);
     }
@@ -333,8 +338,9 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   float q_scale[2];  // rows past Sq read the last row's scale and are never stored
 #pragma unroll
   for (int r = 0; r < 2; ++r) q_scale[r] = q_scale_head[min(row_abs[r], seq_q - 1) / args.q_scale_rows];
-  const float* k_scale =
-      args.k_scale + (static_cast<std::int64_t>(op_batch) * args.Hkv + kv_head) * num_k_tiles + k_row0 / Cfg::kBlockK;
+  // From the CTA's first tile on: index n below is the CTA's n-th tile.
+  const float* k_scale = args.k_scale + (static_cast<std::int64_t>(op_batch) * args.Hkv + kv_head) * num_k_tiles +
+                         k_row0 / Cfg::kBlockK + tile_begin;
   // This (entry, head)'s LSE shifts, row 0 on (read by the epilogue when smooth_k).
   const float* lse_shift_rows =
       args.lse_shift + (static_cast<std::int64_t>(op_batch) * args.Hq + head) * q_layout_rows + q_row0;
@@ -357,16 +363,14 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
     }
   };
 
-  // Only partial tiles and tiles that cross this consumer's causal diagonal
-  // need the mask; the others are visible in full.
+  // Only partial tiles and tiles that cross one of this consumer's bounds
+  // (the causal diagonal, a window's edges) need the mask; the others are
+  // visible in full. n is the CTA's n-th tile.
   auto mask_tile = [&](float (&s)[Cfg::kSRegs], int n) {
-    const int first_key = n * Cfg::kBlockK;
-    const bool partial = first_key + Cfg::kBlockK > seq_k;
-    const bool on_diagonal = causal && first_key + Cfg::kBlockK - 1 > first_row + diagonal;
-    if (partial || on_diagonal)
-      with_fragment([&](const Fragment& f, const int (&rows)[2]) {
-        mask_scores(s, f, first_key, rows, seq_k, causal, diagonal);
-      });
+    const int key0 = (tile_begin + n) * Cfg::kBlockK;
+    const bool partial = key0 + Cfg::kBlockK > seq_k;
+    if (partial || bounds.cuts(key0, Cfg::kBlockK, first_row, Cfg::kRowsPerConsumer))
+      with_fragment([&](const Fragment& f, const int (&rows)[2]) { mask_scores(s, f, key0, rows, seq_k, bounds); });
   };
 
   float o[Cfg::kORegs];

@@ -284,6 +284,7 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
   const int last_row = min(q0 + Cfg::kBlockQ, args.Sq) - 1;
   const int last_key = causal ? min(args.Sk - 1, last_row + diagonal) : args.Sk - 1;
   const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlockK + 1;
+  const KeyBounds bounds = KeyBounds::of(args.mask, -1, -1, args.Sq, args.Sk);  // no window (the dispatch refuses one)
 
   const int wg = __shfl_sync(kFullWarp, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (threadIdx.x == 0) {
@@ -356,7 +357,7 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
     const int first_key = n * Cfg::kBlockK;
     const bool partial = first_key + Cfg::kBlockK > args.Sk;
     const bool on_diagonal = causal && first_key + Cfg::kBlockK - 1 > first_row + diagonal;
-    if (partial || on_diagonal) mask_scores(s, frag, first_key, row_abs, args.Sk, causal, diagonal);
+    if (partial || on_diagonal) mask_scores(s, frag, first_key, row_abs, args.Sk, bounds);
   };
   // Once the running maxima settle, alpha is 1 for whole warps: skip the
   // multiplies then (a warp-uniform branch).
