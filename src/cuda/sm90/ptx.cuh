@@ -14,6 +14,13 @@
 
 namespace fp4attn::sm90 {
 
+// x, as a value the compiler cannot see through (so that what derives from
+// it is not hoisted out of a loop, where it would hold registers).
+FP4ATTN_DEVICE_INLINE int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // Swizzle modes of a wgmma shared-memory descriptor (bits 62-63). The TMA
 // tensor map that fills the tile must use the same swizzle.
 enum class Swizzle : std::uint64_t { b128 = 1, b64 = 2, b32 = 3 };

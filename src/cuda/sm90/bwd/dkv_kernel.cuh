@@ -148,6 +148,14 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < Cfg::kGradRegs; ++i) dk[i] = dv[i] = 0.0f;
 
+  // The query tiles this consumer masks: qt < masked.below or qt ≥
+  // masked.above (rows past Sq, the diagonal, a window's edges), every one
+  // of a key tile with keys past Sk. The loop tests qt against these two
+  // numbers only (the window's bounds are found again where a tile is
+  // masked; the forward's kernel.cuh says why).
+  MaskedTiles masked = bounds.masked_query_tiles(first_key, Cfg::kRowsPerConsumer, Cfg::kBlock, seq_q);
+  if (k0 + Cfg::kBlock > seq_k) masked = {1 << 30, 0};
+
   if (iterations > 0) {
     const std::uint8_t* k_rows = smem.k + consumer * Cfg::kConsumerBytes;
     const std::uint8_t* v_rows = smem.v + consumer * Cfg::kConsumerBytes;
@@ -200,8 +208,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
           wgmma_wait<0>();
         }
         fence_registers(s);
-        const bool partial = k0 + Cfg::kBlock > seq_k || q0 + Cfg::kBlock > seq_q;
-        if (partial || bounds.cuts(first_key, Cfg::kRowsPerConsumer, q0, Cfg::kBlock)) {
+        if (qt < masked.below || qt >= masked.above) {
+          const KeyBounds b = KeyBounds::in_loop(args.mask, args.window_left, args.window_right, seq_q, seq_k);
 #pragma unroll
           for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -209,8 +217,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int query = q0 + 8 * j + frag.col + e;
-                const bool hidden = key_abs[r] >= seq_k || query >= seq_q || key_abs[r] > query + bounds.upper ||
-                                    key_abs[r] < query + bounds.lower;
+                const bool hidden = key_abs[r] >= seq_k || query >= seq_q || key_abs[r] > query + b.upper ||
+                                    key_abs[r] < query + b.lower;
                 if (hidden) s[4 * j + 2 * r + e] = neg_inf();
               }
         }

@@ -120,6 +120,14 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
 #pragma unroll
   for (int i = 0; i < Cfg::kGradRegs; ++i) dq[i] = 0.0f;
 
+  // The key tiles this consumer masks: n < masked.below or n ≥ masked.above
+  // (keys past Sk, the diagonal, a window's edges), every tile of a query
+  // tile with rows past Sq. The loop tests n against these two numbers only
+  // (the window's bounds are found again where a tile is masked; kernel.cuh
+  // of the forward says why).
+  MaskedTiles masked = bounds.masked_key_tiles(first_row, Cfg::kRowsPerConsumer, Cfg::kBlock, seq_k);
+  if (q0 + Cfg::kBlock > seq_q) masked = {1 << 30, 0};
+
   if (k_tiles > 0) {
     const std::uint8_t* q_rows = smem.q + consumer * Cfg::kConsumerBytes;
     const std::uint8_t* do_rows = smem.d_o + consumer * Cfg::kConsumerBytes;
@@ -143,12 +151,12 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
       fence_registers(dp);
 
       // −inf outside the mask: keys ≥ seq_k, rows ≥ seq_q, keys outside the row's bounds.
-      const bool partial = key0 + Cfg::kBlock > seq_k || q0 + Cfg::kBlock > seq_q;
-      if (partial || bounds.cuts(key0, Cfg::kBlock, first_row, Cfg::kRowsPerConsumer)) {
+      if (n < masked.below || n >= masked.above) {
+        const KeyBounds b = KeyBounds::in_loop(args.mask, args.window_left, args.window_right, seq_q, seq_k);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int limit = row_abs[r] >= seq_q ? -1 : min(seq_k - 1, row_abs[r] + bounds.upper);
-          const int start = row_abs[r] + bounds.lower;
+          const int limit = row_abs[r] >= seq_q ? -1 : min(seq_k - 1, row_abs[r] + b.upper);
+          const int start = row_abs[r] + b.lower;
 #pragma unroll
           for (int j = 0; j < Cfg::kSRegs / 4; ++j)
 #pragma unroll

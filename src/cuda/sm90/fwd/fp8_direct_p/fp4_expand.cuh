@@ -59,12 +59,6 @@ FP4ATTN_DEVICE_INLINE int swizzled_chunk(int row, int chunk) {
   return row * kRowBytes + ((chunk ^ phase) * kFp4ChunkBytes);
 }
 
-// x, as a value the compiler cannot see through (so it is not hoisted).
-FP4ATTN_DEVICE_INLINE int opaque(int x) {
-  asm volatile("" : "+r"(x));
-  return x;
-}
-
 // Shared-memory accesses by 32-bit shared addresses: through generic pointers
 // the compiler emitted generic LD/ST with 64-bit address arithmetic. Volatile,
 // so that no load moves across the barrier waits (the slots are refilled).

@@ -364,13 +364,20 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   };
 
   // Only partial tiles and tiles that cross one of this consumer's bounds
-  // (the causal diagonal, a window's edges) need the mask; the others are
-  // visible in full. n is the CTA's n-th tile.
+  // (the causal diagonal, a window's edges) need the mask: the CTA's tiles
+  // n < mask_below and n ≥ mask_above. The others are visible in full, and
+  // the loop tests n against these two numbers only: a window's bounds are
+  // found again where a tile is masked, so that they hold no register
+  // through the loop (a per-tile test on them measured −2 to −6 % on calls
+  // without a window, perf log sw1).
+  const MaskedTiles masked = bounds.masked_key_tiles(first_row, Cfg::kRowsPerConsumer, Cfg::kBlockK, seq_k);
+  const int mask_below = masked.below - tile_begin, mask_above = masked.above - tile_begin;
   auto mask_tile = [&](float (&s)[Cfg::kSRegs], int n) {
-    const int key0 = (tile_begin + n) * Cfg::kBlockK;
-    const bool partial = key0 + Cfg::kBlockK > seq_k;
-    if (partial || bounds.cuts(key0, Cfg::kBlockK, first_row, Cfg::kRowsPerConsumer))
-      with_fragment([&](const Fragment& f, const int (&rows)[2]) { mask_scores(s, f, key0, rows, seq_k, bounds); });
+    if (n < mask_below || n >= mask_above)
+      with_fragment([&](const Fragment& f, const int (&rows)[2]) {
+        const KeyBounds b = KeyBounds::in_loop(args.mask, args.window_left, args.window_right, seq_q, seq_k);
+        mask_scores(s, f, (tile_begin + n) * Cfg::kBlockK, rows, seq_k, b);
+      });
   };
 
   float o[Cfg::kORegs];
