@@ -52,6 +52,17 @@ void expect_within(const ErrorMetrics& m, const OBounds& b, bool lse, const std:
   EXPECT_LE(m.max_abs, b.max_abs) << what << " max abs";
 }
 
+// Runs o on x and holds O and the LSE to o's bounds against both references.
+void expect_measure_within(const AttentionShape& shape, const Inputs& x, const AttentionOptions& o,
+                           const std::string& what) {
+  const testing::Bounds& b = testing::bounds_for(o);
+  const Errors e = testing::measure(shape, x, o);
+  expect_within(e.kernel_o, b.kernel, false, what + " kernel O");
+  expect_within(e.kernel_lse, b.kernel, true, what + " kernel");
+  expect_within(e.recipe_o, b.recipe_error, false, what + " recipe O");
+  expect_within(e.recipe_lse, b.recipe_error, true, what + " recipe");
+}
+
 // ---- the metrics every comparison uses ----------------------------------------------
 
 TEST(ErrorMetrics, NonFinitePositionsAndNorms) {
@@ -96,13 +107,7 @@ TEST(EmulatorForward, AllRecipesAgainstReference) {
     for (const AttentionOptions& base : testing::sweep_configs())
       for (MaskKind mask : {MaskKind::none, MaskKind::causal}) {
         const AttentionOptions o = with(base, p, mask);
-        const testing::Bounds& b = testing::bounds_for(o);
-        const Errors e = testing::measure(p.shape, x, o);
-        const std::string what = testing::describe(o) + " D=" + std::to_string(p.shape.D);
-        expect_within(e.kernel_o, b.kernel, false, what + " kernel O");
-        expect_within(e.kernel_lse, b.kernel, true, what + " kernel");
-        expect_within(e.recipe_o, b.recipe_error, false, what + " recipe O");
-        expect_within(e.recipe_lse, b.recipe_error, true, what + " recipe");
+        expect_measure_within(p.shape, x, o, testing::describe(o) + " D=" + std::to_string(p.shape.D));
       }
   }
 }
@@ -175,14 +180,9 @@ TEST(EmulatorForward, WindowsAgainstReference) {
       for (Recipe r : kAllRecipes) {
         AttentionOptions o = with(AttentionOptions{}, p, c.mask);
         o.recipe = r, o.window = c.window;
-        const testing::Bounds& b = testing::bounds_for(o);
-        const Errors e = testing::measure(p.shape, x, o);
-        const std::string what = testing::describe(o) + " window " + std::to_string(c.window.left) + "," +
-                                 std::to_string(c.window.right) + " D=" + std::to_string(p.shape.D);
-        expect_within(e.kernel_o, b.kernel, false, what + " kernel O");
-        expect_within(e.kernel_lse, b.kernel, true, what + " kernel");
-        expect_within(e.recipe_o, b.recipe_error, false, what + " recipe O");
-        expect_within(e.recipe_lse, b.recipe_error, true, what + " recipe");
+        expect_measure_within(p.shape, x, o,
+                              testing::describe(o) + " window " + std::to_string(c.window.left) + "," +
+                                  std::to_string(c.window.right) + " D=" + std::to_string(p.shape.D));
       }
   }
 }
@@ -198,8 +198,9 @@ TEST(EmulatorForward, WindowPastTheKeysGivesZeroAndMinusInf) {
   for (std::int64_t i = 0; i < s.Sq; ++i) {
     const bool masked = i - 20 >= s.Sk;  // keys i − 20 .. i
     EXPECT_EQ(std::isinf(got.lse[i]) && got.lse[i] < 0, masked) << " row " << i;
-    if (masked)
+    if (masked) {
       for (std::int64_t d = 0; d < s.D; ++d) ASSERT_EQ(got.o[i * s.D + d], 0.0f) << " row " << i;
+    }
   }
 }
 

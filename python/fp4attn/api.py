@@ -217,7 +217,9 @@ def flash_attn_varlen_func(
     q: (total_q, Hq, D), k and v: (total_k, Hkv, D); sequence i holds query
     tokens cu_seqlens_q[i] … cu_seqlens_q[i + 1] − 1 and key tokens
     cu_seqlens_k[i] … cu_seqlens_k[i + 1] − 1 (1-D int32 or int64, B + 1
-    entries from 0 to total). causal is bottom-right aligned per sequence.
+    entries from 0 to total). causal is bottom-right aligned per sequence, and
+    window_size (flash_attn_func's) bounds each sequence's keys about its own
+    diagonal.
     Each sequence's output is bit for bit what attention() gives on that
     sequence alone (quantization is per sequence and head), and so are its
     gradients in the deterministic backward (torch.use_deterministic_algorithms;
