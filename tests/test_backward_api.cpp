@@ -143,6 +143,21 @@ TEST(BackwardApi, OnePassRuleCountsTheKeysRowsSee) {
   EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(1024, 1024, 128), MaskKind::none));
   EXPECT_TRUE(dispatch::sm90_backward_one_pass_faster(shape(512, 512, 64), MaskKind::causal));   // 256.5
   EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(510, 510, 64), MaskKind::causal));  // 255.5
+  // A sliding window: each row's keys counted the same way, from both ends.
+  for (const Window w : {Window{100, -1}, Window{0, 40}, Window{300, 300}}) {
+    const std::int64_t sq = 700, sk = 900;
+    double sum = 0.0;
+    for (std::int64_t i = 0; i < sq; ++i) {
+      const std::int64_t d = sk - sq;
+      const std::int64_t first = w.left < 0 ? 0 : std::max<std::int64_t>(0, i + d - w.left);
+      const std::int64_t last = w.right < 0 ? sk - 1 : std::min<std::int64_t>(sk - 1, i + d + w.right);
+      sum += static_cast<double>(std::max<std::int64_t>(0, last - first + 1));
+    }
+    EXPECT_DOUBLE_EQ(dispatch::mean_visible_keys(MaskKind::none, sq, sk, w), sum / static_cast<double>(sq))
+        << w.left << "," << w.right;
+  }
+  // A window of 100 keys drops causal rows of 1024 below the rule's 256.
+  EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(1024, 1024, 64), MaskKind::causal, Window{100, 0}));
   EXPECT_FALSE(dispatch::sm90_backward_one_pass_faster(shape(255, 255, 64), MaskKind::none));
 }
 

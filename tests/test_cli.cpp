@@ -149,7 +149,28 @@ TEST(Cli, RunJsonHoldsTheSameRows) {
   std::filesystem::remove(path);
 }
 
+// --window runs every recipe with a sliding window: the header and the JSON
+// say so, and the errors against fp64 are those of the windowed reference (a
+// window of 16 keys differs from full causal attention by far more).
+TEST(Cli, RunWithAWindow) {
+  const std::string path = test_files::temp_path("cli_window.json");
+  const Result r = run_cli("run --quick --causal --window 16 0 --recipe fp8 --json " + path, true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("causal, window 16 0"), std::string::npos) << r.out;
+  std::ifstream in(path);
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded());
+  ASSERT_EQ(doc["rows"].size(), 2u);
+  for (const nlohmann::json& row : doc["rows"]) {
+    EXPECT_EQ(row["window"], nlohmann::json({16, 0}));
+    EXPECT_GT(row["cosine"].get<double>(), 0.99);
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(Cli, BadRunArguments) {
+  expect_named_error("run --quick --causal --window 16 5", "--window", "must be -1 or 0 with a causal mask");
+  expect_named_error("run --quick --window -3 5", "--window", "window_left");
   expect_named_error("run --quick --D 100", "--D", "D=100 is not supported");
   expect_named_error("run --quick --H 12 --Hkv 5", "--H", "Hq (12) must be a multiple of Hkv (5)");
   expect_named_error("run --quick --B 0", "--B", "must be > 0");

@@ -130,6 +130,44 @@ TEST(Validate, SoftmaxScaleAndThreads) {
   EXPECT_EQ(argument_of_shape(kShape, opt), "threads");
 }
 
+// A sliding window's bounds: -1 (none) or >= 0, and with a causal mask the
+// right one -1 or 0 (the mask ends each row at its diagonal already).
+TEST(Validate, WindowBounds) {
+  for (MaskKind mask : {MaskKind::none, MaskKind::causal, MaskKind::causal_top_left})
+    for (Window ok : {Window{-1, -1}, Window{0, -1}, Window{5, 0}, Window{-1, 0}, Window{1 << 20, -1}}) {
+      AttentionOptions opt;
+      opt.mask = mask, opt.window = ok;
+      EXPECT_NO_THROW(validate(kShape, opt)) << ok.left << "," << ok.right;
+    }
+  AttentionOptions opt;
+  opt.window = {-2, 3};
+  EXPECT_EQ(argument_of_shape(kShape, opt), "window_left");
+  opt.window = {3, -7};
+  EXPECT_EQ(argument_of_shape(kShape, opt), "window_right");
+  opt.window = {3, 7};  // both sides without a causal mask
+  EXPECT_NO_THROW(validate(kShape, opt));
+  for (MaskKind causal : {MaskKind::causal, MaskKind::causal_top_left}) {
+    opt.mask = causal;
+    const auto [argument, message] = error_of([&] { validate(kShape, opt); });
+    EXPECT_EQ(argument, "window_right");
+    EXPECT_NE(message.find("causal"), std::string::npos) << message;
+  }
+}
+
+// nvfp4's BF16 kernel takes no window: such calls run on the emulator.
+TEST(Dispatch, Sm90RunsWindowsOnTheE4m3KernelsOnly) {
+  AttentionOptions opt;
+  opt.window = {64, 0};
+  for (Recipe r : {Recipe::fp8, Recipe::mxfp4, Recipe::mxfp4_train}) {
+    opt.recipe = r;
+    EXPECT_TRUE(sm90_supports(kShape, opt)) << to_string(r);
+  }
+  opt.recipe = Recipe::nvfp4;
+  EXPECT_FALSE(sm90_supports(kShape, opt));
+  opt.window = {};
+  EXPECT_TRUE(sm90_supports(kShape, opt));
+}
+
 TEST(Validate, ElementCounts) {
   const std::size_t q = kShape.q_elems(), kv = kShape.kv_elems();
   EXPECT_NO_THROW(validate_sizes(kShape, q, kv, kv));

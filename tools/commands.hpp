@@ -28,6 +28,7 @@ void print_sm90_benchmark(const AttentionShape& shape, const BenchOptions& timin
 // Options both `run` and `accuracy` take.
 struct CommonArgs {
   bool causal = false;
+  std::vector<std::int64_t> window;  // LEFT RIGHT, or empty: none
   int threads = 0;
   std::string target = "sm90";
   std::vector<std::string> recipes;  // empty: all
@@ -35,6 +36,8 @@ struct CommonArgs {
 };
 void add_common_options(CLI::App& cmd, CommonArgs& args);
 Settings parse_settings(const CommonArgs& args);
+// --window (and --causal, which it must agree with), checked; none when not given.
+Window parse_window(const CommonArgs& args);
 
 // Measures, prints the table and writes --json when asked.
 void report(const Problem& problem, const Settings& settings, const CommonArgs& args, const std::string& command_line);

@@ -30,23 +30,25 @@ std::string today_utc() {
   return buf;
 }
 
-double forward_flops(const AttentionShape& shape, MaskKind mask) {
+double forward_flops(const AttentionShape& shape, MaskKind mask, Window window) {
   double pairs = 0.0;
-  for (std::int64_t i = 0; i < shape.Sq; ++i) pairs += static_cast<double>(visible_keys(mask, Window{}, shape.Sq, shape.Sk, i).size());
+  for (std::int64_t i = 0; i < shape.Sq; ++i)
+    pairs += static_cast<double>(visible_keys(mask, window, shape.Sq, shape.Sk, i).size());
   return kMatmulsPerPair * kFlopsPerMac * static_cast<double>(shape.B * shape.Hq * shape.D) * pairs;
 }
 
 std::vector<Row> measure(const Problem& p, const Settings& settings) {
   AttentionOptions opt;
   opt.mask = p.mask;
+  opt.window = p.window;
   opt.target = settings.target;
   opt.threads = settings.threads;
 
   std::fprintf(stderr, "[ref] fp64 reference ...\n");
   const reference::ForwardResult ref =
-      reference::forward(p.shape, widen(p.q), widen(p.k), widen(p.v), p.mask, opt.softmax_scale);
+      reference::forward(p.shape, widen(p.q), widen(p.k), widen(p.v), p.mask, opt.softmax_scale, p.window);
 
-  const double flops = forward_flops(p.shape, p.mask);
+  const double flops = forward_flops(p.shape, p.mask, p.window);
   const std::size_t total = settings.recipes.size() * 2;
   std::vector<Row> rows;
   for (Recipe recipe : settings.recipes) {
@@ -101,6 +103,7 @@ nlohmann::json to_json(const Problem& p, const std::vector<Row>& rows, const std
                           {"recipe", to_string(r.recipe)},
                           {"direct_p", r.direct_p},
                           {"causal", p.mask != MaskKind::none},
+                          {"window", {p.window.left, p.window.right}},
                           {"B", p.shape.B},
                           {"H", p.shape.Hq},
                           {"Hkv", p.shape.Hkv},

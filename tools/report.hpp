@@ -20,6 +20,7 @@ struct Problem {
   AttentionShape shape;
   std::vector<float> q, k, v;  // (B, S, H, D)
   MaskKind mask = MaskKind::none;
+  Window window;  // none by default
 };
 
 struct Settings {
@@ -38,7 +39,7 @@ struct Row {
 };
 
 // Forward FLOPs 4·B·H·Sq·Sk·D, counting only the (query, key) pairs the mask keeps.
-double forward_flops(const AttentionShape& shape, MaskKind mask);
+double forward_flops(const AttentionShape& shape, MaskKind mask, Window window = {});
 
 // Runs every recipe with Direct-P on, then off; progress goes to stderr.
 std::vector<Row> measure(const Problem& problem, const Settings& settings);

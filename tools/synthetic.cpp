@@ -59,7 +59,7 @@ void add_outlier_channels(std::vector<float>& x, std::int64_t D) {
 
 Problem make_synthetic(const AttentionShape& shape, MaskKind mask, std::uint64_t seed) {
   Problem p{shape, gaussian(shape.q_elems(), seed, Stream::q), gaussian(shape.kv_elems(), seed, Stream::k),
-            gaussian(shape.kv_elems(), seed, Stream::v), mask};
+            gaussian(shape.kv_elems(), seed, Stream::v), mask, Window{}};
   add_outlier_channels(p.q, shape.D);
   add_outlier_channels(p.k, shape.D);
   // One offset per (head, channel), the same for every token and batch.
