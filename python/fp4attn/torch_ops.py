@@ -1118,7 +1118,8 @@ _VARLEN_BACKWARD_OP = "fp4attn::varlen_attention_backward"
 def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, qkv_layout: str, mask_kind: str,
                  softmax_scale: float, recipe: str, smooth_k: bool, direct_p: bool, gqa: bool, arg_names: str,
-                 target: str, window_left: int, window_right: int, lse_returned: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 target: str, window_left: int, window_right: int,
+                 lse_returned: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of flash_attn_varlen_func's eager call."""
     from . import api
 

@@ -148,7 +148,8 @@ ForwardResult forward(const AttentionShape& shape, std::span<const double> q, st
       const std::int64_t n = keys.size();
       if (n == 0) continue;  // fully masked: O stays 0 and LSE −inf
       const std::int64_t row = bshd_index(Sq, Hq, D, b, i, h, 0);
-      out.lse[(b * Hq + h) * Sq + i] = softmax_row(q.data() + row, keys_from(kh, keys.first, D), Sk, n, D, scale, p.data());
+      out.lse[(b * Hq + h) * Sq + i] =
+          softmax_row(q.data() + row, keys_from(kh, keys.first, D), Sk, n, D, scale, p.data());
       weighted_row_sum(p.data(), keys_from(vh, keys.first, D).rows, n, D, out.o.data() + row);
     }
   });

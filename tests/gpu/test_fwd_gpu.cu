@@ -272,7 +272,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{2, 4, 2, 700, 900, 128}, MaskKind::none, true, true, 1.0f, 0, {100, 37}},    // two-sided
         Case{{1, 2, 1, 900, 300, 128}, MaskKind::none, true, false, 1.0f, 0, {0, 200}},    // Sq > Sk: d = −600
         Case{{1, 2, 1, 600, 300, 128}, MaskKind::causal, true, true, 1.0f, 0, {130, 0}},  // rows 0..299 see nothing
-        Case{{1, 2, 2, 500, 300, 128}, MaskKind::causal_top_left, true, true, 1.0f, 0, {64, -1}},  // rows past 364 see nothing
+        // top-left, Sq > Sk: rows from 364 on see nothing
+        Case{{1, 2, 2, 500, 300, 128}, MaskKind::causal_top_left, true, true, 1.0f, 0, {64, -1}},
         Case{{1, 2, 2, 333, 1500, 128}, MaskKind::none, true, true, 1.0f, 0, {-1, 10}},  // right bound only
         Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, true, true, 1.0f, 0, {200, -1}},
         Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, true, true, 1.0f, 3, {200, -1}},
