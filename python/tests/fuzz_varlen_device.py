@@ -5,7 +5,9 @@ O, the LSE and, under autograd, dQ, dK and dV. Each case draws a batch of
 1 … 12 sequences whose query and key lengths mix empty sequences, a few
 tokens, the 128-token tile's edges and lengths up to 3 000 (queries and keys
 of one sequence equal or not), heads with GQA / MQA ratios, a head dim the
-packed path reads in place, bf16 or f16, causal or not, and a softmax scale;
+packed path reads in place, bf16 or f16, causal or not, a sliding window in 3
+of 10 cases (from a stream of its own, so seeds keep their other draws), and a
+softmax scale;
 cu_seqlens on the GPU or the host; half the cases also take gradients, half of
 those with a loss on the LSE too (finite dLSE on every row, rows that see no key
 included, where the gradient must be zero). It
@@ -38,6 +40,7 @@ import torch
 import fp4attn
 import fp4attn.torch_ops
 from fuzz_runs import run_cases, write_record
+from random_problems import window
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 DEVICE = "cuda"  # the tensors' device ("cpu" runs the same cases on the host path, without graph replays)
@@ -66,7 +69,7 @@ def draw(rng: np.random.Generator) -> dict:
     if sum(lens_k) == 0:
         lens_k[0] = 1
     hkv = int(rng.integers(1, 4))
-    return {
+    c = {
         "lens_q": lens_q,
         "lens_k": lens_k,
         "Hkv": hkv,
@@ -81,6 +84,9 @@ def draw(rng: np.random.Generator) -> dict:
         # Drawn last, so that a seed's other draws are those of the script before it.
         "lse_loss": bool(rng.random() < 0.5),
     }
+    # A sliding window, from a stream of its own (the seed's other draws unchanged).
+    c["window"] = window(c["data_seed"], c["causal"], max(max(lens_q), max(lens_k)))
+    return c
 
 
 def bits_differ(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -122,7 +128,7 @@ def run_case(c: dict) -> dict:
     d_lse = torch.randn(c["Hq"], total_q, generator=g).to(DEVICE) if c.get("lse_loss") else None
     max_q, max_k = max(c["lens_q"]), max(c["lens_k"])
     cus = (cu_q.to(DEVICE), cu_k.to(DEVICE)) if c["cu_on_gpu"] else (cu_q, cu_k)
-    kw = {"causal": c["causal"], "softmax_scale": c["scale"]}
+    kw = {"causal": c["causal"], "softmax_scale": c["scale"], "window_size": tuple(c.get("window", (-1, -1)))}
     leaves = [x.clone().requires_grad_(c["backward"]) for x in (q, k, v)]
     out, lse, _ = fp4attn.flash_attn_varlen_func(*leaves, *cus, max_q, max_k, return_attn_probs=True, **kw)
     if c["backward"]:

@@ -47,20 +47,20 @@ def draw(rng: np.random.Generator, max_work: float = MAX_WORK) -> dict:
         c["backward"] = c["recipe"] in TRAINABLE and rng.random() < 0.5
         work = c["B"] * c["Hq"] * c["Sq"] * c["Sk"] * c["D"]
         if work <= max_work / (3 if c["backward"] else 1):
-            c["window"] = window(c)
+            c["window"] = window(c["data_seed"], c["causal"], max(c["Sq"], c["Sk"]))
             return c
 
 
-def window(c: dict) -> list:
-    """A sliding window for draw c (FlashAttention's window_size; [-1, -1] in 7 of 10 draws), from a
-    stream of its own, so that seeds keep the draws they made before windows existed."""
-    rng = np.random.default_rng([c["data_seed"], 0x77])
+def window(data_seed: int, causal: bool, longest: int) -> list:
+    """A sliding window for a draw (FlashAttention's window_size; [-1, -1] in 7 of 10 draws), from a
+    stream of its own (seeded by the draw's data_seed), so that seeds keep the draws they made before
+    windows existed. Bounds from a few keys to twice the longest sequence."""
+    rng = np.random.default_rng([data_seed, 0x77])
     if rng.random() < 0.7:
         return [-1, -1]
-    longest = max(c["Sq"], c["Sk"])
     bound = lambda: int(rng.integers(0, 40)) if rng.random() < 0.4 else int(rng.integers(0, 2 * longest + 1))
     left = -1 if rng.random() < 0.2 else bound()
-    right = (-1 if left >= 0 and rng.random() < 0.5 else 0) if c["causal"] else (-1 if rng.random() < 0.3 else bound())
+    right = (-1 if left >= 0 and rng.random() < 0.5 else 0) if causal else (-1 if rng.random() < 0.3 else bound())
     if left < 0 and right < 0:
         left = bound()
     return [left, right]
