@@ -61,8 +61,12 @@ FP4ATTN_DEVICE_INLINE int thread_index_reread() {
   return t;
 }
 
-// S = −inf where key ≥ Sk or outside the row's bounds.
-template <int N>
+// S = −inf where key ≥ Sk or outside the row's bounds. kLowerBound false
+// tests the upper bound only (no window's left edge: bounds.lower never
+// binds); the test per score is then half as long, and so is the masked
+// block's code in a tile loop, which calls without a window measured at 2 %
+// of the forward (docs/perf-log.md sw2).
+template <bool kLowerBound, int N>
 FP4ATTN_DEVICE_INLINE void mask_scores(float (&s)[N], const Fragment& f, int first_key, const int (&row_abs)[2], int Sk,
                                        const KeyBounds& bounds) {
 #pragma unroll
@@ -74,7 +78,7 @@ FP4ATTN_DEVICE_INLINE void mask_scores(float (&s)[N], const Fragment& f, int fir
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = first_key + 8 * j + f.col + e;
-        if (key > limit || key < start) s[4 * j + 2 * r + e] = neg_inf();
+        if (key > limit || (kLowerBound && key < start)) s[4 * j + 2 * r + e] = neg_inf();
       }
   }
 }

@@ -196,8 +196,10 @@ struct OnlineSoftmax {
 // columns are not stored (the TMA store's map is args.D wide, the threads'
 // store skips them). A separate instance, so that the kernels' own head dims
 // keep their code. kUsedDim 96 (with kNarrowD, on the 128-wide tiles): the
-// products over the first 96 channels only (Fp8Config).
-template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD = false, int kUsedDim = HeadDim>
+// products over the first 96 channels only (Fp8Config). kLowerBound: the call
+// has a window with a left edge (args.window_left ≥ 0); without it the kernel
+// ignores args.window_left and its masked tiles test the upper bound only.
+template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD, int kUsedDim, bool kLowerBound>
 __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThreads, 1)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt,
@@ -236,7 +238,8 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   const int k_layout_rows = packed ? static_cast<int>(args.k_rows) : args.Sk;
   // Bottom-right alignment: query i sees key j ≤ i + Sk − Sq (causal), and a
   // sliding window bounds the keys on either side of that diagonal.
-  const KeyBounds bounds = KeyBounds::of(args.mask, args.window_left, args.window_right, seq_q, seq_k);
+  const int window_left = kLowerBound ? args.window_left : -1;
+  const KeyBounds bounds = KeyBounds::of(args.mask, window_left, args.window_right, seq_q, seq_k);
   const int num_k_tiles = (k_layout_rows + Cfg::kBlockK - 1) / Cfg::kBlockK;  // k_scale's pitch
   // Tiles outside the keys the CTA's rows see (causal, a window) are skipped,
   // never masked: tiles tile_begin .. tile_begin + k_tiles − 1 run.
@@ -375,8 +378,8 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   auto mask_tile = [&](float (&s)[Cfg::kSRegs], int n) {
     if (n < mask_below || n >= mask_above)
       with_fragment([&](const Fragment& f, const int (&rows)[2]) {
-        const KeyBounds b = KeyBounds::in_loop(args.mask, args.window_left, args.window_right, seq_q, seq_k);
-        mask_scores(s, f, (tile_begin + n) * Cfg::kBlockK, rows, seq_k, b);
+        const KeyBounds b = KeyBounds::in_loop(args.mask, window_left, args.window_right, seq_q, seq_k);
+        mask_scores<kLowerBound>(s, f, (tile_begin + n) * Cfg::kBlockK, rows, seq_k, b);
       });
   };
 

@@ -32,7 +32,10 @@ template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD 
 void run_kernel(const Fp8ForwardArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k, const CUtensorMap& tm_vt,
                 cudaStream_t stream) {
   using Cfg = Fp8Config<HeadDim, kConsumers, kUsedDim>;
-  auto* kernel = &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In, kNarrowD, kUsedDim>;
+  // Calls with a window's left edge run the kernel that masks both bounds;
+  // the others one whose masked tiles test the upper bound only (kernel.cuh).
+  auto* kernel = a.window_left >= 0 ? &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In, kNarrowD, kUsedDim, true>
+                                    : &fp8_forward_kernel<HeadDim, kConsumers, kPCode, kFp4In, kNarrowD, kUsedDim, false>;
   constexpr int kSmem = smem_bytes<Cfg, kFp4In>();
   // FP4 P's fold table (p_operand.cuh) is static shared memory beside it.
   static_assert(kPCode != PCode::mxfp4_direct_p || kSmem + sizeof(PFoldTable) <= kSmemPerBlockLimit,

@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
     const int first_key = n * Cfg::kBlockK;
     const bool partial = first_key + Cfg::kBlockK > args.Sk;
     const bool on_diagonal = causal && first_key + Cfg::kBlockK - 1 > first_row + diagonal;
-    if (partial || on_diagonal) mask_scores(s, frag, first_key, row_abs, args.Sk, bounds);
+    if (partial || on_diagonal) mask_scores<false>(s, frag, first_key, row_abs, args.Sk, bounds);
   };
   // Once the running maxima settle, alpha is 1 for whole warps: skip the
   // multiplies then (a warp-uniform branch).
