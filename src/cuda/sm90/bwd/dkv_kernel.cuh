@@ -28,7 +28,8 @@
 
 namespace fp4attn::sm90::bwd {
 
-template <int HeadDim, PCode kPCode, DqMode kDqMode>
+// kLowerBound as in dq_kernel.cuh.
+template <int HeadDim, PCode kPCode, DqMode kDqMode, bool kLowerBound>
 __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     fp8_dkv_kernel(const __grid_constant__ Fp8BackwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                    const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_qt,
@@ -59,7 +60,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   if (k0 >= seq_k) return;  // a tile past a packed sequence's end: no keys
   const OperandPlace qp = operand_place(args.rows.q, args.rows.q_rows, batch, args.Sq);
   const OperandPlace kp = operand_place(args.rows.k, args.rows.k_rows, batch, args.Sk);
-  const KeyBounds bounds = KeyBounds::of(args.mask, args.window_left, args.window_right, seq_q, seq_k);
+  const int window_left = kLowerBound ? args.window_left : -1;
+  const KeyBounds bounds = KeyBounds::of(args.mask, window_left, args.window_right, seq_q, seq_k);
   // Query tiles of this entry (the layout's are qp.tiles, from qp.row0 / 128 on).
   const int entry_q_blocks = (seq_q + Cfg::kBlock - 1) / Cfg::kBlock;
   // Query i sees key j iff i + lower ≤ j ≤ i + upper: the first query that
@@ -209,7 +211,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
         }
         fence_registers(s);
         if (qt < masked.below || qt >= masked.above) {
-          const KeyBounds b = KeyBounds::in_loop(args.mask, args.window_left, args.window_right, seq_q, seq_k);
+          const KeyBounds b = KeyBounds::in_loop(args.mask, window_left, args.window_right, seq_q, seq_k);
 #pragma unroll
           for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -218,7 +220,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
               for (int e = 0; e < 2; ++e) {
                 const int query = q0 + 8 * j + frag.col + e;
                 const bool hidden = key_abs[r] >= seq_k || query >= seq_q || key_abs[r] > query + b.upper ||
-                                    key_abs[r] < query + b.lower;
+                                    (kLowerBound && key_abs[r] < query + b.lower);
                 if (hidden) s[4 * j + 2 * r + e] = neg_inf();
               }
         }

@@ -20,7 +20,9 @@
 
 namespace fp4attn::sm90::bwd {
 
-template <int HeadDim, PCode kPCode>
+// kLowerBound: the call has a window with a left edge; without it the masked
+// tiles test the upper bound only (the forward's kernel.cuh says why).
+template <int HeadDim, PCode kPCode, bool kLowerBound>
 __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
     fp8_dq_kernel(const __grid_constant__ Fp8BackwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                   const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
@@ -42,7 +44,8 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
   const OperandPlace qp = operand_place(args.rows.q, args.rows.q_rows, batch, args.Sq);
   const OperandPlace kp = operand_place(args.rows.k, args.rows.k_rows, batch, args.Sk);
   // The key tiles this query tile's rows see: tile_begin .. tile_begin + k_tiles − 1.
-  const KeyBounds bounds = KeyBounds::of(args.mask, args.window_left, args.window_right, seq_q, seq_k);
+  const int window_left = kLowerBound ? args.window_left : -1;
+  const KeyBounds bounds = KeyBounds::of(args.mask, window_left, args.window_right, seq_q, seq_k);
   const int last_row = min(q0 + Cfg::kBlock, seq_q) - 1;
   const int last_key = bounds.last_key(last_row, seq_k);
   const int first_key = bounds.first_key(q0);
@@ -152,7 +155,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
 
       // −inf outside the mask: keys ≥ seq_k, rows ≥ seq_q, keys outside the row's bounds.
       if (n < masked.below || n >= masked.above) {
-        const KeyBounds b = KeyBounds::in_loop(args.mask, args.window_left, args.window_right, seq_q, seq_k);
+        const KeyBounds b = KeyBounds::in_loop(args.mask, window_left, args.window_right, seq_q, seq_k);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int limit = row_abs[r] >= seq_q ? -1 : min(seq_k - 1, row_abs[r] + b.upper);
@@ -162,7 +165,7 @@ __global__ void __launch_bounds__(BwdConfig<HeadDim>::kThreads, 1)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int key = key0 + 8 * j + frag.col + e;
-              if (key > limit || key < start) s[4 * j + 2 * r + e] = neg_inf();
+              if (key > limit || (kLowerBound && key < start)) s[4 * j + 2 * r + e] = neg_inf();
             }
         }
       }

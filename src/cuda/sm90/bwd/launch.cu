@@ -45,7 +45,8 @@ void launch(const Fp8BackwardArgs& a, cudaStream_t stream) {
   const CUtensorMap tm_kt = transposed_map<D>(a.kt, B, Sk, a.Hkv, "k");
 
   if (a.dq_mode == DqMode::two_pass) {
-    auto* dq_kernel = &fp8_dq_kernel<D, kPCode>;
+    // A window's left edge runs the instances that mask both bounds (dq_kernel.cuh).
+    auto* dq_kernel = a.window_left >= 0 ? &fp8_dq_kernel<D, kPCode, true> : &fp8_dq_kernel<D, kPCode, false>;
     constexpr int kDqSmem = shared_bytes<DqShared<Cfg>>();
     check_cuda(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDqSmem),
                "cudaFuncSetAttribute");
@@ -54,8 +55,11 @@ void launch(const Fp8BackwardArgs& a, cudaStream_t stream) {
     check_cuda(cudaGetLastError(), "fp8_dq_kernel launch");
   }
 
-  auto* dkv_kernel = a.dq_mode == DqMode::two_pass ? &fp8_dkv_kernel<D, kPCode, DqMode::two_pass>
-                                                   : &fp8_dkv_kernel<D, kPCode, DqMode::one_pass>;
+  auto* dkv_kernel = a.dq_mode == DqMode::two_pass
+                        ? (a.window_left >= 0 ? &fp8_dkv_kernel<D, kPCode, DqMode::two_pass, true>
+                                              : &fp8_dkv_kernel<D, kPCode, DqMode::two_pass, false>)
+                        : (a.window_left >= 0 ? &fp8_dkv_kernel<D, kPCode, DqMode::one_pass, true>
+                                              : &fp8_dkv_kernel<D, kPCode, DqMode::one_pass, false>);
   constexpr int kDkvSmem = shared_bytes<DkvShared<Cfg>>();
   check_cuda(cudaFuncSetAttribute(dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDkvSmem),
              "cudaFuncSetAttribute");
