@@ -3,7 +3,7 @@
     python3 bench/ab_fwd_builds.py --names v6,v8 --libs A/libfp4attn_capi.so,B/libfp4attn_capi.so --out OUT
 
 Recipe fp8 with Direct-P from pre-quantized inputs (bench_fwd.py's plan; --recipe picks an
-MX recipe through bench_fwd_mx.py's plan instead), B·S =
+MX recipe through bench_fwd_mx.py's plan, or nvfp4 through bench_fwd_nvfp4.py's, instead), B·S =
 32k tokens, H · D = 2048 (H = 16 at D = 128). Builds and cuDNN BF16 are timed
 in interleaved rounds (10 timed calls after 2 warm-up calls each), so that the
 GPU's drift between rounds hits every build alike. The builds' order turns by
@@ -32,6 +32,7 @@ from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_fwd_mx  # noqa: E402
+import bench_fwd_nvfp4  # noqa: E402
 from bench_fwd import Ours, flops, sdpa  # noqa: E402
 from capi_lib import load_lib, time_ms  # noqa: E402
 from clock_under_load import sampled  # noqa: E402
@@ -54,9 +55,10 @@ def main() -> None:
                          "10 calls")
     ap.add_argument("--cases", default=None,
                     help="D:S:causal triples, comma-separated (e.g. 128:4096:0,64:16384:1); default: CASES")
-    ap.add_argument("--recipe", default="fp8", choices=["fp8", "mxfp4", "mxfp4_train"],
+    ap.add_argument("--recipe", default="fp8", choices=["fp8", "mxfp4", "mxfp4_train", "nvfp4"],
                     help="the MX recipes run through bench_fwd_mx.py's plan (MX operands "
-                         "folded before the kernel, which is what is timed)")
+                         "folded before the kernel, which is what is timed), nvfp4 through "
+                         "bench_fwd_nvfp4.py's (operands expanded to BF16 before the kernel)")
     args = ap.parse_args()
     names, paths = args.names.split(","), args.libs.split(",")
     if len(names) != len(paths):
@@ -75,6 +77,10 @@ def main() -> None:
             ours = [Ours(lib, ll3, sets, B, H, S, D, causal) for lib, ll3 in libs]
             for o in ours:
                 o.set_direct_p(True)
+        elif args.recipe == "nvfp4":
+            for lib, _ in libs:
+                bench_fwd_nvfp4.declare(lib)
+            ours = [bench_fwd_nvfp4.Runner(lib, ll3, sets, B, H, S, D, causal) for lib, ll3 in libs]
         else:
             for lib, _ in libs:
                 bench_fwd_mx.declare_mx(lib)

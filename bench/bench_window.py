@@ -4,7 +4,8 @@ with windowed layers calls it: fp4attn.flash_attn_func(window_size=(W, 0)) on
 bf16 (B, S, H, D) tensors, quantizer included, forward ("fwd") and forward +
 backward ("fwdbwd", dO random, gradients in bf16).
 
-Beside it in the same process:
+The inference recipes mxfp4 and nvfp4 are timed forward only (they have no
+backward). Beside them in the same process:
 * flex_bf16: torch's FlexAttention (compiled) with a sliding-window causal
   block mask, the windowed BF16 kernel PyTorch ships;
 * cudnn_bf16_masked: SDPA on the cuDNN backend given the window as a boolean
@@ -41,6 +42,8 @@ from capi_lib import time_ms  # noqa: E402
 import fp4attn  # noqa: E402
 
 TOKENS = 32768
+OURS = ("fp8", "mxfp4", "nvfp4")
+FORWARD_ONLY = ("mxfp4", "nvfp4")  # inference recipes: no backward
 DEFAULT_CASES = "128:8192:1024,128:16384:1024,128:32768:1024,128:16384:4096,128:32768:4096,64:16384:1024"
 
 
@@ -106,6 +109,11 @@ def main():
         def ours(i):
             return fp4attn.flash_attn_func(q, k, v, causal=True, window_size=(W, 0))
 
+        def inference(recipe):
+            def run(i):
+                return fp4attn.flash_attn_func(q, k, v, causal=True, window_size=(W, 0), recipe=recipe)
+            return run
+
         def flex_fwd(i):
             return flex(qh, kh, vh, block_mask=block_mask, enable_gqa=gqa)
 
@@ -119,7 +127,7 @@ def main():
 
         idx = torch.arange(S, device="cuda")
         window_mask = (idx[None, :] <= idx[:, None]) & (idx[:, None] - idx[None, :] <= W)
-        impls = {"fp8": ours, "flex_bf16": flex_fwd, "cudnn_bf16_masked": sdpa(SDPBackend.CUDNN_ATTENTION, window_mask),
+        impls = {"fp8": ours, "mxfp4": inference("mxfp4"), "nvfp4": inference("nvfp4"), "flex_bf16": flex_fwd, "cudnn_bf16_masked": sdpa(SDPBackend.CUDNN_ATTENTION, window_mask),
                  "cudnn_bf16": sdpa(SDPBackend.CUDNN_ATTENTION), "fa2_bf16": sdpa(SDPBackend.FLASH_ATTENTION)}
 
         def with_backward(fn):
@@ -155,19 +163,21 @@ def main():
             try:
                 o = fn(0)
                 torch.cuda.synchronize()
-                o_bshd = o if name == "fp8" else o.transpose(1, 2)
+                o_bshd = o if name in OURS else o.transpose(1, 2)
                 available[name] = None
                 result[name] = {"rel_l2_vs_fp64": rel_l2(o_bshd[0, S - 256:], ref) if "masked" in name or name in
-                                ("fp8", "flex_bf16") else None}
+                                OURS + ("flex_bf16",) else None}
             except Exception as e:  # a backend that refuses the call is recorded, not timed
                 available[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         times = {n: {"fwd": [], "fwdbwd": []} for n in impls if available[n] is None}
-        bwd_fns = {n: with_backward(impls[n]) for n in times}
+        bwd_fns = {n: with_backward(impls[n]) for n in times if n not in FORWARD_ONLY}
         for r in range(args.rounds):
             order = list(times)
             order = order[r % len(order):] + order[:r % len(order)]
             for n in order:
                 times[n]["fwd"].append(time_ms(impls[n], args.reps, 3, queued=True))
+                if n in FORWARD_ONLY:
+                    continue
                 try:
                     times[n]["fwdbwd"].append(time_ms(bwd_fns[n], max(3, args.reps // 2), 2, queued=True))
                 except Exception as e:

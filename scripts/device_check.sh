@@ -56,8 +56,9 @@ if has_stage sanitize; then
   # recipe mxfp4 through the fold pass and through the in-kernel MXFP4 expansion
   small+=':Shapes/GpuForwardMxGrid.MatchesEmulator/mxfp4_B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk'
   small+=':Shapes/GpuForwardMxGrid.MatchesEmulator/mxfp4_B2_Hq4_Hkv2_Sq200_Sk333_D256_causal_directp_smoothk'
-  # recipe nvfp4's exp2 baseline
+  # recipe nvfp4's exp2 baseline; a two-sided window on its kernel
   small+=':Shapes/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_smoothk_exp2'
+  small+=':Windows/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq700_Sk900_D64_full_smoothk_outliers_window100_37'
   # a head dim the kernels lack: the FP8 quantizer's padded lanes and the kernel's zero channels by TMA
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq4_Hkv2_Sq300_Sk333_D80_causal_directp_smoothk'
   # D = 256: two CTAs per query block (each half of O), Q and K in two panels;

@@ -155,17 +155,16 @@ TEST(Validate, WindowBounds) {
 }
 
 // nvfp4's BF16 kernel takes no window: such calls run on the emulator.
-TEST(Dispatch, Sm90RunsWindowsOnTheE4m3KernelsOnly) {
+TEST(Dispatch, Sm90RunsWindowsOnEveryRecipe) {
   AttentionOptions opt;
-  opt.window = {64, 0};
-  for (Recipe r : {Recipe::fp8, Recipe::mxfp4, Recipe::mxfp4_train}) {
-    opt.recipe = r;
-    EXPECT_TRUE(sm90_supports(kShape, opt)) << to_string(r);
+  for (Window w : {Window{64, 0}, Window{-1, 5}, Window{0, -1}}) {
+    opt.window = w;
+    opt.mask = w.right == 0 ? MaskKind::causal : MaskKind::none;
+    for (Recipe r : {Recipe::fp8, Recipe::mxfp4, Recipe::mxfp4_train, Recipe::nvfp4}) {
+      opt.recipe = r;
+      EXPECT_TRUE(sm90_supports(kShape, opt)) << to_string(r) << " window " << w.left << " " << w.right;
+    }
   }
-  opt.recipe = Recipe::nvfp4;
-  EXPECT_FALSE(sm90_supports(kShape, opt));
-  opt.window = {};
-  EXPECT_TRUE(sm90_supports(kShape, opt));
 }
 
 TEST(Validate, ElementCounts) {

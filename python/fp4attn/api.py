@@ -99,9 +99,9 @@ def attention(
     emulator only, so it never runs on the GPU).
     window=(left, right) is a sliding window, FlashAttention's window_size:
     query i sees keys i + d − left … i + d + right, d = Sk − Sq, −1 for no
-    bound on that side (with causal the right bound is 0 or −1). Recipes fp8,
-    mxfp4 and mxfp4_train run it on the sm90 kernels, skipping the key tiles
-    outside every row's window; nvfp4 runs it on the CPU emulator.
+    bound on that side (with causal the right bound is 0 or −1). Every recipe
+    runs it on the sm90 kernels, skipping the key tiles outside every row's
+    window.
     Returns O in the input layout, and with return_lse also the natural-log
     LSE of shape (B, Hq, Sq). NumPy inputs give float32 NumPy outputs holding
     bf16 values; torch inputs give tensors of the input's dtype and device,

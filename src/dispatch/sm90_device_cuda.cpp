@@ -153,6 +153,7 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
     sm90::fwd::Nvfp4Operands nv(s, args.workspace);
     nv.prepare(q, k, v, opt.smooth_k, scale, stream);
     sm90::fwd::Nvfp4ForwardArgs a = nv.forward_args(opt.mask, opt.direct_p, scale, opt.smooth_k);
+    a.window_left = kernel_window_bound(opt.window.left), a.window_right = kernel_window_bound(opt.window.right);
     a.o = args.o;
     a.o_stride_b = args.o_stride_b, a.o_stride_s = args.o_stride_s, a.o_stride_h = args.o_stride_h;
     a.lse = args.lse;

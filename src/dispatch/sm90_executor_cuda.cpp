@@ -105,6 +105,7 @@ ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q
     nvfp4_operands->prepare(q_in, k_in, v_in, opt.smooth_k, scale, stream);
     nvfp4_operands->check_finite(stream);
     sm90::fwd::Nvfp4ForwardArgs na = nvfp4_operands->forward_args(opt.mask, opt.direct_p, scale, opt.smooth_k);
+    na.window_left = kernel_window_bound(opt.window.left), na.window_right = kernel_window_bound(opt.window.right);
     na.o = o.get();
     na.o_stride_b = shape.Sq * shape.Hq * shape.D, na.o_stride_s = shape.Hq * shape.D, na.o_stride_h = shape.D;
     na.lse = lse.get();

@@ -82,8 +82,6 @@ bool sm90_supports(const AttentionShape& shape, const AttentionOptions& opt) {
   if (std::find(std::begin(kSm90Recipes), std::end(kSm90Recipes), opt.recipe) == std::end(kSm90Recipes))
     return false;
   if (opt.block_q != kSm90Tile || opt.block_k != kSm90Tile) return false;
-  // The NVFP4 kernel (BF16 wgmma) takes no sliding window; the E4M3 kernels do.
-  if (opt.recipe == Recipe::nvfp4 && opt.window.bounded()) return false;
   if (sm90_kernel_head_dim(shape.D)) return true;
   // The MX recipes' fold into E4M3 feeds the same kernel at D = 256.
   const bool mx = opt.recipe == Recipe::mxfp4 || opt.recipe == Recipe::mxfp4_train;

@@ -3,9 +3,9 @@
 // operands bit for bit, then the NVFP4 forward kernel against
 // emulator::forward (target sm90, same inputs): known answer, random shapes
 // with odd lengths, GQA and MQA, bottom-right causal with Sq ≠ Sk (fully
-// masked rows), top-left causal, smooth_k on and off, both head dims, inputs
-// with outliers, non-finite input and the arguments the kernel refuses;
-// Direct-P and the exp2 baseline (Direct-P off).
+// masked rows), top-left causal, sliding windows, smooth_k on and off, both
+// head dims, inputs with outliers, non-finite input and the arguments the
+// kernel refuses; Direct-P and the exp2 baseline (Direct-P off).
 //
 // The emulator sums both products in fp32 (it does not model the BF16 tensor
 // core's accumulation), so O is compared within the forward bounds (rel L2,
@@ -48,12 +48,15 @@ struct Nvfp4Case {
   bool smooth_k;
   bool outliers = false;
   bool direct_p = true;  // false: the exp2 baseline
+  Window window{};       // a sliding window (none by default)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Nvfp4Case>& info) {
   const Nvfp4Case& c = info.param;
+  const auto bound = [](std::int64_t b) { return b < 0 ? std::string("inf") : std::to_string(b); };
   return gpu_test::shape_mask_name(c.shape, c.mask) + (c.smooth_k ? "_smoothk" : "") + (c.outliers ? "_outliers" : "") +
-         (c.direct_p ? "" : "_exp2");
+         (c.direct_p ? "" : "_exp2") +
+         (c.window.bounded() ? "_window" + bound(c.window.left) + "_" + bound(c.window.right) : "");
 }
 
 // A contiguous (B, S, H, D) tensor on the device as bf16.
@@ -303,6 +306,7 @@ GpuResult run_gpu(const Nvfp4Case& c, const std::vector<float>& q, const std::ve
   sm90::fwd::Nvfp4ForwardArgs a = ops.forward_args(c.mask, c.direct_p, scale, c.smooth_k);
   a.o = o.ptr, a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
   a.lse = lse.ptr;
+  a.window_left = static_cast<int>(c.window.left), a.window_right = static_cast<int>(c.window.right);
   sm90::fwd::forward_nvfp4(a, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   GpuResult r;
@@ -320,6 +324,7 @@ emulator::ForwardResult run_emulator(const Nvfp4Case& c, const std::vector<float
   opt.mask = c.mask;
   opt.direct_p = c.direct_p;
   opt.smooth_k = c.smooth_k;
+  opt.window = c.window;
   opt.target = Target::sm90;
   return emulator::forward(c.shape, q, k, v, opt);
 }
@@ -428,6 +433,12 @@ TEST(GpuForwardNvfp4, RefusesWhatItDoesNotImplementByName) {
   a = args();
   a.vt_keys = 100;
   expect_refused(a, "vt");
+  a = args();
+  a.window_left = -2;
+  expect_refused(a, "window_left");
+  a = args();
+  a.window_right = -5;
+  expect_refused(a, "window_right");
 }
 
 // ---- dispatch: the public entry point and the zero-copy device path run recipe nvfp4 here
@@ -454,6 +465,63 @@ TEST(GpuForwardNvfp4, PublicApiRunsNvfp4OnSm90) {
   EXPECT_EQ(exp2.executor, Executor::sm90);
   expect_matches_emulator({exp2.o, exp2.lse}, emulator::forward(s, q, k, v, opt),
                           "public API, exp2, seed=" + std::to_string(seed));
+}
+
+// A window on the public entry point and the zero-copy path: both run on
+// sm90 (no host copy), match the emulator and agree bit for bit.
+TEST(GpuForwardNvfp4, WindowsRunOnSm90) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape s{2, 4, 2, 400, 650, 128};
+  const std::uint32_t seed = gpu_test::fresh_seed();
+  std::mt19937 rng(seed);
+  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
+  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
+  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+  AttentionOptions opt;
+  opt.recipe = Recipe::nvfp4;
+  opt.mask = MaskKind::causal;
+  opt.smooth_k = true;
+  opt.window = {150, 0};
+  const ForwardOutput got = forward(s, q, k, v, opt, Executor::automatic);
+  EXPECT_EQ(got.executor, Executor::sm90);
+  expect_matches_emulator({got.o, got.lse}, emulator::forward(s, q, k, v, opt),
+                          "public API, window 150, seed=" + std::to_string(seed));
+  // The window is honoured: the unwindowed answer lies far outside the bound
+  // the windowed one meets (rel L2 0.12 on the H200's first run).
+  AttentionOptions full = opt;
+  full.window = {};
+  EXPECT_GT(compare(got.o, emulator::forward(s, q, k, v, full).o).rel_l2, 10 * kMaxRelL2);
+
+  std::vector<__nv_bfloat16> hq(q.size()), hk(k.size()), hv(v.size());
+  for (std::size_t i = 0; i < q.size(); ++i) hq[i] = __float2bfloat16_rn(q[i]);
+  for (std::size_t i = 0; i < k.size(); ++i) hk[i] = __float2bfloat16_rn(k[i]), hv[i] = __float2bfloat16_rn(v[i]);
+  DeviceArray<__nv_bfloat16> dq(q.size()), dk(k.size()), dv(v.size());
+  dq.upload(hq), dk.upload(hk), dv.upload(hv);
+  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.q_elems()));
+  DeviceArray<float> lse(s.lse_elems());
+  DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(s, Recipe::nvfp4));
+  o.poison();
+  lse.poison();
+  workspace.poison();
+  dispatch::DeviceForwardArgs a;
+  a.shape = s;
+  a.element = dispatch::DeviceElement::bf16;
+  a.q = {dq.ptr, s.Sq * s.Hq * s.D, s.Hq * s.D, s.D};
+  a.k = {dk.ptr, s.Sk * s.Hkv * s.D, s.Hkv * s.D, s.D};
+  a.v = {dv.ptr, s.Sk * s.Hkv * s.D, s.Hkv * s.D, s.D};
+  a.o = o.ptr;
+  a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
+  a.lse = lse.ptr;
+  a.workspace = workspace.ptr;
+  a.workspace_bytes = workspace.bytes();
+  dispatch::sm90_forward_device(a, opt, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto o_raw = o.download();
+  const auto got_lse = lse.download();
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < o_raw.size(); ++i) differ += !(__bfloat162float(o_raw[i]) == got.o[i]);
+  for (std::size_t i = 0; i < got_lse.size(); ++i) differ += !(got_lse[i] == got.lse[i]);
+  EXPECT_EQ(differ, 0u);
 }
 
 TEST(GpuForwardNvfp4, DevicePathMatchesHostPath) {
@@ -555,6 +623,23 @@ INSTANTIATE_TEST_SUITE_P(
                       Nvfp4Case{{1, 4, 4, 1024, 1024, 128}, MaskKind::causal, true, true, false},
                       Nvfp4Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, false, false},
                       Nvfp4Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true, false, false}),
+    case_name);
+
+// Sliding windows: the CTA's key tiles start at the first its rows see, and
+// tiles that cross either edge are masked (the E4M3 kernel's grid has the
+// same kinds): narrower than a tile and wider than several, one-sided and
+// two-sided, Sq ≠ Sk, rows that see nothing, both head dims, both P paths.
+INSTANTIATE_TEST_SUITE_P(
+    Windows, GpuForwardNvfp4Grid,
+    ::testing::Values(Nvfp4Case{{1, 2, 2, 1024, 1024, 128}, MaskKind::causal, true, false, true, {256, -1}},
+                      Nvfp4Case{{1, 2, 2, 1024, 1024, 128}, MaskKind::causal, true, false, false, {256, -1}},
+                      Nvfp4Case{{2, 4, 2, 700, 900, 128}, MaskKind::causal, true, false, true, {5, -1}},
+                      Nvfp4Case{{2, 4, 2, 700, 900, 64}, MaskKind::none, true, true, true, {100, 37}},
+                      Nvfp4Case{{1, 2, 1, 900, 300, 128}, MaskKind::none, false, false, true, {0, 200}},
+                      Nvfp4Case{{1, 2, 1, 600, 300, 64}, MaskKind::causal, true, false, true, {130, 0}},
+                      Nvfp4Case{{1, 2, 2, 500, 300, 128}, MaskKind::causal_top_left, true, false, true, {64, -1}},
+                      Nvfp4Case{{1, 2, 2, 333, 1500, 64}, MaskKind::none, true, false, false, {-1, 10}},
+                      Nvfp4Case{{1, 4, 4, 1024, 1024, 64}, MaskKind::none, false, false, true, {300, 300}}),
     case_name);
 
 }  // namespace

@@ -40,6 +40,8 @@ struct Nvfp4ForwardArgs {
   int B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0;
   float softmax_scale = 0.0f;  // already resolved (> 0)
   MaskKind mask = MaskKind::none;
+  // A sliding window (recipe.hpp's Window), -1 for no bound, as Fp8ForwardArgs.
+  int window_left = -1, window_right = -1;
   bool direct_p = true;  // false: P by the exp2 baseline (ex2.approx, then the NVFP4 quantizer's rules)
 };
 

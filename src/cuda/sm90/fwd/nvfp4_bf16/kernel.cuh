@@ -263,7 +263,10 @@ FP4ATTN_DEVICE_INLINE void issue_pv(float (&o)[Cfg::kORegs], const std::uint32_t
 }
 
 // kDirectP: P by Direct-P (the recipe's path) or by the exp2 baseline.
-template <int HeadDim, bool kDirectP>
+// kLowerBound: the call has a window with a left edge; without it the kernel
+// ignores args.window_left and its masked tiles test the upper bound only
+// (the E4M3 kernel's kernel.cuh says why).
+template <int HeadDim, bool kDirectP, bool kLowerBound>
 __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
     nvfp4_forward_kernel(const __grid_constant__ Nvfp4ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
@@ -277,14 +280,18 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (args.Hq / args.Hkv);
   const int q0 = q_block * Cfg::kBlockQ;
-  const bool causal = args.mask != MaskKind::none;
-  // Bottom-right alignment: query i sees key j iff j ≤ i + Sk − Sq.
-  const int diagonal = args.mask == MaskKind::causal ? args.Sk - args.Sq : 0;
-  // Tiles past the CTA's last visible key are skipped (causal), never masked.
+  // Bottom-right alignment: query i sees key j ≤ i + Sk − Sq (causal), and a
+  // sliding window bounds the keys on either side of that diagonal.
+  const int window_left = kLowerBound ? args.window_left : -1;
+  const KeyBounds bounds = KeyBounds::of(args.mask, window_left, args.window_right, args.Sq, args.Sk);
+  // Tiles outside the keys the CTA's rows see (causal, a window) are skipped,
+  // never masked: key tiles tile_begin .. tile_begin + k_tiles − 1 run, the
+  // loop's n counting them from 0 (stages and phases).
   const int last_row = min(q0 + Cfg::kBlockQ, args.Sq) - 1;
-  const int last_key = causal ? min(args.Sk - 1, last_row + diagonal) : args.Sk - 1;
-  const int k_tiles = last_key < 0 ? 0 : last_key / Cfg::kBlockK + 1;
-  const KeyBounds bounds = KeyBounds::of(args.mask, -1, -1, args.Sq, args.Sk);  // no window (the dispatch refuses one)
+  const int last_key = bounds.last_key(last_row, args.Sk);
+  const int first_key = bounds.first_key(q0);
+  const int tile_begin = first_key / Cfg::kBlockK;
+  const int k_tiles = last_key < first_key ? 0 : last_key / Cfg::kBlockK + 1 - tile_begin;
 
   const int wg = __shfl_sync(kFullWarp, static_cast<int>(threadIdx.x / kWarpgroupThreads), 0);
   if (threadIdx.x == 0) {
@@ -320,12 +327,13 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
       cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
                                            &smem.kv_full[stage], Cfg::kKBytes + Cfg::kVBytes);
       for (int a = 0; a < Cfg::kQkAtoms; ++a) {
-        const std::int32_t k_coord[4] = {a * Cfg::kAtomBytes, n * Cfg::kBlockK, kv_head, batch};
+        const std::int32_t k_coord[4] = {a * Cfg::kAtomBytes, (tile_begin + n) * Cfg::kBlockK, kv_head, batch};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                         smem.k[stage] + a * Cfg::kKAtomBytes, &tm_k, k_coord, &smem.kv_full[stage]);
       }
       for (int a = 0; a < Cfg::kVAtoms; ++a) {
-        const std::int32_t v_coord[4] = {(n * Cfg::kBlockK + a * Cfg::kAtomElems) * kBf16Bytes, 0, kv_head, batch};
+        const std::int32_t v_coord[4] = {((tile_begin + n) * Cfg::kBlockK + a * Cfg::kAtomElems) * kBf16Bytes, 0,
+                                         kv_head, batch};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                         smem.v[stage] + a * Cfg::kVAtomBytes, &tm_vt, v_coord, &smem.kv_full[stage]);
       }
@@ -353,11 +361,15 @@ __global__ void __launch_bounds__(Config<HeadDim>::kThreads, 1)
     for (int i = 0; i < Cfg::kSRegs; ++i) s[i] *= qk_factor;
   };
 
+  // Only partial tiles and tiles that cross one of this consumer's bounds
+  // need the mask: the CTA's tiles n < mask_below and n ≥ mask_above.
+  const MaskedTiles masked = bounds.masked_key_tiles(first_row, Cfg::kRowsPerConsumer, Cfg::kBlockK, args.Sk);
+  const int mask_below = masked.below - tile_begin, mask_above = masked.above - tile_begin;
   auto mask_tile = [&](float (&s)[Cfg::kSRegs], int n) {
-    const int first_key = n * Cfg::kBlockK;
-    const bool partial = first_key + Cfg::kBlockK > args.Sk;
-    const bool on_diagonal = causal && first_key + Cfg::kBlockK - 1 > first_row + diagonal;
-    if (partial || on_diagonal) mask_scores<false>(s, frag, first_key, row_abs, args.Sk, bounds);
+    if (n < mask_below || n >= mask_above) {
+      const KeyBounds b = KeyBounds::in_loop(args.mask, window_left, args.window_right, args.Sq, args.Sk);
+      mask_scores<kLowerBound>(s, frag, (tile_begin + n) * Cfg::kBlockK, row_abs, args.Sk, b);
+    }
   };
   // Once the running maxima settle, alpha is 1 for whole warps: skip the
   // multiplies then (a warp-uniform branch).

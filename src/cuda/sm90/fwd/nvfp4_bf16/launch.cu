@@ -31,7 +31,9 @@ void launch(const Nvfp4ForwardArgs& a, cudaStream_t stream) {
                                                  {u64(vt_row), u64(vt_row * HeadDim), u64(vt_row * HeadDim * a.Hkv)},
                                                  {Cfg::kAtomBytes, HeadDim, 1, 1}, TmaSwizzle::b128, "vt");
 
-  auto* kernel = &nvfp4::nvfp4_forward_kernel<HeadDim, kDirectP>;
+  // A window's left edge runs the instance that masks both bounds (kernel.cuh).
+  auto* kernel = a.window_left >= 0 ? &nvfp4::nvfp4_forward_kernel<HeadDim, kDirectP, true>
+                                    : &nvfp4::nvfp4_forward_kernel<HeadDim, kDirectP, false>;
   constexpr int kSmem = nvfp4::smem_bytes<Cfg>();
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem), "cudaFuncSetAttribute");
   const dim3 grid((a.Sq + Cfg::kBlockQ - 1) / Cfg::kBlockQ, a.Hq, a.B);
@@ -52,6 +54,8 @@ void forward_nvfp4(const Nvfp4ForwardArgs& a, cudaStream_t stream) {
   if (a.o_stride_s % 2 != 0 || a.o_stride_h % 2 != 0 || a.o_stride_b % 2 != 0)
     throw Error("o", "element strides must be even (the kernel stores bf16 pairs)");
   if (!(a.softmax_scale > 0.0f)) throw Error("softmax_scale", "must be positive");
+  if (a.window_left < -1) throw Error("window_left", "must be -1 (none) or a key count >= 0");
+  if (a.window_right < -1) throw Error("window_right", "must be -1 (none) or a key count >= 0");
   if (a.q == nullptr) throw Error("q", "is a null device pointer");
   if (a.k == nullptr) throw Error("k", "is a null device pointer");
   if (a.vt == nullptr) throw Error("vt", "is a null device pointer");
