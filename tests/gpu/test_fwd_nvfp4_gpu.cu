@@ -467,8 +467,59 @@ TEST(GpuForwardNvfp4, PublicApiRunsNvfp4OnSm90) {
                           "public API, exp2, seed=" + std::to_string(seed));
 }
 
-// A window on the public entry point and the zero-copy path: both run on
-// sm90 (no host copy), match the emulator and agree bit for bit.
+// (B, H, S, D) storage of a (B, S, H, D) tensor's bf16 values on the device,
+// which device_path_differences sees as (B, S, H, D) through strides.
+std::unique_ptr<DeviceArray<__nv_bfloat16>> heads_first(const std::vector<float>& x, std::int64_t B, std::int64_t S,
+                                                        std::int64_t H, std::int64_t D) {
+  std::vector<__nv_bfloat16> h(x.size());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < S; ++t)
+      for (std::int64_t hh = 0; hh < H; ++hh)
+        for (std::int64_t d = 0; d < D; ++d)
+          h[((b * H + hh) * S + t) * D + d] = __float2bfloat16_rn(x[((b * S + t) * H + hh) * D + d]);
+  auto dev = std::make_unique<DeviceArray<__nv_bfloat16>>(x.size());
+  dev->upload(h);
+  return dev;
+}
+
+// The zero-copy device path (dispatch::sm90_forward_device) on strided bf16
+// views of q, k and v, against `want` bit for bit: how many O and LSE
+// elements differ. Outputs and workspace are poisoned first.
+std::size_t device_path_differences(const AttentionShape& s, const AttentionOptions& opt, const std::vector<float>& q,
+                                    const std::vector<float>& k, const std::vector<float>& v,
+                                    const ForwardOutput& want) {
+  const auto dq = heads_first(q, s.B, s.Sq, s.Hq, s.D);
+  const auto dk = heads_first(k, s.B, s.Sk, s.Hkv, s.D);
+  const auto dv = heads_first(v, s.B, s.Sk, s.Hkv, s.D);
+  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.q_elems()));
+  DeviceArray<float> lse(s.lse_elems());
+  DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(s, Recipe::nvfp4));
+  o.poison();
+  lse.poison();
+  workspace.poison();
+  dispatch::DeviceForwardArgs a;
+  a.shape = s;
+  a.element = dispatch::DeviceElement::bf16;
+  a.q = {dq->ptr, s.Hq * s.Sq * s.D, s.D, s.Sq * s.D};
+  a.k = {dk->ptr, s.Hkv * s.Sk * s.D, s.D, s.Sk * s.D};
+  a.v = {dv->ptr, s.Hkv * s.Sk * s.D, s.D, s.Sk * s.D};
+  a.o = o.ptr;
+  a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
+  a.lse = lse.ptr;
+  a.workspace = workspace.ptr;
+  a.workspace_bytes = workspace.bytes();
+  dispatch::sm90_forward_device(a, opt, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto o_raw = o.download();
+  const auto got_lse = lse.download();
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < o_raw.size(); ++i) differ += !(__bfloat162float(o_raw[i]) == want.o[i]);
+  for (std::size_t i = 0; i < got_lse.size(); ++i) differ += !(got_lse[i] == want.lse[i]);
+  return differ;
+}
+
+// A window on the public entry point and the zero-copy path (strided views):
+// both run on sm90 (no host copy), match the emulator and agree bit for bit.
 TEST(GpuForwardNvfp4, WindowsRunOnSm90) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{2, 4, 2, 400, 650, 128};
@@ -492,36 +543,7 @@ TEST(GpuForwardNvfp4, WindowsRunOnSm90) {
   full.window = {};
   EXPECT_GT(compare(got.o, emulator::forward(s, q, k, v, full).o).rel_l2, 10 * kMaxRelL2);
 
-  std::vector<__nv_bfloat16> hq(q.size()), hk(k.size()), hv(v.size());
-  for (std::size_t i = 0; i < q.size(); ++i) hq[i] = __float2bfloat16_rn(q[i]);
-  for (std::size_t i = 0; i < k.size(); ++i) hk[i] = __float2bfloat16_rn(k[i]), hv[i] = __float2bfloat16_rn(v[i]);
-  DeviceArray<__nv_bfloat16> dq(q.size()), dk(k.size()), dv(v.size());
-  dq.upload(hq), dk.upload(hk), dv.upload(hv);
-  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.q_elems()));
-  DeviceArray<float> lse(s.lse_elems());
-  DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(s, Recipe::nvfp4));
-  o.poison();
-  lse.poison();
-  workspace.poison();
-  dispatch::DeviceForwardArgs a;
-  a.shape = s;
-  a.element = dispatch::DeviceElement::bf16;
-  a.q = {dq.ptr, s.Sq * s.Hq * s.D, s.Hq * s.D, s.D};
-  a.k = {dk.ptr, s.Sk * s.Hkv * s.D, s.Hkv * s.D, s.D};
-  a.v = {dv.ptr, s.Sk * s.Hkv * s.D, s.Hkv * s.D, s.D};
-  a.o = o.ptr;
-  a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
-  a.lse = lse.ptr;
-  a.workspace = workspace.ptr;
-  a.workspace_bytes = workspace.bytes();
-  dispatch::sm90_forward_device(a, opt, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const auto o_raw = o.download();
-  const auto got_lse = lse.download();
-  std::size_t differ = 0;
-  for (std::size_t i = 0; i < o_raw.size(); ++i) differ += !(__bfloat162float(o_raw[i]) == got.o[i]);
-  for (std::size_t i = 0; i < got_lse.size(); ++i) differ += !(got_lse[i] == got.lse[i]);
-  EXPECT_EQ(differ, 0u);
+  EXPECT_EQ(device_path_differences(s, opt, q, k, v, got), 0u);
 }
 
 TEST(GpuForwardNvfp4, DevicePathMatchesHostPath) {
@@ -540,46 +562,7 @@ TEST(GpuForwardNvfp4, DevicePathMatchesHostPath) {
   opt.smooth_k = true;
   const ForwardOutput host = forward(s, q, k, v, opt, Executor::sm90);
 
-  // (B, H, S, D) storage seen as (B, S, H, D) through strides.
-  auto heads_first = [](const std::vector<float>& x, std::int64_t B, std::int64_t S, std::int64_t H, std::int64_t D) {
-    std::vector<__nv_bfloat16> h(x.size());
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t t = 0; t < S; ++t)
-        for (std::int64_t hh = 0; hh < H; ++hh)
-          for (std::int64_t d = 0; d < D; ++d)
-            h[((b * H + hh) * S + t) * D + d] = __float2bfloat16_rn(x[((b * S + t) * H + hh) * D + d]);
-    auto dev = std::make_unique<DeviceArray<__nv_bfloat16>>(x.size());
-    dev->upload(h);
-    return dev;
-  };
-  const auto dq = heads_first(q, s.B, s.Sq, s.Hq, s.D);
-  const auto dk = heads_first(k, s.B, s.Sk, s.Hkv, s.D);
-  const auto dv = heads_first(v, s.B, s.Sk, s.Hkv, s.D);
-  DeviceArray<__nv_bfloat16> o(static_cast<std::size_t>(s.q_elems()));
-  DeviceArray<float> lse(s.lse_elems());
-  DeviceArray<unsigned char> workspace(dispatch::sm90_device_workspace_bytes(s, Recipe::nvfp4));
-  o.poison();
-  lse.poison();
-  workspace.poison();
-  dispatch::DeviceForwardArgs a;
-  a.shape = s;
-  a.element = dispatch::DeviceElement::bf16;
-  a.q = {dq->ptr, s.Hq * s.Sq * s.D, s.D, s.Sq * s.D};
-  a.k = {dk->ptr, s.Hkv * s.Sk * s.D, s.D, s.Sk * s.D};
-  a.v = {dv->ptr, s.Hkv * s.Sk * s.D, s.D, s.Sk * s.D};
-  a.o = o.ptr;
-  a.o_stride_b = s.Sq * s.Hq * s.D, a.o_stride_s = s.Hq * s.D, a.o_stride_h = s.D;
-  a.lse = lse.ptr;
-  a.workspace = workspace.ptr;
-  a.workspace_bytes = workspace.bytes();
-  dispatch::sm90_forward_device(a, opt, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const auto o_raw = o.download();
-  const auto got_lse = lse.download();
-  std::size_t differ = 0;
-  for (std::size_t i = 0; i < o_raw.size(); ++i) differ += !(__bfloat162float(o_raw[i]) == host.o[i]);
-  for (std::size_t i = 0; i < got_lse.size(); ++i) differ += !(got_lse[i] == host.lse[i]);
-  EXPECT_EQ(differ, 0u);
+  EXPECT_EQ(device_path_differences(s, opt, q, k, v, host), 0u);
 }
 
 class GpuForwardNvfp4Grid : public ::testing::TestWithParam<Nvfp4Case> {};
