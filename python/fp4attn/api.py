@@ -27,8 +27,9 @@ def _is_torch(x) -> bool:
     return _torch_ops is not None and _torch_ops.is_tensor(x)
 
 
-def _forward(q, k, v, s: _host.Settings, lse_returned: bool):
-    # lse_returned: whether the caller gets the LSE (and so may put it in a loss).
+def _forward(q, k, v, s: _host.Settings, lse_returned: bool, deterministic: bool = False):
+    # lse_returned: whether the caller gets the LSE (and so may put it in a loss);
+    # deterministic: the backward takes the two deterministic passes whatever the default.
     torch_in = _is_torch(q)
     if not torch_in:
         names = s.names.split(",")
@@ -36,7 +37,7 @@ def _forward(q, k, v, s: _host.Settings, lse_returned: bool):
     if _no_tokens(q, k, s):
         return _empty_attention(q, k, v, s, torch_in)
     if torch_in:
-        return _torch_ops.attention(q, k, v, s, lse_returned)
+        return _torch_ops.attention(q, k, v, s, lse_returned, deterministic)
     _host.check(q, k, v, s)
     return _host.attention(q, k, v, s)
 
@@ -127,14 +128,13 @@ def attention(
     return (o, lse) if return_lse else o
 
 
-def _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic) -> None:
-    """FlashAttention's arguments for features fp4attn lacks: only their "off" value passes."""
+def _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic) -> bool:
+    """FlashAttention's arguments for features fp4attn lacks (only their "off" value passes), and its
+    deterministic flag, checked and returned."""
     _validate.check_absent(dropout_p, "dropout_p", 0.0, "attention dropout is not supported")
     _validate.check_absent(softcap, "softcap", 0.0, "score soft-capping is not supported")
     _validate.check_absent(alibi_slopes, "alibi_slopes", None, "ALiBi is not supported")
-    if _validate.check_flag(deterministic, "deterministic"):
-        raise ValueError("deterministic: not selectable per call; torch.use_deterministic_algorithms(True) (or "
-                         "fp4attn.torch_ops.DETERMINISTIC_BACKWARD = True) makes the backward deterministic")
+    return _validate.check_flag(deterministic, "deterministic")
 
 
 def _flash_attn_settings(causal, softmax_scale, recipe, window_size) -> _host.Settings:
@@ -179,16 +179,18 @@ def flash_attn_func(
     that side (causal=True makes the right bound 0, as in FlashAttention).
     Features fp4attn lacks accept only their "off" value and
     raise ValueError naming the argument otherwise: dropout_p (0.0),
-    softcap (0.0), alibi_slopes (None). deterministic
-    accepts False: the backward's mode follows torch's deterministic
-    algorithms setting (fp4attn.torch_ops.DETERMINISTIC_BACKWARD). With
+    softcap (0.0), alibi_slopes (None). deterministic=True makes this
+    call's backward take the two deterministic passes (the same bits every
+    run); False leaves the mode to torch's deterministic algorithms setting
+    and fp4attn.torch_ops.DETERMINISTIC_BACKWARD, else the faster for the
+    problem. With
     return_attn_probs=True it returns (out, softmax_lse, None): the attention
     probabilities are never formed, so the third element is None.
     """
-    _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic)
+    deterministic = _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic)
     s = _flash_attn_settings(causal, softmax_scale, recipe, window_size)
     return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
-    o, lse = _forward(q, k, v, s, return_attn_probs)
+    o, lse = _forward(q, k, v, s, return_attn_probs, deterministic)
     return (o, lse, None) if return_attn_probs else o
 
 
@@ -222,8 +224,8 @@ def flash_attn_varlen_func(
     diagonal.
     Each sequence's output is bit for bit what attention() gives on that
     sequence alone (quantization is per sequence and head), and so are its
-    gradients in the deterministic backward (torch.use_deterministic_algorithms;
-    signs of zero included: every path reads the packed tensors through one
+    gradients in the deterministic backward (deterministic=True, or
+    torch.use_deterministic_algorithms; signs of zero included: every path reads the packed tensors through one
     split, whose gradient autograd concatenates). By default the backward's
     mode is picked per call, for the whole batch here: at D = 64 the one pass,
     whose dQ sums vary in order, where a sequence alone may take the two.
@@ -254,7 +256,7 @@ def flash_attn_varlen_func(
     only None. With return_attn_probs=True it returns (out, softmax_lse,
     None), softmax_lse of shape (Hq, total_q) as FlashAttention's.
     """
-    _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic)
+    deterministic = _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic)
     _validate.check_absent(block_table, "block_table", None, "paged KV caches are not supported")
     torch_in = _is_torch(q)
     if not torch_in:
@@ -270,20 +272,22 @@ def flash_attn_varlen_func(
     if torch_in and _torch_ops.torch.compiler.is_compiling():
         # Traced as one op (its lengths are read when it runs, not while it is traced).
         o, lse = _torch_ops.varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s,
-                                      return_attn_probs)
+                                      return_attn_probs, deterministic)
     else:
-        o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s, return_attn_probs)
+        o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s, return_attn_probs,
+                                deterministic)
     return (o, lse, None) if return_attn_probs else o
 
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s: _host.Settings,
-                   lse_returned: bool):
-    """(O, LSE) of flash_attn_varlen_func's checked q, k and v (3-D), run eagerly."""
+                   lse_returned: bool, deterministic: bool = False):
+    """(O, LSE) of flash_attn_varlen_func's checked q, k and v (3-D), run eagerly; deterministic: the
+    backward takes the two deterministic passes."""
     torch_in = _is_torch(q)
     if torch_in and q.is_cuda and _torch_ops.torch.cuda.is_current_stream_capturing():
         # cu_seqlens stay on the device: every replay runs on what they hold then.
         return _torch_ops.varlen_forward_captured(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                  s, lse_returned)
+                                                  s, lse_returned, deterministic)
     cu_q = _validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
     cu_k = _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
     if len(cu_k) != len(cu_q):
@@ -295,7 +299,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", lens_k)
     if torch_in:  # one device call for all sequences where the device path takes them
         both = _torch_ops.varlen_forward_device(q, k, v, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s,
-                                                lse_returned)
+                                                lse_returned, deterministic)
         if both is not None:
             return both
     # One (B, S, H, D) view of q, k and v per run of equal (query, key) lengths.
@@ -311,7 +315,8 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
             outs.append(o)
             lses.append(lse)
         elif lens_q[i] > 0:
-            o, lse = _forward(as_batch(q_run, n), as_batch(k_run, n), as_batch(v_run, n), s, lse_returned)
+            o, lse = _forward(as_batch(q_run, n), as_batch(k_run, n), as_batch(v_run, n), s, lse_returned,
+                              deterministic)
             outs.append(o.reshape(-1, hq, d))
             # (n, Hq, Lq) -> (Hq, n · Lq), the packed token order
             lses.append(lse.swapaxes(0, 1).reshape(hq, -1))

@@ -55,8 +55,8 @@ torch.compile(fullgraph=True) traces forward and backward. It runs:
   head dims arrive padded);
   reproducible bit for bit except where the one pass is faster (D = 64, rows
   seeing at least 256 keys on average) while
-  torch.are_deterministic_algorithms_enabled() is off (DETERMINISTIC_BACKWARD
-  says how dQ is summed);
+  torch.are_deterministic_algorithms_enabled() is off and the call did not
+  pass deterministic=True (DETERMINISTIC_BACKWARD says how dQ is summed);
 * otherwise on the host through `_ext.backward` (the emulator's FP8 backward,
   or the sm90 kernels where the host entry point has them), copying CUDA
   tensors to the host and back, with a RuntimeWarning as the forward's.
@@ -101,10 +101,11 @@ for _dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torc
 del _dtype
 
 # The op's arguments are q, k, v, the fields of _host.Settings in order, then
-# lse_returned and keep_for_backward.
+# lse_returned, keep_for_backward and deterministic_backward.
 _SETTINGS_ARGS = slice(3, 3 + len(_host.Settings._fields))
 _LSE_RETURNED_ARG = _SETTINGS_ARGS.stop
 _KEEP_ARG = _LSE_RETURNED_ARG + 1
+_DETERMINISTIC_ARG = _KEEP_ARG + 1
 
 # How the device backward sums dQ over key tiles. None (the default) follows
 # torch.are_deterministic_algorithms_enabled(): while that is off, the faster
@@ -117,13 +118,18 @@ _KEEP_ARG = _LSE_RETURNED_ARG + 1
 # elsewhere the two passes, faster and reproducible there). The op decides
 # when it runs, from the call's sizes, so that torch.compile's symbolic sizes
 # need no guard.
-# True: always the two passes (the same bits every run). False: always the
-# one pass (slower at D = 128 and for short sequences).
+# True: always the two passes (the same bits every run). False: the one pass
+# (slower at D = 128 and for short sequences). A call that passed
+# FlashAttention's deterministic=True takes the two passes whatever this says.
 DETERMINISTIC_BACKWARD: Optional[bool] = None
 
 
-def _deterministic_backward() -> Optional[bool]:
-    """The backward's mode: True two passes, False one pass, None the faster for the call's problem."""
+def _deterministic_backward(call_asked: bool = False) -> Optional[bool]:
+    """The backward's mode: True two passes, False one pass, None the faster for the call's problem.
+    call_asked: the call passed deterministic=True (FlashAttention's flag), which takes the two passes
+    whatever the default."""
+    if call_asked:
+        return True
     if DETERMINISTIC_BACKWARD is not None:
         return bool(DETERMINISTIC_BACKWARD)
     if torch.are_deterministic_algorithms_enabled():
@@ -317,9 +323,11 @@ def _attention_impl(
     window_right: int,
     lse_returned: bool = True,
     keep_for_backward: bool = False,
+    deterministic_backward: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # lse_returned only tells the backward whether the LSE can carry a gradient;
-    # keep_for_backward asks for the third output (empty where nothing is kept).
+    # keep_for_backward asks for the third output (empty where nothing is kept);
+    # deterministic_backward makes the backward take the two deterministic passes.
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
                        window_left, window_right)
     dims = _host.check(q, k, v, s)
@@ -339,7 +347,7 @@ _attention_op = torch.library.custom_op(_OP, _attention_impl, mutates_args=())
 @_attention_op.register_fake
 def _attention_fake(
     q, k, v, qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, window_left,
-    window_right, lse_returned=True, keep_for_backward=False
+    window_right, lse_returned=True, keep_for_backward=False, deterministic_backward=False
 ):
     # Runs at trace time on fake tensors: the same checks, so compiled code raises the same errors.
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
@@ -653,6 +661,7 @@ def _setup_context(ctx, inputs, output):
     o, lse, kept = output
     ctx.settings = tuple(inputs[_SETTINGS_ARGS])
     ctx.lse_returned = inputs[_LSE_RETURNED_ARG] if len(inputs) > _LSE_RETURNED_ARG else True
+    ctx.deterministic_backward = bool(inputs[_DETERMINISTIC_ARG]) if len(inputs) > _DETERMINISTIC_ARG else False
     ctx.kept_operands = kept.numel() > 0
     # No gradient flows into the kept operands; and an output the loss does
     # not use comes to the backward as None, not as zeros made for it (for
@@ -685,14 +694,14 @@ def _backward(ctx, grad_o, grad_lse, _grad_kept=None):
         # Shared stand-ins only eagerly: a trace must not capture a real tensor, nor a fake one be kept.
         make = _stand_in if eager else _new_stand_in
         q, k = (make(shape, dtype, v.device) for shape, dtype in (ctx.q_meta, ctx.k_meta))
-    deterministic = _deterministic_backward()
+    deterministic = _deterministic_backward(ctx.deterministic_backward)
     if eager:
         # The forward checked q, k and v, and autograd gives grad_o o's shape, dtype and device.
         dq, dk, dv = _backward_checked(grad_o, d_lse, q, k, v, o, lse, s, _dims_of(q.shape, k.shape, s.layout),
                                        deterministic, kept)
     else:
         dq, dk, dv = _attention_backward_op(grad_o, d_lse, q, k, v, o, lse, *s, deterministic, kept)
-    return (dq, dk, dv) + (None,) * (len(ctx.settings) + 2)
+    return (dq, dk, dv) + (None,) * (len(ctx.settings) + 3)
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -807,11 +816,13 @@ def _padded_head_dim(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host
     return 0, 0
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings, lse_returned: bool = True):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settings, lse_returned: bool = True,
+              deterministic: bool = False):
     """(O, LSE) through the custom op; O has q's shape, dtype and device.
 
     lse_returned=False promises that the caller drops the LSE, so the backward
-    skips the LSE's gradient term (see the module docstring). A call that
+    skips the LSE's gradient term (see the module docstring). deterministic=True
+    makes this call's backward take the two deterministic passes. A call that
     autograd will differentiate asks the forward to keep Q's and K's operands.
     A head dim the kernels lack (8 … 120, 136 … 248) is padded with zero channels where
     the call needs it (_padded_head_dim): one copy of q, k and v and one of O,
@@ -823,17 +834,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: _host.Settin
         # over many images reaches it): larger batches run as calls on views, O and LSE joined.
         # One split each, whose gradient autograd concatenates (summing those of several slices
         # would turn -0 into +0).
-        parts = [attention(*views, s, lse_returned) for views in zip(q.split(most), k.split(most), v.split(most))]
+        parts = [attention(*views, s, lse_returned, deterministic)
+                 for views in zip(q.split(most), k.split(most), v.split(most))]
         return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
     keep = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     d, d_run = _padded_head_dim(q, k, v, s, keep)
     if not d_run:
-        o, lse, _kept = _call_attention(q, k, v, *s, lse_returned, keep)
+        o, lse, _kept = _call_attention(q, k, v, *s, lse_returned, keep, deterministic)
         return o, lse
     if s.scale == 0.0:  # 1/sqrt(D) of the unpadded D, rounded as the library rounds it (float32)
         s = s._replace(scale=float(np.float32(1.0) / np.sqrt(np.float32(d))))
     padded = (_append_zero_channels(x, d, d_run) for x in (q, k, v))
-    o, lse, _kept = _call_attention(*padded, *s, lse_returned, keep)
+    o, lse, _kept = _call_attention(*padded, *s, lse_returned, keep, deterministic)
     return o[..., :d].contiguous(), lse
 
 
@@ -872,7 +884,8 @@ def _device_cu_seqlens(cu, lens: list, device: torch.device, name: str) -> torch
 
 
 def _packed_plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, cu_seqlens_k, lens_q: list, lens_k: list,
-                 s: _host.Settings, lse_returned: bool, differentiable: bool) -> Optional[list]:
+                 s: _host.Settings, lse_returned: bool, differentiable: bool,
+                 deterministic: bool = False) -> Optional[list]:
     """The packed device calls that run an eager varlen call, as (first query token, query tokens,
     first key token, key tokens, _PackedCall, or None for a group with nothing to attend), or None
     where the device path does not take the call (see varlen_forward_device)."""
@@ -888,7 +901,8 @@ def _packed_plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, cu_seqlens_k, l
           for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
     groups = _host.packed_groups(lens_q, lens_k)
     if len(groups) == 1:
-        return [(0, q.shape[0], 0, k.shape[0], _PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned))]
+        return [(0, q.shape[0], 0, k.shape[0], _PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned,
+                                                            deterministic))]
     plan, q0, k0 = [], 0, 0
     for first, n in groups:
         last = first + n
@@ -897,14 +911,15 @@ def _packed_plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, cu_seqlens_k, l
         if max(group_q) > 0 and max(group_k) > 0:
             group_dims = _validate.Dims(B=n, Sq=max(group_q), Sk=max(group_k), Hq=dims.Hq, Hkv=dims.Hkv, D=dims.D)
             group_cu = [c[first:last + 1] - c[first] for c in cu]  # on the device: no wait
-            call = _PackedCall(group_cu, group_dims, s, opt, group_q, group_k, lse_returned)
+            call = _PackedCall(group_cu, group_dims, s, opt, group_q, group_k, lse_returned, deterministic)
         plan.append((q0, sum(group_q), k0, sum(group_k), call))
         q0, k0 = q0 + sum(group_q), k0 + sum(group_k)
     return plan
 
 
 def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
-                          lens_q: list, lens_k: list, s: _host.Settings, lse_returned: bool = True) -> Optional[tuple]:
+                          lens_q: list, lens_k: list, s: _host.Settings, lse_returned: bool = True,
+                          deterministic: bool = False) -> Optional[tuple]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed sequences in one device call, or None where
     that call cannot run them: recipe fp8's forward on a Hopper GPU, the kernels' head dims read in
     place, some sequence with queries and some with keys, nothing tracing the call; where a
@@ -917,6 +932,7 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     laid out for (sequences, longest) tokens: where that is far more than the batch holds (one long
     sequence among short ones), the batch runs as a few packed calls (_host.packed_groups).
     lse_returned: whether the caller gets the LSE (only then can it carry a gradient).
+    deterministic: the backward takes the two deterministic passes whatever the default.
     """
     if not _eager_call((q, k, v)):
         return None
@@ -924,7 +940,8 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
     # would fill a zero gradient of each and copy the views' into it (6 % of the step at 8 x 2048,
     # perf log v5).
     differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    plan = _packed_plan(q, k, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s, lse_returned, differentiable)
+    plan = _packed_plan(q, k, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s, lse_returned, differentiable,
+                        deterministic)
     if plan is None:
         return None
 
@@ -949,7 +966,8 @@ def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
 
 
 def _captured_call(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                   max_seqlen_k: int, s: _host.Settings, lse_returned: bool, differentiable: bool) -> "_PackedCall":
+                   max_seqlen_k: int, s: _host.Settings, lse_returned: bool, differentiable: bool,
+                   deterministic: bool = False) -> "_PackedCall":
     """The one packed call of a varlen call under CUDA graph capture (varlen_forward_captured)."""
     batch = _validate.check_cu_seqlens_form(cu_seqlens_q, "cu_seqlens_q")
     if _validate.check_cu_seqlens_form(cu_seqlens_k, "cu_seqlens_k") != batch:
@@ -974,12 +992,12 @@ def _captured_call(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
                          f"device call runs it (recipe fp8 on a Hopper GPU, at most {_ext.DEVICE_MAX_BATCH} "
                          "sequences): other calls read cu_seqlens on the host")
     cu = [c.to(torch.int32).contiguous() for c in (cu_seqlens_q, cu_seqlens_k)]
-    return _PackedCall(cu, dims, s, opt, None, None, lse_returned)
+    return _PackedCall(cu, dims, s, opt, None, None, lse_returned, deterministic)
 
 
 def varlen_forward_captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
                             max_seqlen_q: int, max_seqlen_k: int, s: _host.Settings,
-                            lse_returned: bool = True) -> tuple:
+                            lse_returned: bool = True, deterministic: bool = False) -> tuple:
     """varlen_forward_device while a CUDA graph is captured, for every replay: cu_seqlens are not read
     on the host (a replay runs with whatever they hold then), so the call is one packed call sized
     by what the host knows (the batch size, the token counts, max_seqlen_q and max_seqlen_k), and
@@ -993,27 +1011,30 @@ def varlen_forward_captured(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         raise ValueError("cu_seqlens_q: a CUDA graph can capture flash_attn_varlen_func only where one packed "
                          "device call runs it, on plain tensors")
     call = _captured_call(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s, lse_returned,
-                          differentiable)
+                          differentiable, deterministic)
     return _PackedAttention.apply(q, k, v, call) if differentiable else call.forward(q, k, v)[:2]
 
 
 def varlen_backward_device(d_o: torch.Tensor, d_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                            v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
-                           max_seqlen_q: int, max_seqlen_k: int, s: _host.Settings) -> Optional[tuple]:
+                           max_seqlen_q: int, max_seqlen_k: int, s: _host.Settings,
+                           deterministic: bool = False) -> Optional[tuple]:
     """dQ, dK, dV of an eager varlen call that the packed device calls run, from its O and LSE and
     without autograd (the backward op of the compiled call), or None where they do not run it. Each
-    call's backward quantizes Q and K again where the eager call's forward kept them: the same codes."""
+    call's backward quantizes Q and K again where the eager call's forward kept them: the same codes.
+    deterministic: the two deterministic passes whatever the default."""
     if q.device.type != "cuda":
         return None
     if torch.cuda.is_current_stream_capturing():
         call = _captured_call(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s, d_lse is not None,
-                              True)
+                              True, deterministic)
         plan = [(0, q.shape[0], 0, k.shape[0], call)]
     else:
         lens_q, lens_k = ([b - a for a, b in zip(cu, cu[1:])]
                           for cu in (_validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q"),
                                      _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")))
-        plan = _packed_plan(q, k, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s, d_lse is not None, True)
+        plan = _packed_plan(q, k, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s, d_lse is not None, True,
+                            deterministic)
     if plan is None:
         return None
     dq, dk, dv = (torch.zeros(x.shape, dtype=x.dtype, device=x.device) for x in (q, k, v))
@@ -1030,12 +1051,14 @@ def varlen_backward_device(d_o: torch.Tensor, d_lse: Optional[torch.Tensor], q: 
 
 class _PackedCall:
     """One varlen call on the device path: its forward in one launch, its backward in one call.
-    lens_q, lens_k: the sequences' lengths as the host read them, or None (a captured call)."""
+    lens_q, lens_k: the sequences' lengths as the host read them, or None (a captured call);
+    deterministic: the call asked for the two deterministic passes."""
 
     def __init__(self, cu: list, dims: _validate.Dims, s: _host.Settings, opt, lens_q: list, lens_k: list,
-                 lse_returned: bool):
+                 lse_returned: bool, deterministic: bool = False):
         self.cu, self.dims, self.s, self.opt = cu, dims, s, opt
         self.lens_q, self.lens_k, self.lse_returned = lens_q, lens_k, lse_returned
+        self.deterministic = deterministic
 
     def forward(self, q, k, v, keep: bool = False):
         """(O, LSE, kept): with `keep`, kept holds Q's and K's operands for the backward (else empty)."""
@@ -1068,7 +1091,7 @@ class _PackedCall:
             d_o = torch.zeros_like(o)
         if not self.lse_returned:
             d_lse = None
-        deterministic = _deterministic_backward()
+        deterministic = _deterministic_backward(self.deterministic)
         if deterministic is None and self.lens_q is None:
             deterministic = True  # lengths unknown to the host: the two passes, right for any of them
         elif deterministic is None:
@@ -1119,8 +1142,9 @@ def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, qkv_layout: str, mask_kind: str,
                  softmax_scale: float, recipe: str, smooth_k: bool, direct_p: bool, gqa: bool, arg_names: str,
                  target: str, window_left: int, window_right: int,
-                 lse_returned: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O (total_q, Hq, D), LSE (Hq, total_q)) of flash_attn_varlen_func's eager call."""
+                 lse_returned: bool, deterministic_backward: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O (total_q, Hq, D), LSE (Hq, total_q)) of flash_attn_varlen_func's eager call
+    (deterministic_backward: what the backward op is given)."""
     from . import api
 
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
@@ -1137,7 +1161,7 @@ _varlen_op = torch.library.custom_op(_VARLEN_OP, _varlen_impl, mutates_args=())
 @_varlen_op.register_fake
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, qkv_layout, mask_kind,
                  softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target, window_left, window_right,
-                 lse_returned):
+                 lse_returned, deterministic_backward=False):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -1160,24 +1184,25 @@ def _varlen_backward_impl(d_o: torch.Tensor, d_lse: Optional[torch.Tensor], q: t
                           v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, qkv_layout: str,
                           mask_kind: str, softmax_scale: float, recipe: str, smooth_k: bool, direct_p: bool, gqa: bool,
-                          arg_names: str, target: str, window_left: int,
-                          window_right: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          arg_names: str, target: str, window_left: int, window_right: int,
+                          deterministic_backward: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV of the eager call for dO and dLSE (None: the caller never held the LSE), given the
     forward's O and LSE: from the packed device calls' backward where they run the call, else by
-    running the eager call again with autograd."""
+    running the eager call again with autograd. deterministic_backward: the call's
+    deterministic=True."""
     from . import api
 
     s = _host.Settings(qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
                        window_left, window_right)
     _require_backward(recipe)
     grads = varlen_backward_device(d_o, d_lse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                   max_seqlen_k, s)
+                                   max_seqlen_k, s, deterministic_backward)
     if grads is not None:
         return grads
     with _autograd_inside_op():
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
         o, lse = api.varlen_forward(*leaves, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s,
-                                    d_lse is not None)
+                                    d_lse is not None, deterministic_backward)
         outputs, grads = ((o, lse), (d_o, d_lse)) if d_lse is not None else ((o,), (d_o,))
         got = torch.autograd.grad(outputs, leaves, grads, allow_unused=True)
     # Contiguous, as the fake implementation promises (the leaves may be strided views).
@@ -1191,24 +1216,26 @@ _varlen_backward_op = torch.library.custom_op(_VARLEN_BACKWARD_OP, _varlen_backw
 @_varlen_backward_op.register_fake
 def _varlen_backward_fake(d_o, d_lse, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           qkv_layout, mask_kind, softmax_scale, recipe, smooth_k, direct_p, gqa, arg_names, target,
-                          window_left, window_right):
+                          window_left, window_right, deterministic_backward=False):
     _require_backward(recipe)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:5], *output)  # q, k, v, both cu_seqlens, O and the LSE
-    ctx.rest = tuple(inputs[5:])  # max_seqlen_q, max_seqlen_k, the settings, lse_returned
+    ctx.rest = tuple(inputs[5:])  # max_seqlen_q, max_seqlen_k, the settings, lse_returned, deterministic_backward
     ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, grad_o, grad_lse):
     q, k, v, cu_q, cu_k, o, lse = ctx.saved_tensors
-    *sizes_and_settings, lse_returned = ctx.rest
+    n = 2 + len(_host.Settings._fields)  # max_seqlen_q, max_seqlen_k and the settings
+    sizes_and_settings, lse_returned = ctx.rest[:n], ctx.rest[n]
+    deterministic = bool(ctx.rest[n + 1]) if len(ctx.rest) > n + 1 else False
     if grad_o is None:  # the loss used the LSE alone
         grad_o = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     d_lse = grad_lse if lse_returned else None
-    dq, dk, dv = _varlen_backward_op(grad_o, d_lse, q, k, v, o, lse, cu_q, cu_k, *sizes_and_settings)
+    dq, dk, dv = _varlen_backward_op(grad_o, d_lse, q, k, v, o, lse, cu_q, cu_k, *sizes_and_settings, deterministic)
     return (dq, dk, dv) + (None,) * (len(ctx.rest) + 2)
 
 
@@ -1216,7 +1243,7 @@ _varlen_op.register_autograd(_varlen_backward, setup_context=_varlen_setup_conte
 
 
 def varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-              max_seqlen_k, s: _host.Settings, lse_returned: bool) -> tuple:
+              max_seqlen_k, s: _host.Settings, lse_returned: bool, deterministic: bool = False) -> tuple:
     """flash_attn_varlen_func's (O, LSE) through the op that torch.compile traces (q, k, v checked)."""
     for cu, name in ((cu_seqlens_q, "cu_seqlens_q"), (cu_seqlens_k, "cu_seqlens_k")):
         if not isinstance(cu, torch.Tensor):
@@ -1225,4 +1252,5 @@ def varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, c
     for value, name in ((max_seqlen_q, "max_seqlen_q"), (max_seqlen_k, "max_seqlen_k")):
         if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
             raise ValueError(f"{name}: expected an int, got {type(value).__name__}")
-    return _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *s, lse_returned)
+    return _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *s, lse_returned,
+                      bool(deterministic))

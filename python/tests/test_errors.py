@@ -164,7 +164,8 @@ def test_features_fp4attn_lacks_take_only_their_off_value(qkv):
         fp4attn.flash_attn_func(*qkv, softcap=30.0)
     with raises(ValueError, "alibi_slopes"):
         fp4attn.flash_attn_func(*qkv, alibi_slopes=np.ones(4, dtype=np.float32))
-    with raises(ValueError, "deterministic"):
-        fp4attn.flash_attn_func(*qkv, deterministic=True)
     with raises(TypeError, "deterministic"):
         fp4attn.flash_attn_func(*qkv, deterministic=1)
+    with raises(TypeError, "deterministic"):
+        fp4attn.flash_attn_varlen_func(qkv[0][0], qkv[1][0], qkv[2][0], [0, qkv[0].shape[1]], [0, qkv[1].shape[1]],
+                                       qkv[0].shape[1], qkv[1].shape[1], deterministic="yes")
