@@ -225,8 +225,9 @@ def flash_attn_varlen_func(
     Each sequence's output is bit for bit what attention() gives on that
     sequence alone (quantization is per sequence and head), and so are its
     gradients in the deterministic backward (deterministic=True, or
-    torch.use_deterministic_algorithms; signs of zero included: every path reads the packed tensors through one
-    split, whose gradient autograd concatenates). By default the backward's
+    torch.use_deterministic_algorithms; signs of zero included: every path
+    reads the packed tensors through one split, whose gradient autograd
+    concatenates). By default the backward's
     mode is picked per call, for the whole batch here: at D = 64 the one pass,
     whose dQ sums vary in order, where a sequence alone may take the two.
     Recipe fp8 on a Hopper GPU runs every sequence in one forward call and one
