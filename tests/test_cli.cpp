@@ -227,6 +227,8 @@ TEST(Cli, BadBenchArguments) {
   expect_named_error("bench --warmup -1", "--warmup", "must be >= 0");
   expect_named_error("bench --S 1024 --Sq 512", "--S");
   expect_named_error("bench --json /nonexistent-dir/x.json", "--json");
+  expect_named_error("bench --causal --window 64 5", "--window", "must be -1 or 0 with a causal mask");
+  expect_named_error("bench --window -3 5", "--window", "window_left");
 }
 
 // Q, K and V files of one small GQA problem in several dtypes and layouts.

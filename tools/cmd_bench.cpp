@@ -30,6 +30,7 @@ struct BenchArgs {
   AttentionShape shape{.B = 0, .Hq = 0, .Hkv = 0, .Sq = kDefaultS, .Sk = kDefaultS, .D = kDefaultD};
   std::int64_t s = kDefaultS;
   bool causal = false;
+  std::vector<std::int64_t> window;  // --window LEFT RIGHT, or empty
   BenchOptions timing;
   std::string json;
 };
@@ -77,6 +78,9 @@ nlohmann::json to_json(const AttentionShape& shape, const BenchArgs& args, const
                            {"recipe", to_string(Recipe::fp8)},
                            {"direct_p", t.direct_p},
                            {"causal", args.causal},
+                           {"window", args.timing.window.bounded()
+                                          ? nlohmann::json({args.timing.window.left, args.timing.window.right})
+                                          : nlohmann::json(nullptr)},
                            {"B", shape.B},
                            {"H", shape.Hq},
                            {"Hkv", shape.Hkv},
@@ -105,11 +109,15 @@ AttentionShape grid_shape(std::int64_t S, std::int64_t D) {
 }
 
 void print_sm90_benchmark(const AttentionShape& shape, const BenchOptions& timing, const Sm90Benchmark& result) {
-  const double flops = forward_flops(shape, timing.mask);
-  std::printf("%s: B=%lld H=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld %s, recipe fp8\n", result.gpu.c_str(),
+  // TFLOP/s count the (query, key) pairs the mask and the window leave.
+  const double flops = forward_flops(shape, timing.mask, timing.window);
+  const std::string window = timing.window.bounded() ? ", window " + std::to_string(timing.window.left) + " " +
+                                                           std::to_string(timing.window.right)
+                                                     : "";
+  std::printf("%s: B=%lld H=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld %s%s, recipe fp8\n", result.gpu.c_str(),
               static_cast<long long>(shape.B), static_cast<long long>(shape.Hq), static_cast<long long>(shape.Hkv),
               static_cast<long long>(shape.Sq), static_cast<long long>(shape.Sk), static_cast<long long>(shape.D),
-              timing.mask == MaskKind::none ? "noncausal" : "causal");
+              timing.mask == MaskKind::none ? "noncausal" : "causal", window.c_str());
   std::printf("CUDA events, median of %d runs after %d warm-up; %d input sets rotated (%.0f MB of E4M3 operands)\n",
               timing.reps, timing.warmup, result.input_sets, result.rotated_bytes / kBytesPerMegabyte);
   std::printf("%-8s %-8s %10s %10s\n", "op", "direct_p", "ms", "TFLOP/s");
@@ -135,6 +143,7 @@ namespace {
 void bench(CLI::App& cmd, BenchArgs& args, const std::string& command_line) {
   const AttentionShape shape = resolve_shape(cmd, args);
   args.timing.mask = args.causal ? MaskKind::causal : MaskKind::none;
+  args.timing.window = parse_window(args.window, args.causal);
   // Find an unwritable --json path before the run, not after it.
   if (!args.json.empty() && !std::ofstream(args.json, std::ios::app))
     throw Error("--json", "cannot write '" + args.json + "'");
@@ -144,7 +153,7 @@ void bench(CLI::App& cmd, BenchArgs& args, const std::string& command_line) {
   with_flag_names(rename, [&] { result = benchmark_sm90(shape, args.timing); });
 
   print_sm90_benchmark(shape, args.timing, result);
-  const double flops = forward_flops(shape, args.timing.mask);
+  const double flops = forward_flops(shape, args.timing.mask, args.timing.window);
   if (!args.json.empty()) write_json(to_json(shape, args, result, flops, command_line), args.json, "--json");
 }
 
@@ -161,6 +170,7 @@ void add_bench_command(CLI::App& app, const std::string& command_line) {
   cmd->add_option("--Sk", args->shape.Sk, "Key length")->excludes(s);
   cmd->add_option("--D", args->shape.D, "Head dim (64 or 128; 256 without --training)");
   cmd->add_flag("--causal", args->causal, "Causal mask, bottom-right aligned when Sq != Sk");
+  add_window_option(*cmd, args->window);
   cmd->add_flag("--training", args->timing.training,
                 "Also time forward + backward (op fwdbwd) and the backward alone (op bwd) from bf16, as "
                 "training runs them");

@@ -53,7 +53,7 @@ void run(CLI::App& cmd, const RunArgs& args, const std::string& command_line) {
   shape.Hkv = unset("--Hkv") ? shape.Hq : args.hkv;
   const Settings settings = parse_settings(args.common);
   const MaskKind mask = args.common.causal ? MaskKind::causal : MaskKind::none;
-  const Window window = parse_window(args.common);
+  const Window window = parse_window(args.common.window, args.common.causal);
   with_flag_names(flag_of, [&] {
     AttentionOptions opt;
     validate(shape, opt);  // before allocating inputs of an absurd shape
@@ -61,14 +61,11 @@ void run(CLI::App& cmd, const RunArgs& args, const std::string& command_line) {
     problem.window = window;
     report(problem, settings, args.common, command_line);
   });
-  if (window.bounded() && !args.quick && sm90_available()) {
-    std::printf("\nThe sm90 throughput below is timed without a window; bench/bench_window.py times windowed calls "
-                "through the torch layer.\n");
-  }
   if (!args.quick && sm90_available()) {
     const AttentionShape grid = grid_shape(kThroughputS, kThroughputD);
     BenchOptions timing;
     timing.mask = mask;
+    timing.window = window;
     timing.training = true;
     std::printf("\nThroughput of the sm90 fp8 kernels, forward and training (`fp4attn bench` times other "
                 "shapes):\n");

@@ -36,8 +36,11 @@ struct CommonArgs {
 };
 void add_common_options(CLI::App& cmd, CommonArgs& args);
 Settings parse_settings(const CommonArgs& args);
-// --window (and --causal, which it must agree with), checked; none when not given.
-Window parse_window(const CommonArgs& args);
+// --window LEFT RIGHT, as `run`, `accuracy` and `bench` take it.
+void add_window_option(CLI::App& cmd, std::vector<std::int64_t>& window);
+// --window's two bounds (and --causal, which they must agree with), checked;
+// none when not given.
+Window parse_window(const std::vector<std::int64_t>& bounds, bool causal);
 
 // Measures, prints the table and writes --json when asked.
 void report(const Problem& problem, const Settings& settings, const CommonArgs& args, const std::string& command_line);

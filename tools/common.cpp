@@ -6,13 +6,17 @@
 
 namespace fp4attn::cli {
 
-void add_common_options(CLI::App& cmd, CommonArgs& args) {
-  cmd.add_flag("--causal", args.causal, "Causal mask, bottom-right aligned when Sq != Sk");
-  cmd.add_option("--window", args.window,
+void add_window_option(CLI::App& cmd, std::vector<std::int64_t>& window) {
+  cmd.add_option("--window", window,
                  "Sliding window LEFT RIGHT, FlashAttention's window_size: query i sees keys i + Sk - Sq - LEFT "
                  "... i + Sk - Sq + RIGHT (-1: no bound on that side; with --causal RIGHT is -1 or 0)")
       ->expected(2)
       ->allow_extra_args(false);
+}
+
+void add_common_options(CLI::App& cmd, CommonArgs& args) {
+  cmd.add_flag("--causal", args.causal, "Causal mask, bottom-right aligned when Sq != Sk");
+  add_window_option(cmd, args.window);
   cmd.add_option("--threads", args.threads, "CPU emulator threads (0: all cores)");
   cmd.add_option("--target", args.target, "Numerics to emulate: sm90 (FP4 expanded to E4M3) or sm100");
   cmd.add_option("--recipe", args.recipes, "Recipes to run (fp8, mxfp4, nvfp4, mxfp4_train); default all");
@@ -37,11 +41,11 @@ Settings parse_settings(const CommonArgs& args) {
   return s;
 }
 
-Window parse_window(const CommonArgs& args) {
-  if (args.window.empty()) return {};
-  const Window window{args.window[0], args.window[1]};
+Window parse_window(const std::vector<std::int64_t>& bounds, bool causal) {
+  if (bounds.empty()) return {};
+  const Window window{bounds[0], bounds[1]};
   try {
-    check_window(args.causal ? MaskKind::causal : MaskKind::none, window);
+    check_window(causal ? MaskKind::causal : MaskKind::none, window);
   } catch (const Error& e) {
     throw Error("--window", e.what());
   }

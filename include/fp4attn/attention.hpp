@@ -121,6 +121,7 @@ constexpr double flop_factor(TimedOp op) {
 
 struct BenchOptions {
   MaskKind mask = MaskKind::none;
+  Window window{};  // a sliding window, as AttentionOptions::window (none by default)
   int reps = 20;   // timed runs; the median is reported
   int warmup = 5;  // untimed runs first (clocks, caches, module loading)
   bool training = false;  // also time fwdbwd and bwd (the backward's faster mode for D, as torch picks it)

@@ -11,6 +11,7 @@ namespace fp4attn {
 Sm90Benchmark benchmark_sm90(const AttentionShape& shape, const BenchOptions& opt) {
   AttentionOptions attention;
   attention.mask = opt.mask;
+  attention.window = opt.window;
   validate(shape, attention);
   // The kernels' own head dims; D = 256 has recipe fp8's forward kernel only.
   const bool forward_only_dim = shape.D == kSm90Fp8ForwardMaxHeadDim;

@@ -116,7 +116,7 @@ void time_training(const AttentionShape& shape, const BenchOptions& opt, const s
   const DeviceMemory dq = cuda_common::device_alloc(q_bytes), dk = cuda_common::device_alloc(kv_bytes),
                      dv = cuda_common::device_alloc(kv_bytes);
   const std::size_t fwd_bytes = sm90_device_workspace_bytes(shape, Recipe::fp8);
-  const bool deterministic = !sm90_backward_one_pass_faster(shape, opt.mask);
+  const bool deterministic = !sm90_backward_one_pass_faster(shape, opt.mask, opt.window);
   result.deterministic_backward = deterministic;
   // Every backward below is given its set's kept operands.
   const std::size_t bwd_bytes = sm90_device_backward_workspace_bytes(shape, deterministic, Recipe::fp8, true);
@@ -135,6 +135,7 @@ void time_training(const AttentionShape& shape, const BenchOptions& opt, const s
   for (bool direct_p : {true, false}) {
     AttentionOptions attention;
     attention.mask = opt.mask;
+    attention.window = opt.window;
     attention.direct_p = direct_p;
     const auto forward = [&](int i) {
       Set& set = per_set[i % sets];
@@ -211,6 +212,7 @@ Sm90Benchmark sm90_benchmark(const AttentionShape& shape, const BenchOptions& op
   };
   const auto attend = [&](int i, sm90::fwd::PCode p_code) {
     sm90::fwd::Fp8ForwardArgs a = operands[i % sets].forward_args(opt.mask, p_code, scale, defaults.smooth_k);
+    a.window_left = kernel_window_bound(opt.window.left), a.window_right = kernel_window_bound(opt.window.right);
     a.o = o.get();
     a.o_stride_b = shape.Sq * shape.Hq * shape.D, a.o_stride_s = shape.Hq * shape.D, a.o_stride_h = shape.D;
     a.lse = cuda_common::as<float>(lse);

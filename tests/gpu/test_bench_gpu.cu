@@ -1,7 +1,8 @@
 // benchmark_sm90 (`fp4attn bench`, the throughput part of `fp4attn run`) on a
 // Hopper GPU: with training on it times forward + backward and the backward
 // alone next to the forward rows, Direct-P on and off, every row a positive
-// time, and the backward alone shorter than forward + backward.
+// time, and the backward alone shorter than forward + backward; a window
+// reaches the kernels.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -41,6 +42,40 @@ TEST(GpuBench, TrainingRowsFollowTheForwardRows) {
     // Without training, the four forward rows alone.
     opt.training = false;
     EXPECT_EQ(benchmark_sm90(shape, opt).timings.size(), 4u);
+  }
+}
+
+// A causal window of 256 keys at S = 8k leaves about a sixteenth of the
+// causal pairs: the windowed forward and training rows must be much faster
+// than the same rows without the window (the window reaches the kernels), and
+// a window on the backward picks its mode from the windowed problem.
+TEST(GpuBench, WindowCutsTheWork) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape shape{.B = 1, .Hq = 8, .Hkv = 8, .Sq = 8192, .Sk = 8192, .D = 128};
+  BenchOptions opt;
+  opt.mask = MaskKind::causal;
+  opt.reps = 5;
+  opt.warmup = 2;
+  opt.training = true;
+  const Sm90Benchmark full = benchmark_sm90(shape, opt);
+  opt.window = {256, 0};
+  const Sm90Benchmark windowed = benchmark_sm90(shape, opt);
+  ASSERT_EQ(full.timings.size(), windowed.timings.size());
+  for (std::size_t i = 0; i < full.timings.size(); ++i) {
+    const Timing& f = full.timings[i];
+    const Timing& w = windowed.timings[i];
+    ASSERT_EQ(f.op, w.op);
+    // fwd_e2e keeps the quantizer's full pass over Q, K and V.
+    const double at_least = f.op == TimedOp::fwd_e2e ? 1.5 : 3.0;
+    EXPECT_GT(f.ms / w.ms, at_least) << to_string(f.op) << " direct_p " << f.direct_p << ": " << f.ms << " ms "
+                                     << "without the window, " << w.ms << " with it";
+  }
+  opt.window = {256, 5};  // a causal mask takes no right bound past the diagonal
+  try {
+    benchmark_sm90(shape, opt);
+    FAIL() << "a causal window with right bound 5 was timed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "window_right");
   }
 }
 
