@@ -96,8 +96,9 @@ void accuracy(const AccuracyArgs& args, const std::string& command_line) {
   const AttentionShape shape{.B = q.B, .Hq = q.H, .Hkv = k.H, .Sq = q.S, .Sk = k.S, .D = q.D};
   const MaskKind mask = args.common.causal ? MaskKind::causal : MaskKind::none;
   with_flag_names(flag_of, [&] {
-    report(Problem{shape, std::move(q.data), std::move(k.data), std::move(v.data), mask, parse_window(args.common.window, args.common.causal)},
-           settings, args.common, command_line);
+    const Window window = parse_window(args.common.window, args.common.causal);
+    report(Problem{shape, std::move(q.data), std::move(k.data), std::move(v.data), mask, window}, settings,
+           args.common, command_line);
   });
 }
 
