@@ -17,6 +17,24 @@ import numpy as np
 import pytest
 
 
+
+def _device_backward_available() -> bool:
+    """Whether the sm90 backward kernels run here: torch with CUDA, a compute-capability 9.0 GPU and
+    a build that has them."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    import fp4attn
+
+    return (torch.cuda.is_available() and fp4attn.backend_info()["sm90_available"]
+            and hasattr(fp4attn._ext, "backward_device"))
+
+
+needs_device_backward = pytest.mark.skipif(
+    not _device_backward_available(), reason="needs the sm90 backward kernel and a compute-capability 9.0 GPU"
+)
+
 class Bounds(NamedTuple):
     one_minus_cos: float
     rel_l2: float

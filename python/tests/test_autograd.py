@@ -16,20 +16,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fp4attn  # noqa: E402  (after the skip: without torch this module is not collected)
-from conftest import GRAD_BOUNDS, GradBounds, make_qkv  # noqa: E402
+from conftest import GRAD_BOUNDS, GradBounds, make_qkv, needs_device_backward  # noqa: E402
 from fp64_reference import attention_backward_bshd, cosine, rel_l2  # noqa: E402
 
 TRAINABLE = tuple(GRAD_BOUNDS)
 
 needs_backward = pytest.mark.skipif(not hasattr(fp4attn._ext, "backward"), reason="this build has no _ext.backward")
-needs_device_backward = pytest.mark.skipif(
-    not (
-        torch.cuda.is_available()
-        and fp4attn.backend_info()["sm90_available"]
-        and hasattr(fp4attn._ext, "backward_device")
-    ),
-    reason="needs the sm90 backward kernel and a compute-capability 9.0 GPU",
-)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 # (B, Sq, Sk, Hq, Hkv, D): GQA with Sq != Sk, MQA with Sk over the 128-key tile, equal odd lengths.

@@ -16,16 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fp4attn  # noqa: E402  (after the skip: without torch this module is not collected)
-from conftest import make_qkv  # noqa: E402
-
-needs_device_backward = pytest.mark.skipif(
-    not (
-        torch.cuda.is_available()
-        and fp4attn.backend_info()["sm90_available"]
-        and hasattr(fp4attn._ext, "backward_device")
-    ),
-    reason="needs the sm90 backward kernel and a compute-capability 9.0 GPU",
-)
+from conftest import make_qkv, needs_device_backward  # noqa: E402
 
 # _backward_device(d_o, d_lse, q, k, v, o, lse, dims, s, opt, deterministic, kept, packing=None)
 _MODE_ARG = 10

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fp4attn
-from conftest import BOUNDS, GRAD_BOUNDS, make_qkv
+from conftest import BOUNDS, GRAD_BOUNDS, make_qkv, needs_device_backward
 from fp64_reference import attention_backward_bshd, attention_bshd, cosine, rel_l2, visible
 
 try:
@@ -26,10 +26,6 @@ HAS_CUDA = torch is not None and torch.cuda.is_available()
 needs_sm90 = pytest.mark.skipif(
     not (HAS_CUDA and fp4attn.backend_info()["sm90_available"]),
     reason="needs the sm90 executor and a compute-capability 9.0 GPU",
-)
-needs_device_backward = pytest.mark.skipif(
-    not (HAS_CUDA and fp4attn.backend_info()["sm90_available"] and hasattr(fp4attn._ext, "backward_device")),
-    reason="needs the sm90 backward kernel and a compute-capability 9.0 GPU",
 )
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
