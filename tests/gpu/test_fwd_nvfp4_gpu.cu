@@ -86,6 +86,20 @@ float download_float(const float* ptr) {
   return x;
 }
 
+// Random Q, K and V of shape s at the scales every test here uses (K's wider,
+// so that the scores spread), drawn in that order from rng; `outlier` > 1
+// puts one element in a thousand that far out.
+struct Inputs {
+  std::vector<float> q, k, v;
+};
+Inputs random_inputs(const AttentionShape& s, std::mt19937& rng, float outlier = 1.0f) {
+  Inputs in;
+  in.q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng, outlier);
+  in.k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng, outlier);
+  in.v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng, outlier);
+  return in;
+}
+
 // ---- the kernel's P helpers against the shared host functions, bit for bit
 
 __global__ void p_helpers_kernel(const float* u_max, int n_scales, std::uint32_t* scale, const float* u,
@@ -237,9 +251,7 @@ TEST(GpuNvfp4Expand, OperandsMatchEmulator) {
     std::mt19937 rng(seed);
     const std::string where = "Sq=" + std::to_string(s.Sq) + " Sk=" + std::to_string(s.Sk) + " D=" +
                               std::to_string(s.D) + " seed=" + std::to_string(seed);
-    const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng, kOutlier);
-    const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng, kOutlier);
-    const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng, kOutlier);
+    const auto [q, k, v] = random_inputs(s, rng, kOutlier);
     DeviceBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
     sm90::fwd::Nvfp4Operands ops(s);
     {
@@ -378,9 +390,7 @@ TEST(GpuForwardNvfp4, NonFiniteInputPoisonsOutputs) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 2, 2, 130, 140, 64};
   std::mt19937 rng(gpu_test::fresh_seed());
-  auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
-  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
-  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
+  auto [q, k, v] = random_inputs(s, rng);
   q[77] = NAN;
   DeviceBf16 dq(q, s.B, s.Sq, s.Hq, s.D), dk(k, s.B, s.Sk, s.Hkv, s.D), dv(v, s.B, s.Sk, s.Hkv, s.D);
   sm90::fwd::Nvfp4Operands ops(s);
@@ -443,18 +453,22 @@ TEST(GpuForwardNvfp4, RefusesWhatItDoesNotImplementByName) {
 
 // ---- dispatch: the public entry point and the zero-copy device path run recipe nvfp4 here
 
+// Recipe nvfp4, causal, smooth_k: the options of the entry-point tests below.
+AttentionOptions causal_smooth_k_options() {
+  AttentionOptions opt;
+  opt.recipe = Recipe::nvfp4;
+  opt.mask = MaskKind::causal;
+  opt.smooth_k = true;
+  return opt;
+}
+
 TEST(GpuForwardNvfp4, PublicApiRunsNvfp4OnSm90) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape s{1, 4, 2, 190, 260, 128};
   const std::uint32_t seed = gpu_test::fresh_seed();
   std::mt19937 rng(seed);
-  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
-  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
-  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
-  AttentionOptions opt;
-  opt.recipe = Recipe::nvfp4;
-  opt.mask = MaskKind::causal;
-  opt.smooth_k = true;
+  const auto [q, k, v] = random_inputs(s, rng);
+  AttentionOptions opt = causal_smooth_k_options();
   const ForwardOutput got = forward(s, q, k, v, opt, Executor::automatic);
   EXPECT_EQ(got.executor, Executor::sm90);
   expect_matches_emulator({got.o, got.lse}, emulator::forward(s, q, k, v, opt),
@@ -525,13 +539,8 @@ TEST(GpuForwardNvfp4, WindowsRunOnSm90) {
   const AttentionShape s{2, 4, 2, 400, 650, 128};
   const std::uint32_t seed = gpu_test::fresh_seed();
   std::mt19937 rng(seed);
-  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
-  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
-  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
-  AttentionOptions opt;
-  opt.recipe = Recipe::nvfp4;
-  opt.mask = MaskKind::causal;
-  opt.smooth_k = true;
+  const auto [q, k, v] = random_inputs(s, rng);
+  AttentionOptions opt = causal_smooth_k_options();
   opt.window = {150, 0};
   const ForwardOutput got = forward(s, q, k, v, opt, Executor::automatic);
   EXPECT_EQ(got.executor, Executor::sm90);
@@ -553,13 +562,8 @@ TEST(GpuForwardNvfp4, DevicePathMatchesHostPath) {
   // same outputs bit for bit.
   const AttentionShape s{2, 4, 2, 150, 333, 64};
   std::mt19937 rng(gpu_test::fresh_seed());
-  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng);
-  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng);
-  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng);
-  AttentionOptions opt;
-  opt.recipe = Recipe::nvfp4;
-  opt.mask = MaskKind::causal;
-  opt.smooth_k = true;
+  const auto [q, k, v] = random_inputs(s, rng);
+  AttentionOptions opt = causal_smooth_k_options();
   const ForwardOutput host = forward(s, q, k, v, opt, Executor::sm90);
 
   EXPECT_EQ(device_path_differences(s, opt, q, k, v, host), 0u);
@@ -574,9 +578,7 @@ TEST_P(GpuForwardNvfp4Grid, MatchesEmulator) {
   std::mt19937 rng(seed);
   const AttentionShape& s = c.shape;
   const float outlier = c.outliers ? kOutlier : 1.0f;
-  const auto q = gpu_test::attention_input(s.q_elems(), s.D, 0.5f, rng, outlier);
-  const auto k = gpu_test::attention_input(s.kv_elems(), s.D, 3.0f, rng, outlier);
-  const auto v = gpu_test::attention_input(s.kv_elems(), s.D, 1.0f, rng, outlier);
+  const auto [q, k, v] = random_inputs(s, rng, outlier);
   const GpuResult got = run_gpu(c, q, k, v);
   expect_matches_emulator(got, run_emulator(c, q, k, v),
                           case_name(::testing::TestParamInfo<Nvfp4Case>(c, 0)) + " seed=" + std::to_string(seed));
