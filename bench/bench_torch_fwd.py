@@ -9,7 +9,11 @@ inputs are (B, H, S, D) views of (B, S, H, D) memory, as a model's projections
 give them; the fp8 recipe is also timed on contiguous (B, H, S, D) tensors
 (`fp8_bhsd_memory`), whose rows the quantizer reads with another stride, and
 through flash_attn_func on the (B, S, H, D) tensors themselves
-(`fp8_flash_attn_func`, O in that memory too). Every output is compared with
+(`fp8_flash_attn_func`, O in that memory too), and on FlashAttention-3's FP8
+inputs (`fp8_e4m3_inputs`: the same tensors quantized to float8_e4m3fn once,
+outside the timing, with one descale per batch entry and kv head; the call
+runs the kernel on them with no quantizer pass, as a model whose projections
+emit FP8 gets it). Every output is compared with
 fp64 on its first 512 queries (rel_l2_vs_fp64), so that a fast wrong answer
 shows; --kernels 1 (the default) adds each kernel's time per call. The
 variants and the baselines alternate over --rounds rounds (rotated order); a
@@ -59,6 +63,16 @@ def bshd_views(B, S, H, D):
     return torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
 
 
+def e4m3_inputs(x, Hkv):
+    """FlashAttention-3's FP8 form of a (B, S, H, D) tensor: float8_e4m3fn codes and a float32
+    descale per (batch entry, kv head), amax / 448 over the head group's values."""
+    B, S, H, D = x.shape
+    grouped = x.float().view(B, S, Hkv, H // Hkv, D)
+    descale = (grouped.abs().amax(dim=(1, 3, 4)) / 448.0).clamp_min(1e-30)  # (B, Hkv)
+    codes = (grouped / descale[:, None, :, None, None]).view(B, S, H, D).to(torch.float8_e4m3fn)
+    return codes, descale.contiguous()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -91,6 +105,9 @@ def main():
             impls["fp8_flash_attn_func"] = lambda i: fp4attn.flash_attn_func(qb, kb, vb, causal=causal).transpose(1, 2)
             if args.duplicate:
                 impls["fp8_again"] = impls["fp8"]
+            (q8, dq), (k8, dk), (v8, dv) = (e4m3_inputs(x, Hkv) for x in (qb, kb, vb))
+            impls["fp8_e4m3_inputs"] = lambda i: fp4attn.flash_attn_func(
+                q8, k8, v8, causal=causal, q_descale=dq, k_descale=dk, v_descale=dv).transpose(1, 2)
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             def run(i, backend=backend):
                 with sdpa_kernel(backend):
@@ -138,7 +155,7 @@ def main():
             if n not in ("cudnn", "fa2"):
                 print(f"    {n:16s} " + "  ".join(f"{k.split('<')[0].split('(')[0][-40:]} {t}"
                                                for k, t in kernels[n].items()), flush=True)
-        del q, k, v, qc, kc, vc, qb, kb, vb
+        del q, k, v, qc, kc, vc, qb, kb, vb, impls
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
     result = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), commit=args.commit,

@@ -18,7 +18,8 @@
 #          FUZZ_SECONDS) and fuzz-varlen (random packed batches against
 #          per-sequence calls; the same FUZZ_* variables) and large (problems past 2^31 elements against
 #          slices of them; needs the python stage's package) are further stages;
-#          BENCH_ARGS adds options to bench/bench_fwd.py; PYTEST=0 makes the
+#          BENCH_ARGS adds options to bench/bench_fwd.py, TORCH_BENCH_ARGS to
+#          bench/bench_torch_fwd.py; PYTEST=0 makes the
 #          python stage install the package only; COMMIT names the
 #          library's commit where the copy has no git
 set -uo pipefail
@@ -59,6 +60,9 @@ if has_stage sanitize; then
   # recipe nvfp4's exp2 baseline; a two-sided window on its kernel
   small+=':Shapes/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_smoothk_exp2'
   small+=':Windows/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq700_Sk900_D64_full_smoothk_outliers_window100_37'
+  # caller-quantized E4M3 inputs: the descale and Vᵀ pass, Q and K read in place (strided too), the NaN flags
+  small+=':Shapes/GpuForwardE4m3Grid.MatchesEmulator/B1_Hq4_Hkv2_Sq300_Sk333_D48_causal_directp'
+  small+=':GpuForwardE4m3.StridedViewsGiveTheDenseBits:GpuForwardE4m3.BadValuesMakeEveryOutputNaN'
   # a head dim the kernels lack: the FP8 quantizer's padded lanes and the kernel's zero channels by TMA
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq4_Hkv2_Sq300_Sk333_D80_causal_directp_smoothk'
   # D = 256: two CTAs per query block (each half of O), Q and K in two panels;
@@ -230,7 +234,7 @@ if has_stage bench-torch; then
   # Inference forward through the torch layer (fp4attn.sdpa from bf16, everything a call does timed);
   # the python stage installed the package into /tmp/fp4attn-site.
   PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_torch_fwd.py --out "$OUT" \
-    ${COMMIT:+--commit "$COMMIT"} 2>&1 | tee "$OUT/bench-torch-stdout.log" | grep -v "^$" | tail -12
+    ${COMMIT:+--commit "$COMMIT"} ${TORCH_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-torch-stdout.log" | grep -v "^$" | tail -12
   summary+=("bench torch fwd: rc=${PIPESTATUS[0]}")
 fi
 

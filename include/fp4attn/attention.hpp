@@ -2,6 +2,7 @@
 // available (the sm90 kernels on a Hopper GPU, else the CPU emulator).
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,6 +77,28 @@ std::string device_description();
 
 ForwardOutput forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                       std::span<const float> v, const AttentionOptions& opt, Executor executor = Executor::automatic);
+
+// Recipe fp8's forward on inputs the caller has already quantized to E4M3, as
+// FlashAttention-3's FP8 interface takes them: one OCP E4M3 code per element
+// ((B, S, H, D), contiguous) and, per tensor, one fp32 descale per (batch
+// entry, kv head), (B, Hkv); the value of a code is code × descale. An empty
+// descale means 1. The scores, Direct-P and the products are recipe fp8's:
+// the kernels' block scales are the descales, V's channel scales too.
+struct E4m3Inputs {
+  std::span<const std::uint8_t> q, k, v;
+  std::span<const float> q_descale, k_descale, v_descale;
+};
+
+// Throws fp4attn::Error naming the argument: validate's checks, then recipe
+// fp8, smooth_k off (K is smoothed before it is quantized), D a multiple of 16.
+void validate_e4m3(const AttentionShape& shape, const AttentionOptions& opt);
+
+// Automatic executor: the sm90 kernels when present and the call is theirs
+// (target sm90, 128-token tiles, the grid limits), else the CPU emulator,
+// which models them bit for bit. Throws fp4attn::Error naming the argument for
+// sizes, a NaN code (E4M3 0x7F / 0xFF) or a descale that is not finite and positive.
+ForwardOutput forward_e4m3(const AttentionShape& shape, const E4m3Inputs& in, const AttentionOptions& opt,
+                           Executor executor = Executor::automatic);
 
 struct BackwardOutput {
   std::vector<float> dq;  // (B, Sq, Hq, D)

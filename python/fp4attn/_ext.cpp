@@ -11,12 +11,14 @@
 // as ValueError with the message, so errors keep naming the argument.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <tuple>
@@ -134,6 +136,69 @@ void forward_device(const ShapeTuple& shape, dispatch::DeviceElement element, st
   a.k_tokens = k_tokens;
   nb::gil_scoped_release no_gil;  // only enqueues work; other Python threads may go on
   dispatch::sm90_forward_device(a, opt, pointer<void*>(stream));
+}
+
+using HostCodes = nb::ndarray<const std::uint8_t, nb::ndim<4>, nb::c_contig, nb::device::cpu>;
+using HostDescale = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+std::span<const float> descale_span(const std::optional<HostDescale>& d) {
+  return d ? std::span<const float>(d->data(), d->size()) : std::span<const float>{};
+}
+
+// Recipe fp8 on caller-quantized E4M3 codes (uint8, (B, S, H, D)) with
+// optional (B, Hkv) descales; returns (o, lse, executor) as forward does.
+nb::tuple forward_e4m3_host(const HostCodes& q, const HostCodes& k, const HostCodes& v,
+                            const std::optional<HostDescale>& q_descale, const std::optional<HostDescale>& k_descale,
+                            const std::optional<HostDescale>& v_descale, const AttentionOptions& opt,
+                            Executor executor) {
+  AttentionShape shape;
+  shape.B = static_cast<std::int64_t>(q.shape(0));
+  shape.Sq = static_cast<std::int64_t>(q.shape(1));
+  shape.Hq = static_cast<std::int64_t>(q.shape(2));
+  shape.D = static_cast<std::int64_t>(q.shape(3));
+  shape.Sk = static_cast<std::int64_t>(k.shape(1));
+  shape.Hkv = static_cast<std::int64_t>(k.shape(2));
+  const E4m3Inputs in{{q.data(), q.size()}, {k.data(), k.size()}, {v.data(), v.size()},
+                      descale_span(q_descale), descale_span(k_descale), descale_span(v_descale)};
+  ForwardOutput out;
+  {
+    nb::gil_scoped_release no_gil;
+    out = fp4attn::forward_e4m3(shape, in, opt, executor);
+  }
+  auto o = to_numpy(std::move(out.o), std::array{dim(shape.B), dim(shape.Sq), dim(shape.Hq), dim(shape.D)});
+  auto lse = to_numpy(std::move(out.lse), std::array{dim(shape.B), dim(shape.Hq), dim(shape.Sq)});
+  return nb::make_tuple(o, lse, out.executor);
+}
+
+// Validates an E4M3-input call (ValueError naming the argument) and says
+// whether forward_e4m3_device can run it here.
+bool device_e4m3_supported(const ShapeTuple& shape_tuple, const AttentionOptions& opt) {
+  const AttentionShape shape = shape_of(shape_tuple);
+  validate_e4m3(shape, opt);
+  return cuda_built() && sm90_available() && dispatch::sm90_grid_holds(shape) && opt.target == Target::sm90 &&
+         opt.block_q == 128 && opt.block_k == 128;
+}
+
+void forward_e4m3_device(const ShapeTuple& shape, std::uintptr_t q, const Strides& q_strides, std::uintptr_t k,
+                         const Strides& k_strides, std::uintptr_t v, const Strides& v_strides,
+                         std::uintptr_t q_descale, std::uintptr_t k_descale, std::uintptr_t v_descale,
+                         std::uintptr_t o, const Strides& o_strides, std::uintptr_t lse, std::uintptr_t workspace,
+                         std::size_t workspace_bytes, const AttentionOptions& opt, std::uintptr_t stream) {
+  dispatch::DeviceE4m3ForwardArgs a;
+  a.shape = shape_of(shape);
+  a.q = device_view(q, q_strides);
+  a.k = device_view(k, k_strides);
+  a.v = device_view(v, v_strides);
+  a.q_descale = pointer<const float*>(q_descale);
+  a.k_descale = pointer<const float*>(k_descale);
+  a.v_descale = pointer<const float*>(v_descale);
+  a.o = pointer<void*>(o);
+  std::tie(a.o_stride_b, a.o_stride_s, a.o_stride_h) = o_strides;
+  a.lse = pointer<float*>(lse);
+  a.workspace = pointer<void*>(workspace);
+  a.workspace_bytes = workspace_bytes;
+  nb::gil_scoped_release no_gil;  // only enqueues work
+  dispatch::sm90_forward_device_e4m3(a, opt, pointer<void*>(stream));
 }
 
 using HostLse = nb::ndarray<const float, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
@@ -352,6 +417,22 @@ NB_MODULE(_ext, m) {
         "mxfp4_train, device_saved_bytes bytes; 0: none) receives Q's and K's operands for backward_device. "
         "cu_seqlens_q / cu_seqlens_k (device int32 pointers, B + 1 each; recipe fp8): packed sequences, shape's "
         "Sq and Sk the longest, O packed (total_q, Hq, D), the LSE (Hq, lse_pitch = total_q), k_tokens = total_k.");
+  m.def("forward_e4m3", &py::forward_e4m3_host, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("q_descale").none(), nb::arg("k_descale").none(), nb::arg("v_descale").none(), nb::arg("options"),
+        nb::arg("executor") = Executor::automatic,
+        "Recipe fp8 on (B, S, H, D) uint8 E4M3 codes with optional (B, Hkv) fp32 descales; returns "
+        "(o, lse, executor).");
+  m.def("device_e4m3_supported", &py::device_e4m3_supported, nb::arg("shape"), nb::arg("options"),
+        "Validates an E4M3-input (B, Sq, Sk, Hq, Hkv, D) call; True when forward_e4m3_device can run it.");
+  m.def("device_e4m3_workspace_bytes",
+        [](const py::ShapeTuple& shape) { return fp4attn::dispatch::sm90_device_e4m3_workspace_bytes(py::shape_of(shape)); },
+        nb::arg("shape"), "Device bytes of forward_e4m3_device's workspace.");
+  m.def("forward_e4m3_device", &py::forward_e4m3_device, nb::arg("shape"), nb::arg("q"), nb::arg("q_strides"),
+        nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("q_descale"),
+        nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("o"), nb::arg("o_strides"), nb::arg("lse"),
+        nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"), nb::arg("stream"),
+        "Recipe fp8 on E4M3 codes on the device (element strides = bytes; descales (B, Hkv) fp32 device pointers "
+        "or 0 for 1), O bf16 and LSE fp32, enqueued on `stream` without host synchronisation.");
   m.def("device_saved_bytes",
         [](const py::ShapeTuple& shape, fp4attn::Recipe recipe, const py::PackedTokenTuple& packed) {
           return fp4attn::dispatch::sm90_device_saved_bytes(py::shape_of(shape), recipe, py::packed_of(packed));

@@ -75,13 +75,13 @@ def _last_stride_elems(x) -> int:
     return x.stride(-1)
 
 
-def check_array(x, name: str) -> None:
+def check_array(x, name: str, dtypes=SUPPORTED_DTYPES) -> None:
     """Dtype, rank and a contiguous last dimension: what every kernel needs."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
     dtype = _dtype_name(x)
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name}: dtype {dtype} is not supported; use one of {', '.join(SUPPORTED_DTYPES)}")
+    if dtype not in dtypes:
+        raise TypeError(f"{name}: dtype {dtype} is not supported; use one of {', '.join(dtypes)}")
     if len(x.shape) != RANK:
         raise ValueError(f"{name}: expected a {RANK}-D array, got shape {tuple(x.shape)}")
     # A size-1 D has no meaningful stride; any other needs unit stride, as in
@@ -97,11 +97,11 @@ def check_layout(layout) -> str:
     return check_choice(layout, LAYOUTS, "layout")
 
 
-def check_qkv(q, k, v, layout: str, names=("q", "k", "v")) -> Dims:
+def check_qkv(q, k, v, layout: str, names=("q", "k", "v"), dtypes=SUPPORTED_DTYPES) -> Dims:
     """Checks the three operands and how their shapes agree; returns the sizes."""
     q_name, k_name, v_name = names
     for x, name in ((q, q_name), (k, k_name), (v, v_name)):
-        check_array(x, name)
+        check_array(x, name, dtypes)
     for x, name in ((k, k_name), (v, v_name)):
         if _dtype_name(x) != _dtype_name(q):
             raise TypeError(f"{name}: dtype {_dtype_name(x)} differs from {q_name}'s {_dtype_name(q)}")

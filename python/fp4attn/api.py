@@ -14,13 +14,14 @@ import math
 
 import numpy as np
 
-from . import _host, _validate
+from . import _host, _validate, e4m3
 
 # The torch layer loads only where torch is installed; the NumPy API never needs it.
 if importlib.util.find_spec("torch") is not None:
+    from . import torch_e4m3 as _torch_e4m3
     from . import torch_ops as _torch_ops
 else:
-    _torch_ops = None
+    _torch_e4m3 = _torch_ops = None
 
 
 def _is_torch(x) -> bool:
@@ -170,6 +171,9 @@ def flash_attn_func(
     return_attn_probs=False,
     *,
     recipe="fp8",
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """FlashAttention's flash_attn_func: (B, S, H, D) tensors, causal bottom-right aligned, GQA/MQA.
 
@@ -186,10 +190,27 @@ def flash_attn_func(
     problem. With
     return_attn_probs=True it returns (out, softmax_lse, None): the attention
     probabilities are never formed, so the third element is None.
+
+    FlashAttention-3's FP8 inputs: q, k and v in float8_e4m3fn with
+    q_descale, k_descale, v_descale float32 (B, Hkv) or None (1), the value
+    of a code being code × descale. Recipe fp8 then runs on the codes as they
+    are (no quantizer pass, no smooth_k) and out is bfloat16; see
+    fp4attn.e4m3. The descales apply to float8_e4m3fn inputs only.
     """
     deterministic = _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic)
     s = _flash_attn_settings(causal, softmax_scale, recipe, window_size)
     return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
+    descales = (q_descale, k_descale, v_descale)
+    if any(e4m3.is_e4m3(x) for x in (q, k, v)):
+        s = e4m3.settings(s)
+        if _is_torch(q):
+            o, lse = _torch_e4m3.forward(q, k, v, descales, s)
+        else:
+            o, lse = e4m3.numpy_forward(q, k, v, descales, s)
+        return (o, lse, None) if return_attn_probs else o
+    for d, name in zip(descales, ("q_descale", "k_descale", "v_descale")):
+        if d is not None:
+            raise ValueError(f"{name}: applies to float8_e4m3fn inputs only (q is {_validate._dtype_name(q)})")
     o, lse = _forward(q, k, v, s, return_attn_probs, deterministic)
     return (o, lse, None) if return_attn_probs else o
 

@@ -49,6 +49,11 @@ inline void check_sm90_grid(const AttentionShape& shape) {
 ForwardOutput sm90_forward(const AttentionShape& shape, std::span<const float> q, std::span<const float> k,
                            std::span<const float> v, const AttentionOptions& opt);
 
+// forward_e4m3 on the sm90 executor, after forward_e4m3's checks (sizes,
+// codes and descales already checked on the host): copies in, runs
+// sm90_forward_device_e4m3, copies out.
+ForwardOutput sm90_forward_e4m3(const AttentionShape& shape, const E4m3Inputs& in, const AttentionOptions& opt);
+
 // True when a compute-capability 9.0 device is visible to the CUDA runtime.
 bool sm90_device_present();
 
@@ -122,6 +127,36 @@ struct DeviceForwardArgs {
   std::int64_t lse_pitch = 0;
   std::int64_t k_tokens = 0;
 };
+
+// Recipe fp8's forward on tensors the caller has already quantized to E4M3
+// (FlashAttention-3's FP8 interface). q, k, v: E4M3 codes (B, S, H, D), strides
+// in elements (= bytes) on B, S and H, D contiguous; base addresses and strides
+// multiples of 16 bytes (the kernel reads Q and K in place by TMA, D a multiple
+// of 16 in [16, 256]). Each value is its code times its tensor's descale for
+// (b, kv head): fp32 (B, Hkv), contiguous, finite and positive; null means 1.
+// Options: recipe fp8, target sm90, smooth_k off (smoothing comes before
+// quantization); mask, window, softmax scale and Direct-P as for
+// sm90_forward_device. A NaN code or a bad descale makes O and the LSE NaN
+// (checked on the device: no host synchronisation).
+struct DeviceE4m3ForwardArgs {
+  AttentionShape shape;
+  DeviceTensorView q, k, v;
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  void* o = nullptr;  // bf16 (B, Sq, Hq, D), element strides below
+  std::int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;
+  float* lse = nullptr;  // (B, Hq, Sq) contiguous, natural log
+  // At least sm90_device_e4m3_workspace_bytes(shape) device bytes, 256-byte
+  // aligned, any content: the broadcast scales, Vᵀ and the NaN flags.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+std::size_t sm90_device_e4m3_workspace_bytes(const AttentionShape& shape);
+
+// Throws fp4attn::Error naming the argument (shape, options, pointers, alignment).
+void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const AttentionOptions& opt, void* stream);
 
 // Device bytes of DeviceForwardArgs::saved for `shape` and `recipe`: 0 for
 // the inference recipes (mxfp4, nvfp4), which keep none.

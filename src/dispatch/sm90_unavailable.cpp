@@ -12,6 +12,10 @@ ForwardOutput sm90_forward(const AttentionShape&, std::span<const float>, std::s
   throw Error("executor", "this build has no CUDA executors");
 }
 
+ForwardOutput sm90_forward_e4m3(const AttentionShape&, const E4m3Inputs&, const AttentionOptions&) {
+  throw Error("executor", "this build has no CUDA executors");
+}
+
 bool sm90_device_present() { return false; }
 
 Sm90Benchmark sm90_benchmark(const AttentionShape&, const BenchOptions&) {
@@ -25,6 +29,12 @@ std::size_t sm90_device_saved_bytes(const AttentionShape&, Recipe, PackedTokens)
 std::size_t sm90_device_saved_k_mean_offset(const AttentionShape&, Recipe, PackedTokens) { return 0; }
 
 void sm90_forward_device(const DeviceForwardArgs&, const AttentionOptions&, void*) {
+  throw Error("executor", "this build has no CUDA executors");
+}
+
+std::size_t sm90_device_e4m3_workspace_bytes(const AttentionShape&) { return 0; }
+
+void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs&, const AttentionOptions&, void*) {
   throw Error("executor", "this build has no CUDA executors");
 }
 

@@ -1,0 +1,81 @@
+"""The torch layer of attention on caller-quantized E4M3 inputs (fp4attn.e4m3 says what the
+call means): the custom op fp4attn::attention_e4m3, its fake implementation for
+torch.compile, and its device and host paths. Forward only: E4M3 inputs carry no gradient.
+"""
+
+# No `from __future__ import annotations` here: custom_op reads the signature's annotations.
+import warnings
+from typing import Optional
+
+import torch
+
+from . import _ext, _host, _validate, e4m3, torch_ops
+
+_OP = "fp4attn::attention_e4m3"
+
+
+def _bshd_shape(q: torch.Tensor, k: torch.Tensor) -> tuple:
+    """(B, Sq, Sk, Hq, Hkv, D), the order the bindings take."""
+    return q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
+
+
+def _settings(mask: str, scale: float, direct_p: bool, window_left: int, window_right: int) -> _host.Settings:
+    return _host.Settings(layout="bshd", mask=mask, scale=scale, recipe="fp8", smooth_k=False, direct_p=direct_p,
+                          gqa=True, names="q,k,v", window_left=window_left, window_right=window_right)
+
+
+def _device_path(q: torch.Tensor, shape: tuple, opt) -> bool:
+    if q.device.type != "cuda" or not _ext.cuda_built():
+        return False
+    # device_e4m3_supported validates first, so both paths reject the same calls.
+    return _ext.device_e4m3_supported(shape, opt) and torch_ops._is_sm90(q.device.index)
+
+
+def _e4m3_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: Optional[torch.Tensor],
+               k_descale: Optional[torch.Tensor], v_descale: Optional[torch.Tensor], mask: str, scale: float,
+               direct_p: bool, window_left: int, window_right: int) -> tuple[torch.Tensor, torch.Tensor]:
+    s = _settings(mask, scale, direct_p, window_left, window_right)
+    opt = _host.options(s)
+    shape = _bshd_shape(q, k)
+    B, Sq, _, Hq, _, D = shape
+    descales = (q_descale, k_descale, v_descale)
+    if _device_path(q, shape, opt):
+        with torch_ops._on_device(q.device):
+            o = torch.empty((B, Sq, Hq, D), dtype=torch.bfloat16, device=q.device)
+            lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+            workspace = torch.empty(_ext.device_e4m3_workspace_bytes(shape), dtype=torch.uint8, device=q.device)
+            scales = [None if d is None else d.contiguous() for d in descales]
+            ptrs = [0 if d is None else d.data_ptr() for d in scales]
+            _ext.forward_e4m3_device(shape, q.data_ptr(), q.stride()[:3], k.data_ptr(), k.stride()[:3],
+                                     v.data_ptr(), v.stride()[:3], *ptrs, o.data_ptr(), o.stride()[:3],
+                                     lse.data_ptr(), workspace.data_ptr(), workspace.numel(), opt,
+                                     torch_ops._current_stream(q.device))
+        return o, lse
+    if q.device.type == "cuda":
+        warnings.warn(
+            f"fp4attn: no GPU kernel for E4M3 inputs here (D = {D}, {torch.cuda.get_device_name(q.device)}): "
+            "their CUDA tensors are copied to the host and run there, which synchronises with the device and is "
+            "far slower",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    host = [x.detach().view(torch.uint8).cpu().numpy() for x in (q, k, v)]
+    scales = [None if d is None else d.detach().float().cpu().numpy() for d in descales]
+    o, lse = e4m3.host_forward(*host, scales, s)
+    return (torch.from_numpy(o).to(device=q.device, dtype=torch.bfloat16),
+            torch.from_numpy(lse).to(device=q.device))
+
+
+_e4m3_op = torch.library.custom_op(_OP, _e4m3_impl, mutates_args=())
+
+
+@_e4m3_op.register_fake
+def _e4m3_fake(q, k, v, q_descale, k_descale, v_descale, mask, scale, direct_p, window_left, window_right):
+    B, Sq, Hq, D = q.shape
+    return q.new_empty((B, Sq, Hq, D), dtype=torch.bfloat16), q.new_empty((B, Hq, Sq), dtype=torch.float32)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: tuple, s: _host.Settings):
+    """(O, LSE) of E4M3 q, k, v with (B, Hkv) descales or None, through the op."""
+    e4m3.check(q, k, v, descales, s)
+    return _e4m3_op(q, k, v, *descales, s.mask, s.scale, s.direct_p, s.window_left, s.window_right)
