@@ -76,6 +76,11 @@ void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const Attention
   if (cuda_quantize::padded_keys(s.Sk) / cuda_quantize::kTokenBlock > kMaxKeyTiles)
     throw Error("Sk", "at most " + std::to_string(kMaxKeyTiles * cuda_quantize::kTokenBlock) +
                           " keys per call with E4M3 inputs, got " + std::to_string(s.Sk));
+  // The preparation pass indexes tokens and its CTAs in 31 bits.
+  constexpr std::int64_t kMax31 = (std::int64_t{1} << 31) - 1;
+  if (s.B * s.Sq > kMax31 || s.B * s.Sk > kMax31 ||
+      s.B * s.Hkv * (cuda_quantize::padded_keys(s.Sk) / cuda_quantize::kTokenBlock) + s.B * (s.Sq + s.Sk) > kMax31)
+    throw Error("B", "B · Sq and B · Sk must stay below 2^31 tokens with E4M3 inputs; split the batch into calls");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   const sm90::fwd::E4m3View q = view_of(args.q, "q"), k = view_of(args.k, "k"), v = view_of(args.v, "v");
   if (args.o == nullptr) throw Error("o", "is a null device pointer");

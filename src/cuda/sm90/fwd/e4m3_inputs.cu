@@ -1,21 +1,32 @@
-// Two memory-bound launches before recipe fp8's kernel on caller-quantized
-// E4M3 inputs (e4m3_inputs.hpp): the scales with Q's and K's NaN scan, then Vᵀ.
+// One memory-bound launch before recipe fp8's kernel on caller-quantized E4M3
+// inputs (e4m3_inputs.hpp). Its first CTAs transpose V's 128-key tiles; the
+// rest scan Q's and K's codes for NaN, slab by slab of consecutive tokens, and
+// write the broadcast scales. One launch, so that the two parts share the
+// machine instead of each leaving a tail.
 #include "cuda/sm90/fwd/e4m3_inputs.hpp"
 
 #include <algorithm>
 #include <cstdint>
 
-#include "cuda/common/device_info.hpp"
 #include "cuda/common/device_memory.hpp"
+#include "cuda/quantize/byte_transpose.cuh"
+#include "cuda/quantize/fast_div.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"  // kTokenBlock, kVtKeyGroup, vt_key_of_slot, padded_keys
 
 namespace fp4attn::sm90::fwd {
 namespace {
 
+using cuda_quantize::FastDiv;
+
 constexpr int kThreads = 256;
 constexpr int kChunk = 16;  // bytes per vector load; D is a multiple of it
 constexpr int kMaxD = 256;
 constexpr int kTileKeys = cuda_quantize::kTokenBlock;
+constexpr int kGroup = cuda_quantize::kVtKeyGroup;
+// Loads a thread has in flight: a Vᵀ tile of 128 keys × 256 codes is 8 of
+// them per thread, and a scan CTA takes 8 per thread too.
+constexpr int kLoadsPerThread = kTileKeys * kMaxD / kChunk / kThreads;
+constexpr int kScanChunksPerCta = kLoadsPerThread * kThreads;
 constexpr int kFlagQ = 0, kFlagK = 1, kFlagV = 2;
 
 // E4M3's NaN is S.1111.111 (it has no infinities): a byte whose low seven bits
@@ -32,30 +43,108 @@ __device__ __forceinline__ void raise_flag(bool bad, int* flag) {
   if (__any_sync(0xFFFFFFFFu, bad) && (threadIdx.x % 32) == 0) *flag = 1;
 }
 
-struct ScanGeometry {
-  int B, S, H;
+// A tensor's scan geometry: slabs of `tokens_per_cta` consecutive (b, s)
+// tokens, each token H rows of D codes.
+struct ScanPlan {
+  E4m3View x;
+  FastDiv per_token;  // H · D/16 chunks
+  FastDiv chunks;     // D/16 chunks per row
+  FastDiv seq;        // S
+  std::uint32_t tokens = 0;  // B · S
+  int tokens_per_cta = 0;
+  int ctas = 0;
 };
 
-__device__ bool scan_tensor(const E4m3View& x, ScanGeometry g, int D, std::int64_t first, std::int64_t stride) {
-  const int chunks = D / kChunk;
-  const std::int64_t total = static_cast<std::int64_t>(g.B) * g.S * g.H * chunks;
+struct Plan {
+  E4m3CallerInputs in;
+  E4m3KernelOperands out;
+  std::int64_t vt_keys = 0;
+  FastDiv vt_tiles;  // 128-key tiles per (b, h)
+  int vt_ctas = 0;
+  ScanPlan q, k;
+};
+
+// V's tile (b · Hkv + h, tile) into shared memory (zero codes past Sk), then
+// Vᵀ: a thread takes four channels of one 32-key group and, per four slots,
+// reads the four keys' words of those channels and transposes the 4 × 4 bytes
+// (slot s holds key vt_key_of_slot(s)); 32 bytes a channel row. A warp's lanes
+// read neighbouring words of one key row: no bank conflicts.
+__device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
+  constexpr int kPitch = kMaxD + kChunk;
+  const int D = p.in.D;  // p.q.chunks divides by D / 16, as for Q's rows
+  const std::uint32_t bh = p.vt_tiles.quotient(static_cast<std::uint32_t>(cta));
+  const std::uint32_t t = p.vt_tiles.remainder(static_cast<std::uint32_t>(cta), bh);
+  const std::int64_t b = bh / p.in.Hkv, h = bh % p.in.Hkv, key0 = static_cast<std::int64_t>(t) * kTileKeys;
+  const std::uint8_t* src = p.in.v.data + b * p.in.v.stride_b + h * p.in.v.stride_h;
   bool bad = false;
-  for (std::int64_t i = first; i < total; i += stride) {
-    std::int64_t r = i / chunks;
-    const int c = static_cast<int>(i - r * chunks);
-    const std::int64_t h = r % g.H;
-    r /= g.H;
-    const std::int64_t s = r % g.S, b = r / g.S;
-    const auto* p = reinterpret_cast<const uint4*>(x.data + b * x.stride_b + s * x.stride_s + h * x.stride_h) + c;
-    bad |= has_nan_code(__ldg(p));
+  uint4 w[kLoadsPerThread];
+#pragma unroll
+  for (int l = 0; l < kLoadsPerThread; ++l) {
+    const std::uint32_t i = threadIdx.x + l * kThreads, row = p.q.chunks.quotient(i);
+    w[l] = make_uint4(0u, 0u, 0u, 0u);
+    if (row < kTileKeys && key0 + row < p.in.Sk)
+      w[l] = __ldg(reinterpret_cast<const uint4*>(src + (key0 + row) * p.in.v.stride_s) + p.q.chunks.remainder(i, row));
   }
+#pragma unroll
+  for (int l = 0; l < kLoadsPerThread; ++l) {
+    const std::uint32_t i = threadIdx.x + l * kThreads, row = p.q.chunks.quotient(i);
+    if (row < kTileKeys) *reinterpret_cast<uint4*>(tile + row * kPitch + p.q.chunks.remainder(i, row) * kChunk) = w[l];
+    bad |= has_nan_code(w[l]);
+  }
+  __syncthreads();
+  const int quads = D / 4;
+  if (threadIdx.x < quads * (kTileKeys / kGroup)) {
+    const int quad = threadIdx.x % quads, g = threadIdx.x / quads;
+    const std::uint8_t* column = tile + g * kGroup * kPitch + 4 * quad;
+    std::uint32_t rows[4][kGroup / 4];  // channel 4·quad + c, slots 4m .. 4m + 3 in word m
+#pragma unroll
+    for (int m = 0; m < kGroup / 4; ++m) {
+      std::uint32_t in[4], out[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        in[i] = *reinterpret_cast<const std::uint32_t*>(column + cuda_quantize::vt_key_of_slot(4 * m + i) * kPitch);
+      cuda_quantize::transpose_bytes_4x4(in, out);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) rows[c][m] = out[c];
+    }
+    std::uint8_t* dst = p.out.vt + (static_cast<std::int64_t>(bh) * D + 4 * quad) * p.vt_keys + key0 + g * kGroup;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      auto* row = reinterpret_cast<uint4*>(dst + c * p.vt_keys);
+      row[0] = make_uint4(rows[c][0], rows[c][1], rows[c][2], rows[c][3]);
+      row[1] = make_uint4(rows[c][4], rows[c][5], rows[c][6], rows[c][7]);
+    }
+  }
+  raise_flag(bad, p.out.nonfinite + kFlagV);
+}
+
+// Slab `slab` of a tensor's tokens: every 16-byte chunk loaded (all of a
+// thread's loads in flight at once) and tested for a NaN code.
+__device__ bool scan_slab(const ScanPlan& s, int slab) {
+  const std::uint32_t first_token = static_cast<std::uint32_t>(slab) * s.tokens_per_cta;
+  uint4 w[kLoadsPerThread];
+#pragma unroll
+  for (int l = 0; l < kLoadsPerThread; ++l) {
+    const std::uint32_t j = threadIdx.x + l * kThreads;  // chunk of the slab
+    const std::uint32_t local = s.per_token.quotient(j), item = s.per_token.remainder(j, local);
+    const std::uint32_t token = first_token + local;  // b · S + s
+    w[l] = make_uint4(0u, 0u, 0u, 0u);
+    if (local < static_cast<std::uint32_t>(s.tokens_per_cta) && token < s.tokens) {
+      const std::uint32_t b = s.seq.quotient(token), pos = s.seq.remainder(token, b);
+      const std::uint32_t h = s.chunks.quotient(item), c = s.chunks.remainder(item, h);
+      w[l] = __ldg(reinterpret_cast<const uint4*>(s.x.data + b * s.x.stride_b + pos * s.x.stride_s +
+                                                  h * s.x.stride_h) + c);
+    }
+  }
+  bool bad = false;
+#pragma unroll
+  for (int l = 0; l < kLoadsPerThread; ++l) bad |= has_nan_code(w[l]);
   return bad;
 }
 
-// Grid-stride: every scale element, then Q's and K's code rows, 16 bytes a load.
-__global__ void __launch_bounds__(kThreads) e4m3_scales_scan_kernel(E4m3CallerInputs in, E4m3KernelOperands out) {
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+// Every scale element from its descale (1 without one); a bad descale raises its tensor's flag.
+__device__ void write_scales(const Plan& p, std::int64_t first, std::int64_t stride) {
+  const E4m3CallerInputs& in = p.in;
   const int group = in.Hq / in.Hkv;
   const std::int64_t q_blocks = (in.Sq + kTileKeys - 1) / kTileKeys, k_blocks = (in.Sk + kTileKeys - 1) / kTileKeys;
   const std::int64_t n_q = static_cast<std::int64_t>(in.B) * in.Hq * q_blocks;
@@ -65,91 +154,70 @@ __global__ void __launch_bounds__(kThreads) e4m3_scales_scan_kernel(E4m3CallerIn
   for (std::int64_t i = first; i < n_q + n_k + n_v; i += stride) {
     if (i < n_q) {
       const std::int64_t bh = i / q_blocks;  // b · Hq + hq
-      const std::int64_t b = bh / in.Hq, hkv = (bh % in.Hq) / group;
-      const float x = in.q_descale != nullptr ? in.q_descale[b * in.Hkv + hkv] : 1.0f;
+      const float x = in.q_descale != nullptr ? in.q_descale[bh / in.Hq * in.Hkv + bh % in.Hq / group] : 1.0f;
       bad_q |= !good_descale(x);
-      out.q_scale[i] = x;
+      p.out.q_scale[i] = x;
     } else if (i < n_q + n_k) {
-      const std::int64_t j = i - n_q, bh = j / k_blocks;  // b · Hkv + h
-      const float x = in.k_descale != nullptr ? in.k_descale[bh] : 1.0f;
+      const std::int64_t j = i - n_q;
+      const float x = in.k_descale != nullptr ? in.k_descale[j / k_blocks] : 1.0f;  // b · Hkv + h
       bad_k |= !good_descale(x);
-      out.k_scale[j] = x;
+      p.out.k_scale[j] = x;
     } else {
-      const std::int64_t j = i - n_q - n_k, bh = j / in.D;
-      const float x = in.v_descale != nullptr ? in.v_descale[bh] : 1.0f;
+      const std::int64_t j = i - n_q - n_k;
+      const float x = in.v_descale != nullptr ? in.v_descale[j / in.D] : 1.0f;
       bad_v |= !good_descale(x);
-      out.v_scale[j] = x;
+      p.out.v_scale[j] = x;
     }
   }
-  bad_q |= scan_tensor(in.q, {in.B, in.Sq, in.Hq}, in.D, first, stride);
-  bad_k |= scan_tensor(in.k, {in.B, in.Sk, in.Hkv}, in.D, first, stride);
-  raise_flag(bad_q, out.nonfinite + kFlagQ);
-  raise_flag(bad_k, out.nonfinite + kFlagK);
-  raise_flag(bad_v, out.nonfinite + kFlagV);
+  raise_flag(bad_q, p.out.nonfinite + kFlagQ);
+  raise_flag(bad_k, p.out.nonfinite + kFlagK);
+  raise_flag(bad_v, p.out.nonfinite + kFlagV);
 }
 
-// One CTA per (b · Hkv + h, 128-key tile): the tile's V rows into shared
-// memory (zero codes past Sk), then each thread writes whole 32-key groups of
-// one channel row of Vᵀ, slot s of a group holding key vt_key_of_slot(s). A
-// warp's lanes take 32 neighbouring channels of one group, so each of its
-// shared-memory byte reads falls in one row: no bank conflicts.
-__global__ void __launch_bounds__(kThreads) e4m3_vt_kernel(E4m3CallerInputs in, E4m3KernelOperands out, std::int64_t vt_keys) {
-  constexpr int kPitch = kMaxD + kChunk;  // rows 16-byte aligned for the vector stores
-  __shared__ __align__(16) std::uint8_t tile[kTileKeys * kPitch];
-  const int D = in.D, chunks = D / kChunk;
-  const std::int64_t bh = blockIdx.x, b = bh / in.Hkv, h = bh % in.Hkv;
-  const std::int64_t key0 = static_cast<std::int64_t>(blockIdx.y) * kTileKeys;
-  bool bad = false;
-  for (int i = threadIdx.x; i < kTileKeys * chunks; i += kThreads) {
-    const int row = i / chunks, c = i % chunks;
-    const std::int64_t key = key0 + row;
-    uint4 w = make_uint4(0u, 0u, 0u, 0u);
-    if (key < in.Sk) {
-      w = __ldg(reinterpret_cast<const uint4*>(in.v.data + b * in.v.stride_b + key * in.v.stride_s +
-                                               h * in.v.stride_h) + c);
-      bad |= has_nan_code(w);
-    }
-    *reinterpret_cast<uint4*>(tile + row * kPitch + c * kChunk) = w;
+// CTAs [0, vt_ctas): Vᵀ tiles; then Q's slabs, then K's. The scan CTAs also
+// write the scales (a few thousand elements, spread over them).
+__global__ void __launch_bounds__(kThreads) e4m3_prepare_kernel(const __grid_constant__ Plan p) {
+  __shared__ __align__(16) std::uint8_t tile[kTileKeys * (kMaxD + kChunk)];
+  const int cta = static_cast<int>(blockIdx.x);
+  if (cta < p.vt_ctas) {
+    transpose_v_tile(p, cta, tile);
+    return;
   }
-  __syncthreads();
-  constexpr int kGroups = kTileKeys / cuda_quantize::kVtKeyGroup;
-  std::uint8_t* dst = out.vt + bh * D * vt_keys + key0;
-  for (int i = threadIdx.x; i < D * kGroups; i += kThreads) {
-    const int d = i % D, g = i / D;
-    std::uint32_t words[cuda_quantize::kVtKeyGroup / 4];
-#pragma unroll
-    for (int m = 0; m < cuda_quantize::kVtKeyGroup / 4; ++m) {
-      std::uint32_t w = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int key = g * cuda_quantize::kVtKeyGroup + cuda_quantize::vt_key_of_slot(4 * m + j);
-        w |= static_cast<std::uint32_t>(tile[key * kPitch + d]) << (8 * j);
-      }
-      words[m] = w;
-    }
-    auto* row = reinterpret_cast<uint4*>(dst + d * vt_keys + g * cuda_quantize::kVtKeyGroup);
-    row[0] = make_uint4(words[0], words[1], words[2], words[3]);
-    row[1] = make_uint4(words[4], words[5], words[6], words[7]);
-  }
-  raise_flag(bad, out.nonfinite + kFlagV);
+  const int scan = cta - p.vt_ctas;
+  const bool is_q = scan < p.q.ctas;
+  const bool bad = scan_slab(is_q ? p.q : p.k, is_q ? scan : scan - p.q.ctas);
+  raise_flag(bad, p.out.nonfinite + (is_q ? kFlagQ : kFlagK));
+  write_scales(p, static_cast<std::int64_t>(scan) * kThreads + threadIdx.x,
+               static_cast<std::int64_t>(p.q.ctas + p.k.ctas) * kThreads);
+}
+
+ScanPlan scan_plan(const E4m3View& x, int B, int S, int H, int D) {
+  ScanPlan s;
+  s.x = x;
+  const int per_token = H * (D / kChunk);
+  s.per_token = FastDiv(static_cast<std::uint32_t>(per_token));
+  s.chunks = FastDiv(static_cast<std::uint32_t>(D / kChunk));
+  s.seq = FastDiv(static_cast<std::uint32_t>(S));
+  s.tokens = static_cast<std::uint32_t>(B) * static_cast<std::uint32_t>(S);
+  s.tokens_per_cta = std::max(1, kScanChunksPerCta / per_token);
+  s.ctas = static_cast<int>((s.tokens + s.tokens_per_cta - 1) / s.tokens_per_cta);
+  return s;
 }
 
 }  // namespace
 
 void prepare_e4m3_operands(const E4m3CallerInputs& in, const E4m3KernelOperands& out, cudaStream_t stream) {
-  const std::int64_t scan_chunks =
-      (static_cast<std::int64_t>(in.B) * in.Sq * in.Hq + static_cast<std::int64_t>(in.B) * in.Sk * in.Hkv) *
-      (in.D / kChunk);
-  const std::int64_t wanted = (scan_chunks + kThreads - 1) / kThreads;
-  const int ctas = static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(wanted, cuda_common::sm_count() * 8)));
-  e4m3_scales_scan_kernel<<<ctas, kThreads, 0, stream>>>(in, out);
-  cuda_common::check_cuda(cudaGetLastError(), "e4m3_scales_scan_kernel launch");
-  const std::int64_t vt_keys = cuda_quantize::padded_keys(in.Sk);
-  // (b, h) on x, whose limit is 2^31 − 1; the tiles on y (up to 65535 · 128 keys).
-  const dim3 grid(static_cast<unsigned>(static_cast<std::int64_t>(in.B) * in.Hkv),
-                  static_cast<unsigned>(vt_keys / kTileKeys));
-  e4m3_vt_kernel<<<grid, kThreads, 0, stream>>>(in, out, vt_keys);
-  cuda_common::check_cuda(cudaGetLastError(), "e4m3_vt_kernel launch");
+  Plan p;
+  p.in = in;
+  p.out = out;
+  p.vt_keys = cuda_quantize::padded_keys(in.Sk);
+  const auto tiles = static_cast<std::uint32_t>(p.vt_keys / kTileKeys);
+  p.vt_tiles = FastDiv(tiles);
+  p.vt_ctas = static_cast<int>(static_cast<std::int64_t>(in.B) * in.Hkv * tiles);
+  p.q = scan_plan(in.q, in.B, in.Sq, in.Hq, in.D);
+  p.k = scan_plan(in.k, in.B, in.Sk, in.Hkv, in.D);
+  e4m3_prepare_kernel<<<p.vt_ctas + p.q.ctas + p.k.ctas, kThreads, 0, stream>>>(p);
+  cuda_common::check_cuda(cudaGetLastError(), "e4m3_prepare_kernel launch");
 }
 
 }  // namespace fp4attn::sm90::fwd
