@@ -14,7 +14,8 @@ pass, and no smooth_k (it subtracts K's mean before K is quantized).
   naming a NaN code or a bad descale.
 
 NumPy inputs are ml_dtypes.float8_e4m3fn arrays. O comes back as bfloat16 (NumPy: float32
-holding bf16 values) of shape (B, Sq, Hq, D), the LSE as float32 (B, Hq, Sq).
+holding bf16 values) of shape (B, Sq, Hq, D), the LSE as float32 (B, Hq, Sq); without keys
+O is 0 and the LSE -inf.
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ def host_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, descales: tuple, s
     return o, lse
 
 
+def no_tokens(dims: _validate.Dims) -> bool:
+    """Nothing to attend (as the other inputs: empty outputs, or O = 0 and LSE -inf without keys)."""
+    return dims.B == 0 or dims.Sq == 0 or dims.Hq == 0 or dims.Sk == 0
+
+
 def numpy_forward(q, k, v, descales: tuple, s: _host.Settings):
-    check(q, k, v, descales, s)
+    dims = check(q, k, v, descales, s)
+    if no_tokens(dims):
+        return (np.zeros((dims.B, dims.Sq, dims.Hq, dims.D), np.float32),
+                np.full((dims.B, dims.Hq, dims.Sq), -np.inf, np.float32))
     return host_forward(q, k, v, descales, s)

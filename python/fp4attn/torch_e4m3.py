@@ -77,5 +77,8 @@ def _e4m3_fake(q, k, v, q_descale, k_descale, v_descale, mask, scale, direct_p, 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: tuple, s: _host.Settings):
     """(O, LSE) of E4M3 q, k, v with (B, Hkv) descales or None, through the op."""
-    e4m3.check(q, k, v, descales, s)
+    dims = e4m3.check(q, k, v, descales, s)
+    if e4m3.no_tokens(dims):
+        return (q.new_zeros((dims.B, dims.Sq, dims.Hq, dims.D), dtype=torch.bfloat16),
+                q.new_full((dims.B, dims.Hq, dims.Sq), float("-inf"), dtype=torch.float32))
     return _e4m3_op(q, k, v, *descales, s.mask, s.scale, s.direct_p, s.window_left, s.window_right)

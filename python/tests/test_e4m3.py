@@ -64,6 +64,14 @@ def test_missing_descales_are_one(rng):
     assert np.array_equal(a, b)
 
 
+def test_empty_calls(rng):
+    q, k, v, _ = e4m3_problem(rng, 1, 5, 6, 2, 2, 64)
+    o, lse, _ = fp4attn.flash_attn_func(q, k[:, :0], v[:, :0], return_attn_probs=True)
+    assert o.shape == (1, 5, 2, 64) and not o.any() and np.all(lse == -np.inf)
+    o, lse, _ = fp4attn.flash_attn_func(q[:, :0], k, v, return_attn_probs=True)
+    assert o.shape == (1, 0, 2, 64) and lse.shape == (1, 2, 0)
+
+
 def test_refuses_bad_input_by_name(rng):
     q, k, v, (dq, dk, dv) = e4m3_problem(rng, 1, 40, 50, 2, 1, 64)
     with pytest.raises(ValueError, match="^q_descale"):

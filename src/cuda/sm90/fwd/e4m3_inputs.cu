@@ -38,6 +38,18 @@ __device__ __forceinline__ bool has_nan_code(uint4 w) {
 
 __device__ __forceinline__ bool good_descale(float x) { return x > 0.0f && isfinite(x); }
 
+// A load that every thread issues: an out-of-range lane reads `fallback` (a
+// valid address) and drops the value later. Branch-free, so that ptxas keeps
+// all of a thread's loads in flight before the first use; a branch per load
+// made each one wait for the one before.
+__device__ __forceinline__ uint4 load_clamped(const std::uint8_t* p, bool valid, const std::uint8_t* fallback) {
+  return __ldg(reinterpret_cast<const uint4*>(valid ? p : fallback));
+}
+
+__device__ __forceinline__ uint4 zero_unless(uint4 w, bool valid) {
+  return valid ? w : make_uint4(0u, 0u, 0u, 0u);
+}
+
 __device__ __forceinline__ void raise_flag(bool bad, int* flag) {
   // One store per warp that saw a bad value; every writer stores the same 1.
   if (__any_sync(0xFFFFFFFFu, bad) && (threadIdx.x % 32) == 0) *flag = 1;
@@ -81,15 +93,15 @@ __device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
 #pragma unroll
   for (int l = 0; l < kLoadsPerThread; ++l) {
     const std::uint32_t i = threadIdx.x + l * kThreads, row = p.q.chunks.quotient(i);
-    w[l] = make_uint4(0u, 0u, 0u, 0u);
-    if (row < kTileKeys && key0 + row < p.in.Sk)
-      w[l] = __ldg(reinterpret_cast<const uint4*>(src + (key0 + row) * p.in.v.stride_s) + p.q.chunks.remainder(i, row));
+    const bool valid = row < kTileKeys && key0 + row < p.in.Sk;
+    w[l] = load_clamped(src + (key0 + row) * p.in.v.stride_s + p.q.chunks.remainder(i, row) * kChunk, valid, src);
   }
 #pragma unroll
   for (int l = 0; l < kLoadsPerThread; ++l) {
     const std::uint32_t i = threadIdx.x + l * kThreads, row = p.q.chunks.quotient(i);
-    if (row < kTileKeys) *reinterpret_cast<uint4*>(tile + row * kPitch + p.q.chunks.remainder(i, row) * kChunk) = w[l];
-    bad |= has_nan_code(w[l]);
+    const uint4 x = zero_unless(w[l], row < kTileKeys && key0 + row < p.in.Sk);  // zero codes past Sk
+    if (row < kTileKeys) *reinterpret_cast<uint4*>(tile + row * kPitch + p.q.chunks.remainder(i, row) * kChunk) = x;
+    bad |= has_nan_code(x);
   }
   __syncthreads();
   const int quads = D / 4;
@@ -123,22 +135,21 @@ __device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
 __device__ bool scan_slab(const ScanPlan& s, int slab) {
   const std::uint32_t first_token = static_cast<std::uint32_t>(slab) * s.tokens_per_cta;
   uint4 w[kLoadsPerThread];
+  bool valid[kLoadsPerThread];
 #pragma unroll
   for (int l = 0; l < kLoadsPerThread; ++l) {
     const std::uint32_t j = threadIdx.x + l * kThreads;  // chunk of the slab
     const std::uint32_t local = s.per_token.quotient(j), item = s.per_token.remainder(j, local);
     const std::uint32_t token = first_token + local;  // b · S + s
-    w[l] = make_uint4(0u, 0u, 0u, 0u);
-    if (local < static_cast<std::uint32_t>(s.tokens_per_cta) && token < s.tokens) {
-      const std::uint32_t b = s.seq.quotient(token), pos = s.seq.remainder(token, b);
-      const std::uint32_t h = s.chunks.quotient(item), c = s.chunks.remainder(item, h);
-      w[l] = __ldg(reinterpret_cast<const uint4*>(s.x.data + b * s.x.stride_b + pos * s.x.stride_s +
-                                                  h * s.x.stride_h) + c);
-    }
+    valid[l] = local < static_cast<std::uint32_t>(s.tokens_per_cta) && token < s.tokens;
+    const std::uint32_t b = s.seq.quotient(token), pos = s.seq.remainder(token, b);
+    const std::uint32_t h = s.chunks.quotient(item), c = s.chunks.remainder(item, h);
+    w[l] = load_clamped(s.x.data + b * s.x.stride_b + pos * s.x.stride_s + h * s.x.stride_h + c * kChunk, valid[l],
+                        s.x.data);
   }
   bool bad = false;
 #pragma unroll
-  for (int l = 0; l < kLoadsPerThread; ++l) bad |= has_nan_code(w[l]);
+  for (int l = 0; l < kLoadsPerThread; ++l) bad |= valid[l] & has_nan_code(w[l]);  // no short-circuit branch
   return bad;
 }
 
@@ -176,7 +187,7 @@ __device__ void write_scales(const Plan& p, std::int64_t first, std::int64_t str
 
 // CTAs [0, vt_ctas): Vᵀ tiles; then Q's slabs, then K's. The scan CTAs also
 // write the scales (a few thousand elements, spread over them).
-__global__ void __launch_bounds__(kThreads) e4m3_prepare_kernel(const __grid_constant__ Plan p) {
+__global__ void __launch_bounds__(kThreads, 5) e4m3_prepare_kernel(const __grid_constant__ Plan p) {
   __shared__ __align__(16) std::uint8_t tile[kTileKeys * (kMaxD + kChunk)];
   const int cta = static_cast<int>(blockIdx.x);
   if (cta < p.vt_ctas) {
