@@ -81,7 +81,9 @@ def check_array(x, name: str, dtypes=SUPPORTED_DTYPES) -> None:
         raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
     dtype = _dtype_name(x)
     if dtype not in dtypes:
-        raise TypeError(f"{name}: dtype {dtype} is not supported; use one of {', '.join(dtypes)}")
+        hint = " (float8_e4m3fn inputs: flash_attn_func with q_descale, k_descale, v_descale)" \
+            if dtype == "float8_e4m3fn" else ""
+        raise TypeError(f"{name}: dtype {dtype} is not supported; use one of {', '.join(dtypes)}{hint}")
     if len(x.shape) != RANK:
         raise ValueError(f"{name}: expected a {RANK}-D array, got shape {tuple(x.shape)}")
     # A size-1 D has no meaningful stride; any other needs unit stride, as in

@@ -76,10 +76,13 @@ void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const Attention
   if (cuda_quantize::padded_keys(s.Sk) / cuda_quantize::kTokenBlock > kMaxKeyTiles)
     throw Error("Sk", "at most " + std::to_string(kMaxKeyTiles * cuda_quantize::kTokenBlock) +
                           " keys per call with E4M3 inputs, got " + std::to_string(s.Sk));
-  // The preparation pass indexes tokens and its CTAs in 31 bits.
+  // The preparation pass indexes tokens and its CTAs in 31 bits: at most one
+  // CTA per Vᵀ tile and per token, times the CTAs a token's codes need.
   constexpr std::int64_t kMax31 = (std::int64_t{1} << 31) - 1;
+  const auto parts = [&s](std::int64_t H) { return (H * s.D / 16 + 2047) / 2048; };
   if (s.B * s.Sq > kMax31 || s.B * s.Sk > kMax31 ||
-      s.B * s.Hkv * (cuda_quantize::padded_keys(s.Sk) / cuda_quantize::kTokenBlock) + s.B * (s.Sq + s.Sk) > kMax31)
+      s.B * s.Hkv * (cuda_quantize::padded_keys(s.Sk) / cuda_quantize::kTokenBlock) + s.B * s.Sq * parts(s.Hq) +
+              s.B * s.Sk * parts(s.Hkv) > kMax31)
     throw Error("B", "B · Sq and B · Sk must stay below 2^31 tokens with E4M3 inputs; split the batch into calls");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
   const sm90::fwd::E4m3View q = view_of(args.q, "q"), k = view_of(args.k, "k"), v = view_of(args.v, "v");

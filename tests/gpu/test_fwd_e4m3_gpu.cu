@@ -190,6 +190,32 @@ TEST(GpuForwardE4m3, BadValuesMakeEveryOutputNaN) {
   EXPECT_TRUE(with([](Problem& p) { p.v_descale[0] = NAN; })) << "NaN v_descale";
 }
 
+// 320 query heads of D = 128: 2560 16-byte chunks a token, more than one scan
+// CTA takes (2048), so each token's codes are split over two of them. A NaN
+// code in the last head of the last token is still found, and without it the
+// answer is the emulator's.
+TEST(GpuForwardE4m3, TokensWiderThanAScanCta) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape shape{1, 320, 8, 40, 50, 128};
+  const std::uint32_t seed = fresh_seed();
+  const Problem base = random_problem(shape, seed);
+  const AttentionOptions opt = e4m3_options(MaskKind::none);
+  {
+    DeviceCall call(base, 0);
+    const ForwardOutput gpu = call.run(opt);
+    const ForwardOutput emu = forward_e4m3(shape, base.inputs(), opt, Executor::emulator);
+    expect_forward_matches_emulator(gpu.o, gpu.lse, emulator::ForwardResult{emu.o, emu.lse}, "e4m3",
+                                    "320 heads, seed " + std::to_string(seed));
+  }
+  Problem bad = base;
+  bad.q.back() = 0xFF;
+  DeviceCall call(bad, 0);
+  const ForwardOutput r = call.run(opt);
+  std::size_t finite = 0;
+  for (float x : r.o) finite += !std::isnan(x);
+  EXPECT_EQ(finite, 0u) << "a NaN code in the last head of the last token";
+}
+
 TEST(GpuForwardE4m3, RefusesMisalignedViewsByName) {
   FP4ATTN_REQUIRE_HOPPER();
   const AttentionShape shape{1, 2, 1, 64, 64, 64};

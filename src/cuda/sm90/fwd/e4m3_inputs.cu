@@ -56,12 +56,14 @@ __device__ __forceinline__ void raise_flag(bool bad, int* flag) {
 }
 
 // A tensor's scan geometry: slabs of `tokens_per_cta` consecutive (b, s)
-// tokens, each token H rows of D codes.
+// tokens, each token H rows of D codes; a token of more chunks than a CTA
+// takes (H · D/16 > 2048) is split over `parts` CTAs.
 struct ScanPlan {
   E4m3View x;
   FastDiv per_token;  // H · D/16 chunks
   FastDiv chunks;     // D/16 chunks per row
   FastDiv seq;        // S
+  FastDiv parts;      // CTAs per slab
   std::uint32_t tokens = 0;  // B · S
   int tokens_per_cta = 0;
   int ctas = 0;
@@ -130,15 +132,19 @@ __device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
   raise_flag(bad, p.out.nonfinite + kFlagV);
 }
 
-// Slab `slab` of a tensor's tokens: every 16-byte chunk loaded (all of a
-// thread's loads in flight at once) and tested for a NaN code.
-__device__ bool scan_slab(const ScanPlan& s, int slab) {
-  const std::uint32_t first_token = static_cast<std::uint32_t>(slab) * s.tokens_per_cta;
+// The scan CTA `cta` of a tensor (slab cta / parts, its part cta % parts):
+// every 16-byte chunk loaded (all of a thread's loads in flight at once) and
+// tested for a NaN code. A chunk past the slab's tokens falls on local ≥
+// tokens_per_cta, which is 1 where a token takes several parts.
+__device__ bool scan_slab(const ScanPlan& s, int cta) {
+  const std::uint32_t slab = s.parts.quotient(static_cast<std::uint32_t>(cta));
+  const std::uint32_t part = s.parts.remainder(static_cast<std::uint32_t>(cta), slab);
+  const std::uint32_t first_token = slab * s.tokens_per_cta;
   uint4 w[kLoadsPerThread];
   bool valid[kLoadsPerThread];
 #pragma unroll
   for (int l = 0; l < kLoadsPerThread; ++l) {
-    const std::uint32_t j = threadIdx.x + l * kThreads;  // chunk of the slab
+    const std::uint32_t j = part * kScanChunksPerCta + threadIdx.x + l * kThreads;  // chunk of the slab
     const std::uint32_t local = s.per_token.quotient(j), item = s.per_token.remainder(j, local);
     const std::uint32_t token = first_token + local;  // b · S + s
     valid[l] = local < static_cast<std::uint32_t>(s.tokens_per_cta) && token < s.tokens;
@@ -211,7 +217,9 @@ ScanPlan scan_plan(const E4m3View& x, int B, int S, int H, int D) {
   s.seq = FastDiv(static_cast<std::uint32_t>(S));
   s.tokens = static_cast<std::uint32_t>(B) * static_cast<std::uint32_t>(S);
   s.tokens_per_cta = std::max(1, kScanChunksPerCta / per_token);
-  s.ctas = static_cast<int>((s.tokens + s.tokens_per_cta - 1) / s.tokens_per_cta);
+  const int parts = (per_token + kScanChunksPerCta - 1) / kScanChunksPerCta;  // 1 unless one token is more
+  s.parts = FastDiv(static_cast<std::uint32_t>(parts));
+  s.ctas = static_cast<int>((s.tokens + s.tokens_per_cta - 1) / s.tokens_per_cta) * parts;
   return s;
 }
 
