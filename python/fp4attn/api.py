@@ -370,23 +370,26 @@ def _unpacked(x, name: str, axis: int, parts: int, layout: str) -> tuple:
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                              recipe="fp8"):
+                              recipe="fp8", q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention's flash_attn_qkvpacked_func: flash_attn_func on q, k, v = qkv[:, :, 0], qkv[:, :, 1],
     qkv[:, :, 2] of a (B, S, 3, H, D) qkv, with its other parameters (errors about the three
-    name them q, k and v). With torch, gradients flow into qkv."""
+    name them q, k and v), the descales of a float8_e4m3fn qkv among them. With torch, gradients
+    flow into qkv."""
     q, k, v = _unpacked(qkv, "qkv", 2, 3, "(B, S, 3, H, D)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs, recipe=recipe)
+                           deterministic, return_attn_probs, recipe=recipe, q_descale=q_descale,
+                           k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                             recipe="fp8"):
+                             recipe="fp8", q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention's flash_attn_kvpacked_func: flash_attn_func on q and k, v = kv[:, :, 0], kv[:, :, 1]
-    of a (B, S, 2, Hkv, D) kv."""
+    of a (B, S, 2, Hkv, D) kv (float8_e4m3fn with the descales too)."""
     k, v = _unpacked(kv, "kv", 2, 2, "(B, S, 2, Hkv, D)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs, recipe=recipe)
+                           deterministic, return_attn_probs, recipe=recipe, q_descale=q_descale,
+                           k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,

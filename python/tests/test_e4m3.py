@@ -64,6 +64,17 @@ def test_missing_descales_are_one(rng):
     assert np.array_equal(a, b)
 
 
+def test_packed_forms_take_the_descales(rng):
+    q, k, v, (dq, dk, dv) = e4m3_problem(rng, 2, 40, 40, 2, 2, 64)
+    want = fp4attn.flash_attn_func(q, k, v, causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    qkv = np.stack([q, k, v], axis=2)  # (B, S, 3, H, D): strided views of one array
+    got = fp4attn.flash_attn_qkvpacked_func(qkv, causal=True, q_descale=dq, k_descale=dk, v_descale=dv)
+    assert np.array_equal(got, want)
+    got = fp4attn.flash_attn_kvpacked_func(q, np.stack([k, v], axis=2), causal=True, q_descale=dq, k_descale=dk,
+                                           v_descale=dv)
+    assert np.array_equal(got, want)
+
+
 def test_empty_calls(rng):
     q, k, v, _ = e4m3_problem(rng, 1, 5, 6, 2, 2, 64)
     o, lse, _ = fp4attn.flash_attn_func(q, k[:, :0], v[:, :0], return_attn_probs=True)
