@@ -48,17 +48,24 @@ E4m3Workspace e4m3_workspace(const AttentionShape& s) {
   return w;
 }
 
-// The kernel reads q and k by TMA, the Vᵀ pass v by 16-byte loads.
-sm90::fwd::E4m3View view_of(const DeviceTensorView& x, const char* name) {
+// The kernel reads q and k by TMA, the Vᵀ pass v by 16-byte loads. A
+// dimension of size 1 is never stepped over, so its stride (which frameworks
+// set freely) is replaced by the dense one before the checks.
+sm90::fwd::E4m3View view_of(const DeviceTensorView& x, std::int64_t B, std::int64_t S, std::int64_t H,
+                            std::int64_t D, const char* name) {
   if (x.data == nullptr) throw Error(name, "is a null device pointer");
   if (reinterpret_cast<std::uintptr_t>(x.data) % kTmaAlign != 0)
     throw Error(name, "must start on a 16-byte boundary (E4M3 inputs are read 16 bytes at a time)");
-  for (const std::int64_t stride : {x.stride_b, x.stride_s, x.stride_h})
+  sm90::fwd::E4m3View v{static_cast<const std::uint8_t*>(x.data), x.stride_b, x.stride_s, x.stride_h};
+  if (H == 1) v.stride_h = D;
+  if (S == 1) v.stride_s = H * v.stride_h;
+  if (B == 1) v.stride_b = S * v.stride_s;
+  for (const std::int64_t stride : {v.stride_b, v.stride_s, v.stride_h})
     if (stride % kTmaAlign != 0 || stride < 0)
       throw Error(name, "strides must be non-negative multiples of 16 elements (16 bytes), got (" +
                             std::to_string(x.stride_b) + ", " + std::to_string(x.stride_s) + ", " +
                             std::to_string(x.stride_h) + ")");
-  return {static_cast<const std::uint8_t*>(x.data), x.stride_b, x.stride_s, x.stride_h};
+  return v;
 }
 
 }  // namespace
@@ -85,7 +92,9 @@ void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const Attention
               s.B * s.Sk * parts(s.Hkv) > kMax31)
     throw Error("B", "B · Sq and B · Sk must stay below 2^31 tokens with E4M3 inputs; split the batch into calls");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
-  const sm90::fwd::E4m3View q = view_of(args.q, "q"), k = view_of(args.k, "k"), v = view_of(args.v, "v");
+  const sm90::fwd::E4m3View q = view_of(args.q, s.B, s.Sq, s.Hq, s.D, "q");
+  const sm90::fwd::E4m3View k = view_of(args.k, s.B, s.Sk, s.Hkv, s.D, "k");
+  const sm90::fwd::E4m3View v = view_of(args.v, s.B, s.Sk, s.Hkv, s.D, "v");
   if (args.o == nullptr) throw Error("o", "is a null device pointer");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
   const E4m3Workspace w = e4m3_workspace(s);

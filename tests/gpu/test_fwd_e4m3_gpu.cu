@@ -237,11 +237,33 @@ TEST(GpuForwardE4m3, RefusesMisalignedViewsByName) {
   a.k.data = static_cast<const std::uint8_t*>(a.k.data) + 8;
   EXPECT_EQ(argument_of(a), "k");
   a = call.args();
-  a.v.stride_h = 72;
+  a.v.stride_s = 72;
   EXPECT_EQ(argument_of(a), "v");
   a = call.args();
   a.workspace_bytes -= 1;
   EXPECT_EQ(argument_of(a), "workspace");
+}
+
+// A dimension of size 1 is never stepped over: whatever stride a framework
+// gave it (here 1, and B's 3), the call reads the tensor as dense.
+TEST(GpuForwardE4m3, StridesOfSizeOneDimensionsAreIgnored) {
+  FP4ATTN_REQUIRE_HOPPER();
+  const AttentionShape shape{1, 1, 1, 100, 140, 64};
+  const Problem p = random_problem(shape, fresh_seed());
+  const AttentionOptions opt = e4m3_options(MaskKind::causal);
+  DeviceCall call(p, 0);
+  const ForwardOutput want = call.run(opt);
+  dispatch::DeviceE4m3ForwardArgs a = call.args();
+  a.q.stride_h = 1, a.k.stride_h = 1, a.v.stride_h = 1;
+  a.q.stride_b = 3, a.k.stride_b = 3, a.v.stride_b = 3;
+  call.o.poison();
+  call.lse.poison();
+  dispatch::sm90_forward_device_e4m3(a, opt, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> o;
+  for (std::uint16_t bits : call.o.download()) o.push_back(__builtin_bit_cast(float, std::uint32_t{bits} << 16));
+  EXPECT_EQ(o, want.o);
+  EXPECT_EQ(call.lse.download(), want.lse);
 }
 
 }  // namespace
