@@ -1,5 +1,6 @@
 // `fp4attn bench`: device timing of the sm90 fp8 forward, Direct-P on and off,
-// on pre-quantized inputs (op fwd) and from bf16 inputs (op fwd_e2e), with the
+// on pre-quantized inputs (op fwd), from bf16 inputs (op fwd_e2e) and from
+// caller-quantized E4M3 inputs with per-head descales (op fwd_e4m3), with the
 // DESIGN §8 defaults and result schema; with --training also forward +
 // backward (op fwdbwd) and the backward alone (op bwd), as training runs them. The BF16 baselines need PyTorch and
 // live in bench/bench_fwd.py.
@@ -130,7 +131,7 @@ void print_sm90_benchmark(const AttentionShape& shape, const BenchOptions& timin
                                       ? "two deterministic passes"
                                       : "one pass, dQ summed in an order that varies run to run (faster at this D)");
   std::printf("Direct-P on vs off:");
-  for (TimedOp op : {TimedOp::fwd, TimedOp::fwd_e2e, TimedOp::fwdbwd, TimedOp::bwd})
+  for (TimedOp op : {TimedOp::fwd, TimedOp::fwd_e2e, TimedOp::fwd_e4m3, TimedOp::fwdbwd, TimedOp::bwd})
     if (ms_of(result, op, true) > 0.0)
       std::printf(" %s x%.3f", to_string(op).data(), ms_of(result, op, false) / ms_of(result, op, true));
   std::printf("\n");

@@ -125,6 +125,9 @@ enum class TimedOp : std::uint8_t {
   fwd_e2e,  // GPU quantization from bf16 inputs, then the kernel
   fwdbwd,   // training: forward from bf16 keeping Q's and K's operands, then the backward from bf16 dO
   bwd,      // the backward alone (on the forward's kept operands), bf16 gradients
+  // caller-quantized E4M3 inputs with per-head descales (forward_e4m3's device
+  // entry): the preparation pass (scales, Vᵀ, NaN scan), then the kernel
+  fwd_e4m3,
 };
 
 constexpr std::string_view to_string(TimedOp op) {
@@ -133,6 +136,7 @@ constexpr std::string_view to_string(TimedOp op) {
     case TimedOp::fwd_e2e: return "fwd_e2e";
     case TimedOp::fwdbwd: return "fwdbwd";
     case TimedOp::bwd: return "bwd";
+    case TimedOp::fwd_e4m3: return "fwd_e4m3";
   }
   return "?";
 }
@@ -160,7 +164,9 @@ struct Sm90Benchmark {
   std::string gpu;              // the device's name
   int input_sets = 0;           // inputs rotated through, so that no run finds its inputs in L2
   double rotated_bytes = 0.0;   // E4M3 operand bytes of all input sets together
-  std::vector<Timing> timings;  // fwd, fwd_e2e (and with training fwdbwd, bwd), each Direct-P on, then off
+  // fwd, fwd_e2e, fwd_e4m3 (where D is a multiple of 16; and with training
+  // fwdbwd, bwd), each Direct-P on, then off
+  std::vector<Timing> timings;
   // The training rows' backward: true the two deterministic passes, false the
   // one pass (dQ summed in an order that varies run to run, its dS with one
   // scale per 128 × 128 pair where the two passes take one per 64 query rows;

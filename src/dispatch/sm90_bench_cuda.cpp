@@ -1,6 +1,9 @@
 // Device timing of the sm90 fp8 forward in a CUDA build (DESIGN §8): random
 // bf16 inputs made on the GPU, quantized once for op fwd and inside the timed
-// region for op fwd_e2e; CUDA events around each run, warm-up first, median.
+// region for op fwd_e2e; op fwd_e4m3 takes the quantized Q and K codes (K's
+// also as V's) as caller-quantized E4M3 tensors with per-head descales, and
+// times the device entry for them (its preparation pass, then the kernel);
+// CUDA events around each run, warm-up first, median.
 // With BenchOptions::training also the training path through the device entry
 // points, as the torch layer runs it: the forward from bf16 keeping Q's and
 // K's operands, the backward on them from a bf16 dO in the faster of its two
@@ -173,6 +176,47 @@ void time_training(const AttentionShape& shape, const BenchOptions& opt, const s
   }
 }
 
+// Op fwd_e4m3 on the quantizer's codes of each input set: Q's and K's (at
+// their row pitch, D here) as q and k, K's again as v, one descale per (b, kv
+// head). The device entry checks and prepares every call, as a caller's would.
+void time_e4m3_inputs(const AttentionShape& shape, const BenchOptions& opt,
+                      const std::vector<sm90::fwd::Fp8Operands>& operands, cudaStream_t stream,
+                      Sm90Benchmark& result) {
+  const std::size_t heads = static_cast<std::size_t>(shape.B * shape.Hkv);
+  const std::vector<float> host_descale(heads, 1.0f / 64);
+  const DeviceMemory descale = cuda_common::device_alloc(heads * sizeof(float));
+  check_cuda(cudaMemcpy(descale.get(), host_descale.data(), heads * sizeof(float), cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+  const std::size_t ws_bytes = sm90_device_e4m3_workspace_bytes(shape);
+  const DeviceMemory workspace = cuda_common::device_alloc(ws_bytes);
+  const DeviceMemory o = cuda_common::device_alloc(static_cast<std::size_t>(shape.q_elems()) * kBf16Bytes);
+  const DeviceMemory lse = cuda_common::device_alloc(static_cast<std::size_t>(shape.lse_elems()) * sizeof(float));
+  const std::int64_t pitch = cuda_quantize::code_pitch_of(operands[0].buffers(), shape.D);
+  const auto* d = cuda_common::as<const float>(descale);
+  for (bool direct_p : {true, false}) {
+    AttentionOptions e4m3;
+    e4m3.smooth_k = false;
+    e4m3.mask = opt.mask;
+    e4m3.window = opt.window;
+    e4m3.direct_p = direct_p;
+    const auto run = [&](int i) {
+      const cuda_quantize::Fp8Buffers& bufs = operands[static_cast<std::size_t>(i) % operands.size()].buffers();
+      DeviceE4m3ForwardArgs a;
+      a.shape = shape;
+      a.q = {bufs.q, shape.Sq * shape.Hq * pitch, shape.Hq * pitch, pitch};
+      a.k = {bufs.k, shape.Sk * shape.Hkv * pitch, shape.Hkv * pitch, pitch};
+      a.v = a.k;
+      a.q_descale = d, a.k_descale = d, a.v_descale = d;
+      a.o = o.get();
+      a.o_stride_b = shape.Sq * shape.Hq * shape.D, a.o_stride_s = shape.Hq * shape.D, a.o_stride_h = shape.D;
+      a.lse = cuda_common::as<float>(lse);
+      a.workspace = workspace.get(), a.workspace_bytes = ws_bytes;
+      sm90_forward_device_e4m3(a, e4m3, stream);
+    };
+    result.timings.push_back({TimedOp::fwd_e4m3, direct_p, median_ms(run, opt.reps, opt.warmup, stream)});
+  }
+}
+
 }  // namespace
 
 Sm90Benchmark sm90_benchmark(const AttentionShape& shape, const BenchOptions& opt) {
@@ -239,6 +283,7 @@ Sm90Benchmark sm90_benchmark(const AttentionShape& shape, const BenchOptions& op
       result.timings.push_back({op, direct_p, median_ms(run, opt.reps, opt.warmup, stream)});
     }
   }
+  if (shape.D % 16 == 0) time_e4m3_inputs(shape, opt, operands, stream, result);
   if (opt.training) time_training(shape, opt, inputs, stream, result);
   check_cuda(cudaGetLastError(), "sm90 benchmark");
   return result;

@@ -2,7 +2,7 @@
 // Hopper GPU: with training on it times forward + backward and the backward
 // alone next to the forward rows, Direct-P on and off, every row a positive
 // time, and the backward alone shorter than forward + backward; a window
-// reaches the kernels.
+// reaches the kernels; the forward rows include caller-quantized E4M3 inputs.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -26,22 +26,22 @@ TEST(GpuBench, TrainingRowsFollowTheForwardRows) {
     opt.warmup = 1;
     opt.training = true;
     const Sm90Benchmark result = benchmark_sm90(shape, opt);
-    ASSERT_EQ(result.timings.size(), 8u);
+    ASSERT_EQ(result.timings.size(), 10u);
     std::set<std::pair<std::string, bool>> seen;
     for (const Timing& t : result.timings) {
       seen.insert({std::string(to_string(t.op)), t.direct_p});
       EXPECT_GT(t.ms, 0.0) << to_string(t.op);
     }
-    EXPECT_EQ(seen.size(), 8u);
+    EXPECT_EQ(seen.size(), 10u);
     const auto ms = [&](TimedOp op, bool direct_p) {
       for (const Timing& t : result.timings)
         if (t.op == op && t.direct_p == direct_p) return t.ms;
       return 0.0;
     };
     for (const bool direct_p : {true, false}) EXPECT_LT(ms(TimedOp::bwd, direct_p), ms(TimedOp::fwdbwd, direct_p));
-    // Without training, the four forward rows alone.
+    // Without training, the six forward rows alone (fwd, fwd_e2e, fwd_e4m3).
     opt.training = false;
-    EXPECT_EQ(benchmark_sm90(shape, opt).timings.size(), 4u);
+    EXPECT_EQ(benchmark_sm90(shape, opt).timings.size(), 6u);
   }
 }
 
@@ -65,8 +65,8 @@ TEST(GpuBench, WindowCutsTheWork) {
     const Timing& f = full.timings[i];
     const Timing& w = windowed.timings[i];
     ASSERT_EQ(f.op, w.op);
-    // fwd_e2e keeps the quantizer's full pass over Q, K and V.
-    const double at_least = f.op == TimedOp::fwd_e2e ? 1.5 : 3.0;
+    // fwd_e2e keeps the quantizer's full pass over Q, K and V, fwd_e4m3 its preparation pass.
+    const double at_least = f.op == TimedOp::fwd_e2e || f.op == TimedOp::fwd_e4m3 ? 1.5 : 3.0;
     EXPECT_GT(f.ms / w.ms, at_least) << to_string(f.op) << " direct_p " << f.direct_p << ": " << f.ms << " ms "
                                      << "without the window, " << w.ms << " with it";
   }
@@ -79,7 +79,7 @@ TEST(GpuBench, WindowCutsTheWork) {
   }
 }
 
-// D = 256 has recipe fp8's forward kernel only: the four forward rows, and
+// D = 256 has recipe fp8's forward kernel only: the six forward rows, and
 // training is refused naming the option.
 TEST(GpuBench, HeadDim256TimesTheForwardOnly) {
   FP4ATTN_REQUIRE_HOPPER();
@@ -88,7 +88,7 @@ TEST(GpuBench, HeadDim256TimesTheForwardOnly) {
   opt.reps = 3;
   opt.warmup = 1;
   const Sm90Benchmark result = benchmark_sm90(shape, opt);
-  ASSERT_EQ(result.timings.size(), 4u);
+  ASSERT_EQ(result.timings.size(), 6u);
   for (const Timing& t : result.timings) EXPECT_GT(t.ms, 0.0) << to_string(t.op);
   opt.training = true;
   try {
