@@ -128,10 +128,13 @@ struct DeviceCall {
     return a;
   }
 
-  ForwardOutput run(const AttentionOptions& opt) {
+  ForwardOutput run(const AttentionOptions& opt) { return run(args(), opt); }
+
+  // The call with `a` (args() as changed by a test), outputs poisoned first.
+  ForwardOutput run(const dispatch::DeviceE4m3ForwardArgs& a, const AttentionOptions& opt) {
     o.poison();
     lse.poison();
-    dispatch::sm90_forward_device_e4m3(args(), opt, nullptr);
+    dispatch::sm90_forward_device_e4m3(a, opt, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     ForwardOutput out;
     for (std::uint16_t bits : o.download()) out.o.push_back(__builtin_bit_cast(float, std::uint32_t{bits} << 16));
@@ -256,14 +259,9 @@ TEST(GpuForwardE4m3, StridesOfSizeOneDimensionsAreIgnored) {
   dispatch::DeviceE4m3ForwardArgs a = call.args();
   a.q.stride_h = 1, a.k.stride_h = 1, a.v.stride_h = 1;
   a.q.stride_b = 3, a.k.stride_b = 3, a.v.stride_b = 3;
-  call.o.poison();
-  call.lse.poison();
-  dispatch::sm90_forward_device_e4m3(a, opt, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> o;
-  for (std::uint16_t bits : call.o.download()) o.push_back(__builtin_bit_cast(float, std::uint32_t{bits} << 16));
-  EXPECT_EQ(o, want.o);
-  EXPECT_EQ(call.lse.download(), want.lse);
+  const ForwardOutput got = call.run(a, opt);
+  EXPECT_EQ(got.o, want.o);
+  EXPECT_EQ(got.lse, want.lse);
 }
 
 }  // namespace
