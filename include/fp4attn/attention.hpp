@@ -93,6 +93,10 @@ struct E4m3Inputs {
 // fp8, smooth_k off (K is smoothed before it is quantized), D a multiple of 16.
 void validate_e4m3(const AttentionShape& shape, const AttentionOptions& opt);
 
+// Whether forward_e4m3's automatic choice runs this (validated) call on the
+// sm90 kernels: a Hopper GPU, target sm90, 128-token tiles, the grid limits.
+bool sm90_runs_e4m3(const AttentionShape& shape, const AttentionOptions& opt);
+
 // Automatic executor: the sm90 kernels when present and the call is theirs
 // (target sm90, 128-token tiles, the grid limits), else the CPU emulator,
 // which models them bit for bit. Throws fp4attn::Error naming the argument for

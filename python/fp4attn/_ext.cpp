@@ -175,8 +175,7 @@ nb::tuple forward_e4m3_host(const HostCodes& q, const HostCodes& k, const HostCo
 bool device_e4m3_supported(const ShapeTuple& shape_tuple, const AttentionOptions& opt) {
   const AttentionShape shape = shape_of(shape_tuple);
   validate_e4m3(shape, opt);
-  return cuda_built() && sm90_available() && dispatch::sm90_grid_holds(shape) && opt.target == Target::sm90 &&
-         opt.block_q == 128 && opt.block_k == 128;
+  return cuda_built() && sm90_runs_e4m3(shape, opt);
 }
 
 void forward_e4m3_device(const ShapeTuple& shape, std::uintptr_t q, const Strides& q_strides, std::uintptr_t k,

@@ -110,12 +110,12 @@ ForwardOutput run_emulator(const AttentionShape& shape, const E4m3Inputs& in, co
   return ForwardOutput{first_channels(r.o, d_run, shape.D), std::move(r.lse), Executor::emulator};
 }
 
-bool sm90_takes(const AttentionShape& shape, const AttentionOptions& opt) {
+}  // namespace
+
+bool sm90_runs_e4m3(const AttentionShape& shape, const AttentionOptions& opt) {
   return sm90_available() && dispatch::sm90_grid_holds(shape) && opt.target == Target::sm90 && opt.block_q == 128 &&
          opt.block_k == 128;
 }
-
-}  // namespace
 
 void validate_e4m3(const AttentionShape& shape, const AttentionOptions& opt) {
   validate(shape, opt);
@@ -140,7 +140,7 @@ ForwardOutput forward_e4m3(const AttentionShape& shape, const E4m3Inputs& in, co
   check_descale(in.v_descale, shape, "v_descale");
   switch (executor) {
     case Executor::automatic:
-      if (sm90_takes(shape, opt)) return dispatch::sm90_forward_e4m3(shape, in, opt);
+      if (sm90_runs_e4m3(shape, opt)) return dispatch::sm90_forward_e4m3(shape, in, opt);
       return run_emulator(shape, in, opt);
     case Executor::sm90:
       if (opt.target != Target::sm90)

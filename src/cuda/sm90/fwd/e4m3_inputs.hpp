@@ -39,7 +39,7 @@ struct E4m3KernelOperands {
   int* nonfinite = nullptr;    // three flags, cleared by the caller
 };
 
-// Enqueues the two kernels on `stream` (asynchronous; launch errors throw fp4attn::Error("cuda")).
+// Enqueues the one preparation launch on `stream` (asynchronous; launch errors throw fp4attn::Error("cuda")).
 void prepare_e4m3_operands(const E4m3CallerInputs& in, const E4m3KernelOperands& out, cudaStream_t stream);
 
 }  // namespace fp4attn::sm90::fwd
