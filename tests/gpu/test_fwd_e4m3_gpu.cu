@@ -75,7 +75,10 @@ INSTANTIATE_TEST_SUITE_P(
                     E4m3Case{{2, 4, 2, 200, 333, 256}, MaskKind::causal, true, {}},
                     E4m3Case{{1, 4, 2, 300, 333, 48}, MaskKind::causal, true, {}},  // zero channels by TMA
                     E4m3Case{{1, 3, 1, 257, 129, 80}, MaskKind::none, true, {}},
-                    E4m3Case{{3, 2, 2, 1, 77, 96}, MaskKind::none, true, {}}),
+                    E4m3Case{{3, 2, 2, 1, 77, 96}, MaskKind::none, true, {}},
+                    // the Vᵀ pass's CTAs of several kv heads: three at D = 64, eight at D = 32
+                    E4m3Case{{2, 6, 3, 150, 290, 64}, MaskKind::none, true, {}},
+                    E4m3Case{{1, 8, 8, 100, 260, 32}, MaskKind::causal, false, {}}),
     case_name);
 
 // One zero-copy call on device copies of a problem's codes, each tensor laid

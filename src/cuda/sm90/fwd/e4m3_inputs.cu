@@ -73,44 +73,66 @@ struct Plan {
   E4m3CallerInputs in;
   E4m3KernelOperands out;
   std::int64_t vt_keys = 0;
-  FastDiv vt_tiles;  // 128-key tiles per (b, h)
+  int vt_heads = 1;   // kv heads per Vᵀ CTA: consecutive, of one batch, vt_heads · D ≤ 256
+  FastDiv vt_tiles;   // 128-key tiles per (b, group of vt_heads kv heads)
+  FastDiv vt_chunks;  // 16-byte chunks of a tile row: vt_heads · D / 16
   int vt_ctas = 0;
   ScanPlan q, k;
 };
 
-// V's tile (b · Hkv + h, tile) into shared memory (zero codes past Sk), then
-// Vᵀ: a thread takes four channels of one 32-key group and, per four slots,
-// reads the four keys' words of those channels and transposes the 4 × 4 bytes
-// (slot s holds key vt_key_of_slot(s)); 32 bytes a channel row. A warp's lanes
-// read neighbouring words of one key row: no bank conflicts.
+// The staged Vᵀ tile: channel r's 128 codes as 8 chunks of 16 bytes, chunk j
+// stored at position j ^ ((r / 4) mod 8). The transposing threads of a warp
+// write four channels apart and the storing threads read one row's eight
+// chunks, so both touch eight different 16-byte bank groups at a time.
+constexpr int kVtRowChunks = kTileKeys / kChunk;
+static_assert(kMaxD * kTileKeys <= kTileKeys * (kMaxD + kChunk), "the Vᵀ tile fits where the V tile was");
+__device__ __forceinline__ int vt_tile_offset(int r, int j) {
+  return r * kTileKeys + kChunk * (j ^ ((r >> 2) & (kVtRowChunks - 1)));
+}
+
+// V's tile (kv heads h0 … h0 + vt_heads − 1 of batch b, 128 keys) into shared
+// memory, a row per key of the heads' codes side by side (zero codes past Sk),
+// then Vᵀ: a thread takes four channels of one 32-key group and, per four
+// slots, reads the four keys' words of those channels and transposes the 4 × 4
+// bytes (slot s holds key vt_key_of_slot(s)): 32 bytes of a channel row. A
+// warp's lanes read neighbouring words of one key row: no bank conflicts. The
+// Vᵀ tile (W = vt_heads · D rows of 128 codes; consecutive heads' rows are
+// consecutive in Vᵀ) then replaces the V tile in shared memory. Several heads
+// a CTA at D < 256: a CTA of one small head's tile spent more on its start,
+// its barriers and its end than on its bytes (D = 64 took longer than D = 128).
 __device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
   constexpr int kPitch = kMaxD + kChunk;
-  const int D = p.in.D;  // p.q.chunks divides by D / 16, as for Q's rows
-  const std::uint32_t bh = p.vt_tiles.quotient(static_cast<std::uint32_t>(cta));
-  const std::uint32_t t = p.vt_tiles.remainder(static_cast<std::uint32_t>(cta), bh);
-  const std::int64_t b = bh / p.in.Hkv, h = bh % p.in.Hkv, key0 = static_cast<std::int64_t>(t) * kTileKeys;
-  const std::uint8_t* src = p.in.v.data + b * p.in.v.stride_b + h * p.in.v.stride_h;
+  const int W = p.vt_heads * p.in.D;
+  const std::uint32_t group = p.vt_tiles.quotient(static_cast<std::uint32_t>(cta));
+  const std::uint32_t t = p.vt_tiles.remainder(static_cast<std::uint32_t>(cta), group);
+  const std::int64_t bh0 = static_cast<std::int64_t>(group) * p.vt_heads;  // b · Hkv + h0
+  const std::int64_t b = bh0 / p.in.Hkv, h0 = bh0 % p.in.Hkv, key0 = static_cast<std::int64_t>(t) * kTileKeys;
+  const std::uint8_t* src = p.in.v.data + b * p.in.v.stride_b + h0 * p.in.v.stride_h;
   bool bad = false;
   uint4 w[kLoadsPerThread];
 #pragma unroll
   for (int l = 0; l < kLoadsPerThread; ++l) {
-    const std::uint32_t i = threadIdx.x + l * kThreads, row = p.q.chunks.quotient(i);
+    const std::uint32_t i = threadIdx.x + l * kThreads, row = p.vt_chunks.quotient(i);
+    const std::uint32_t cc = p.vt_chunks.remainder(i, row), head = p.q.chunks.quotient(cc);  // q.chunks: D / 16
     const bool valid = row < kTileKeys && key0 + row < p.in.Sk;
-    w[l] = load_clamped(src + (key0 + row) * p.in.v.stride_s + p.q.chunks.remainder(i, row) * kChunk, valid, src);
+    w[l] = load_clamped(src + (key0 + row) * p.in.v.stride_s + head * p.in.v.stride_h +
+                            p.q.chunks.remainder(cc, head) * kChunk,
+                        valid, src);
   }
 #pragma unroll
   for (int l = 0; l < kLoadsPerThread; ++l) {
-    const std::uint32_t i = threadIdx.x + l * kThreads, row = p.q.chunks.quotient(i);
+    const std::uint32_t i = threadIdx.x + l * kThreads, row = p.vt_chunks.quotient(i);
     const uint4 x = zero_unless(w[l], row < kTileKeys && key0 + row < p.in.Sk);  // zero codes past Sk
-    if (row < kTileKeys) *reinterpret_cast<uint4*>(tile + row * kPitch + p.q.chunks.remainder(i, row) * kChunk) = x;
+    if (row < kTileKeys) *reinterpret_cast<uint4*>(tile + row * kPitch + p.vt_chunks.remainder(i, row) * kChunk) = x;
     bad |= has_nan_code(x);
   }
   __syncthreads();
-  const int quads = D / 4;
-  if (threadIdx.x < quads * (kTileKeys / kGroup)) {
-    const int quad = threadIdx.x % quads, g = threadIdx.x / quads;
+  const int quads = W / 4;
+  const bool transposer = threadIdx.x < quads * (kTileKeys / kGroup);
+  const int quad = threadIdx.x % quads, g = threadIdx.x / quads;
+  std::uint32_t rows[4][kGroup / 4];  // channel 4·quad + c, slots 4m .. 4m + 3 in word m
+  if (transposer) {
     const std::uint8_t* column = tile + g * kGroup * kPitch + 4 * quad;
-    std::uint32_t rows[4][kGroup / 4];  // channel 4·quad + c, slots 4m .. 4m + 3 in word m
 #pragma unroll
     for (int m = 0; m < kGroup / 4; ++m) {
       std::uint32_t in[4], out[4];
@@ -121,13 +143,28 @@ __device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) rows[c][m] = out[c];
     }
-    std::uint8_t* dst = p.out.vt + (static_cast<std::int64_t>(bh) * D + 4 * quad) * p.vt_keys + key0 + g * kGroup;
+  }
+  // The Vᵀ tile goes back through shared memory (it is read out of the key-major
+  // tile first), so that each warp then stores whole 128-byte channel rows:
+  // stored straight from the transposing threads, every 32-byte sector came as
+  // two 16-byte halves from two instructions, twice the L2 write requests.
+  __syncthreads();
+  if (transposer) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      auto* row = reinterpret_cast<uint4*>(dst + c * p.vt_keys);
-      row[0] = make_uint4(rows[c][0], rows[c][1], rows[c][2], rows[c][3]);
-      row[1] = make_uint4(rows[c][4], rows[c][5], rows[c][6], rows[c][7]);
+      const int r = 4 * quad + c;
+      *reinterpret_cast<uint4*>(tile + vt_tile_offset(r, 2 * g)) =
+          make_uint4(rows[c][0], rows[c][1], rows[c][2], rows[c][3]);
+      *reinterpret_cast<uint4*>(tile + vt_tile_offset(r, 2 * g + 1)) =
+          make_uint4(rows[c][4], rows[c][5], rows[c][6], rows[c][7]);
     }
+  }
+  __syncthreads();
+  std::uint8_t* dst = p.out.vt + bh0 * p.in.D * p.vt_keys + key0;
+  for (int i = threadIdx.x; i < W * kVtRowChunks; i += kThreads) {
+    const int r = i / kVtRowChunks, j = i % kVtRowChunks;
+    *reinterpret_cast<uint4*>(dst + r * p.vt_keys + j * kChunk) =
+        *reinterpret_cast<const uint4*>(tile + vt_tile_offset(r, j));
   }
   raise_flag(bad, p.out.nonfinite + kFlagV);
 }
@@ -231,8 +268,15 @@ void prepare_e4m3_operands(const E4m3CallerInputs& in, const E4m3KernelOperands&
   p.out = out;
   p.vt_keys = cuda_quantize::padded_keys(in.Sk);
   const auto tiles = static_cast<std::uint32_t>(p.vt_keys / kTileKeys);
+  p.vt_heads = 1;
+  for (int n = kMaxD / in.D; n > 1; --n)
+    if (in.Hkv % n == 0) {
+      p.vt_heads = n;
+      break;
+    }
   p.vt_tiles = FastDiv(tiles);
-  p.vt_ctas = static_cast<int>(static_cast<std::int64_t>(in.B) * in.Hkv * tiles);
+  p.vt_chunks = FastDiv(static_cast<std::uint32_t>(p.vt_heads * in.D / kChunk));
+  p.vt_ctas = static_cast<int>(static_cast<std::int64_t>(in.B) * (in.Hkv / p.vt_heads) * tiles);
   p.q = scan_plan(in.q, in.B, in.Sq, in.Hq, in.D);
   p.k = scan_plan(in.k, in.B, in.Sk, in.Hkv, in.D);
   e4m3_prepare_kernel<<<p.vt_ctas + p.q.ctas + p.k.ctas, kThreads, 0, stream>>>(p);
