@@ -63,6 +63,8 @@ if has_stage sanitize; then
   # caller-quantized E4M3 inputs: the descale and Vᵀ pass, Q and K read in place (strided too), the NaN flags
   small+=':Shapes/GpuForwardE4m3Grid.MatchesEmulator/B1_Hq4_Hkv2_Sq300_Sk333_D48_causal_directp'
   small+=':GpuForwardE4m3.StridedViewsGiveTheDenseBits:GpuForwardE4m3.BadValuesMakeEveryOutputNaN'
+  # E4M3 inputs packed: the copy into the tile-aligned layout, sequences without queries or keys
+  small+=':Packed/GpuForwardE4m3Packed.EachSequenceIsItsOwnCall/Hq6_Hkv3_D64_causal_directp:GpuForwardE4m3PackedCheck.BadInputGivesNaNEverywhere'
   # a head dim the kernels lack: the FP8 quantizer's padded lanes and the kernel's zero channels by TMA
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B1_Hq4_Hkv2_Sq300_Sk333_D80_causal_directp_smoothk'
   # D = 256: two CTAs per query block (each half of O), Q and K in two panels;

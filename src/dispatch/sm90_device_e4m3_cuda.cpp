@@ -1,7 +1,9 @@
 // Recipe fp8's forward on caller-quantized E4M3 tensors already on the
 // device: the kernel reads Q's and K's codes in place; one pass writes the
 // broadcast descales, V's transposed codes and the NaN flags into the
-// caller's workspace (cuda/sm90/fwd/e4m3_inputs.hpp). Enqueued on the
+// caller's workspace (cuda/sm90/fwd/e4m3_inputs.hpp). Packed sequences:
+// cu_seqlens checked on the device, then Q's and K's codes copied into the
+// tile-aligned layout the kernel's packed path reads. Enqueued on the
 // caller's stream, no allocation, no host synchronisation.
 #if defined(FP4ATTN_HAS_CUDA)
 
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "cuda/common/device_memory.hpp"
+#include "cuda/common/packed_rows.hpp"
 #include "cuda/quantize/quantize_fp8.hpp"
 #include "cuda/sm90/fwd/e4m3_inputs.hpp"
 #include "cuda/sm90/fwd/fwd.hpp"
@@ -32,18 +35,27 @@ std::int64_t token_blocks(std::int64_t S) {
   return (S + cuda_quantize::kTokenBlock - 1) / cuda_quantize::kTokenBlock;
 }
 
+// Packed sequences lay the per-token regions out for one entry of the
+// tile-aligned layout (layout_shape) and add Q's and K's codes copied there
+// and the checked cu_seqlens; V's channel scales stay per sequence.
 struct E4m3Workspace {
-  std::size_t q_scale, k_scale, v_scale, nonfinite, vt, bytes;
+  std::size_t q_scale, k_scale, v_scale, nonfinite, vt, q_codes, k_codes, packed_rows, bytes;
 };
 
-E4m3Workspace e4m3_workspace(const AttentionShape& s) {
+E4m3Workspace e4m3_workspace(const AttentionShape& entries, PackedTokens packed) {
+  const AttentionShape s = layout_shape(entries, packed);
   WorkspaceRegions r;
   E4m3Workspace w{};
   w.q_scale = r.take(static_cast<std::size_t>(s.B * s.Hq * token_blocks(s.Sq)) * sizeof(float));
   w.k_scale = r.take(static_cast<std::size_t>(s.B * s.Hkv * token_blocks(s.Sk)) * sizeof(float));
-  w.v_scale = r.take(static_cast<std::size_t>(s.B * s.Hkv * s.D) * sizeof(float));
+  w.v_scale = r.take(static_cast<std::size_t>(entries.B * s.Hkv * s.D) * sizeof(float));
   w.nonfinite = r.take(kNonfiniteFlags * sizeof(int));
   w.vt = r.take(static_cast<std::size_t>(s.B * s.Hkv * s.D * cuda_quantize::padded_keys(s.Sk)));
+  if (packed.packed()) {
+    w.q_codes = r.take(static_cast<std::size_t>(s.q_elems()));
+    w.k_codes = r.take(static_cast<std::size_t>(s.kv_elems()));
+    w.packed_rows = r.take(packed_rows_bytes(entries));
+  }
   w.bytes = r.bytes();
   return w;
 }
@@ -70,7 +82,9 @@ sm90::fwd::E4m3View view_of(const DeviceTensorView& x, std::int64_t B, std::int6
 
 }  // namespace
 
-std::size_t sm90_device_e4m3_workspace_bytes(const AttentionShape& shape) { return e4m3_workspace(shape).bytes; }
+std::size_t sm90_device_e4m3_workspace_bytes(const AttentionShape& shape, PackedTokens packed) {
+  return e4m3_workspace(shape, packed).bytes;
+}
 
 void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const AttentionOptions& opt, void* stream_handle) {
   const AttentionShape& s = args.shape;
@@ -80,24 +94,37 @@ void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const Attention
     throw Error("target", "the sm90 kernels run target sm90, not " + std::string(to_string(opt.target)));
   if (opt.block_q != 128 || opt.block_k != 128)
     throw Error("block_q", "the sm90 kernels run 128-token tiles (block_q = block_k = 128)");
+  const bool packed = args.cu_seqlens_q != nullptr || args.cu_seqlens_k != nullptr;
+  if (packed) {
+    if (args.cu_seqlens_q == nullptr || args.cu_seqlens_k == nullptr)
+      throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");
+    if (args.lse_pitch <= 0) throw Error("lse_pitch", "must be the number of query tokens in all");
+    if (args.k_tokens <= 0) throw Error("k_tokens", "must be the number of key tokens in all");
+  }
+  const PackedTokens tokens = packed ? PackedTokens{args.lse_pitch, args.k_tokens} : PackedTokens{};
+  const AttentionShape lay = layout_shape(s, tokens);  // s itself unless packed
   if (cuda_quantize::padded_keys(s.Sk) / cuda_quantize::kTokenBlock > kMaxKeyTiles)
     throw Error("Sk", "at most " + std::to_string(kMaxKeyTiles * cuda_quantize::kTokenBlock) +
                           " keys per call with E4M3 inputs, got " + std::to_string(s.Sk));
   // The preparation pass indexes tokens and its CTAs in 31 bits: at most one
   // CTA per Vᵀ tile and per token, times the CTAs a token's codes need.
+  // Packed: one CTA per layout tile and group of heads, and V's channel
+  // scales (B · Hkv · D) in 31 bits.
   constexpr std::int64_t kMax31 = (std::int64_t{1} << 31) - 1;
   const auto parts = [&s](std::int64_t H) { return (H * s.D / 16 + 2047) / 2048; };
-  if (s.B * s.Sq > kMax31 || s.B * s.Sk > kMax31 ||
-      s.B * s.Hkv * (cuda_quantize::padded_keys(s.Sk) / cuda_quantize::kTokenBlock) + s.B * s.Sq * parts(s.Hq) +
-              s.B * s.Sk * parts(s.Hkv) > kMax31)
+  const std::int64_t tiles_q = lay.B * token_blocks(lay.Sq), tiles_k = lay.B * token_blocks(lay.Sk);
+  if (lay.B * lay.Sq > kMax31 || lay.B * lay.Sk > kMax31 || s.B * s.Hkv * s.D > kMax31 ||
+      (packed ? tiles_q * s.Hq + 2 * tiles_k * s.Hkv
+              : s.Hkv * tiles_k + s.B * s.Sq * parts(s.Hq) + s.B * s.Sk * parts(s.Hkv)) > kMax31)
     throw Error("B", "B · Sq and B · Sk must stay below 2^31 tokens with E4M3 inputs; split the batch into calls");
   if (!sm90_available()) throw Error("executor", "no compute-capability 9.0 GPU found");
-  const sm90::fwd::E4m3View q = view_of(args.q, s.B, s.Sq, s.Hq, s.D, "q");
-  const sm90::fwd::E4m3View k = view_of(args.k, s.B, s.Sk, s.Hkv, s.D, "k");
-  const sm90::fwd::E4m3View v = view_of(args.v, s.B, s.Sk, s.Hkv, s.D, "v");
+  // A packed tensor is one entry of all the tokens.
+  const sm90::fwd::E4m3View q = view_of(args.q, packed ? 1 : s.B, packed ? args.lse_pitch : s.Sq, s.Hq, s.D, "q");
+  const sm90::fwd::E4m3View k = view_of(args.k, packed ? 1 : s.B, packed ? args.k_tokens : s.Sk, s.Hkv, s.D, "k");
+  const sm90::fwd::E4m3View v = view_of(args.v, packed ? 1 : s.B, packed ? args.k_tokens : s.Sk, s.Hkv, s.D, "v");
   if (args.o == nullptr) throw Error("o", "is a null device pointer");
   if (args.lse == nullptr) throw Error("lse", "is a null device pointer");
-  const E4m3Workspace w = e4m3_workspace(s);
+  const E4m3Workspace w = e4m3_workspace(s, tokens);
   check_workspace(args.workspace, args.workspace_bytes, w.bytes);
 
   auto* base = static_cast<unsigned char*>(args.workspace);
@@ -117,13 +144,36 @@ void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const Attention
   // The workspace arrives with any content: the flags start clear on every call.
   cuda_common::check_cuda(cudaMemsetAsync(ops.nonfinite, 0, kNonfiniteFlags * sizeof(int), stream),
                           "cudaMemsetAsync");
-  sm90::fwd::prepare_e4m3_operands(in, ops, stream);
-
   sm90::fwd::Fp8ForwardArgs a;
-  a.q = q.data, a.q_stride_b = q.stride_b, a.q_stride_s = q.stride_s, a.q_stride_h = q.stride_h;
-  a.k = k.data, a.k_stride_b = k.stride_b, a.k_stride_s = k.stride_s, a.k_stride_h = k.stride_h;
+  if (packed) {
+    // cu_seqlens checked on the device first (all sequences empty, O and the
+    // LSE NaN, where they do not fit); everything after reads the checked copies.
+    auto* ints = reinterpret_cast<int*>(base + w.packed_rows);
+    using Fill = cuda_common::NanFill;
+    const Fill o_fill{args.o, Fill::Type::bf16, args.lse_pitch, s.Hq, s.D, args.o_stride_s, args.o_stride_h};
+    const Fill lse_fill{args.lse, Fill::Type::f32, s.Hq, 1, args.lse_pitch, args.lse_pitch, 0};
+    cuda_common::check_packed_sequences(args.cu_seqlens_q, args.cu_seqlens_k,
+                                        {static_cast<int>(s.B), args.lse_pitch, args.k_tokens, s.Sq, s.Sk}, ints,
+                                        {o_fill, lse_fill, Fill{}}, stream);
+    const cuda_common::PackedSequences seqs = cuda_common::packed_sequences(ints, static_cast<int>(s.B));
+    sm90::fwd::E4m3PackedLayout pl;
+    pl.cu_q = seqs.cu_q, pl.cu_k = seqs.cu_k, pl.rows_q = seqs.rows_q, pl.rows_k = seqs.rows_k;
+    pl.q_rows = lay.Sq, pl.k_rows = lay.Sk;
+    pl.q_codes = base + w.q_codes, pl.k_codes = base + w.k_codes;
+    sm90::fwd::prepare_e4m3_packed_operands(in, pl, ops, stream);
+    // The kernel reads the layout's dense codes, one entry of q_rows / k_rows tokens.
+    a.q = pl.q_codes, a.q_stride_b = lay.Sq * s.Hq * s.D, a.q_stride_s = s.Hq * s.D, a.q_stride_h = s.D;
+    a.k = pl.k_codes, a.k_stride_b = lay.Sk * s.Hkv * s.D, a.k_stride_s = s.Hkv * s.D, a.k_stride_h = s.D;
+    a.vt_keys = lay.Sk;
+    a.cu_seqlens_q = seqs.cu_q, a.cu_seqlens_k = seqs.cu_k, a.lse_pitch = args.lse_pitch;
+    a.rows_q = seqs.rows_q, a.rows_k = seqs.rows_k, a.q_rows = lay.Sq, a.k_rows = lay.Sk;
+  } else {
+    sm90::fwd::prepare_e4m3_operands(in, ops, stream);
+    a.q = q.data, a.q_stride_b = q.stride_b, a.q_stride_s = q.stride_s, a.q_stride_h = q.stride_h;
+    a.k = k.data, a.k_stride_b = k.stride_b, a.k_stride_s = k.stride_s, a.k_stride_h = k.stride_h;
+    a.vt_keys = cuda_quantize::padded_keys(s.Sk);
+  }
   a.vt = ops.vt;
-  a.vt_keys = cuda_quantize::padded_keys(s.Sk);
   a.q_scale = ops.q_scale, a.k_scale = ops.k_scale, a.v_scale = ops.v_scale;
   a.lse_shift = nullptr;  // no smooth_k
   a.o = args.o;

@@ -147,13 +147,28 @@ struct DeviceE4m3ForwardArgs {
   void* o = nullptr;  // bf16 (B, Sq, Hq, D), element strides below
   std::int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;
   float* lse = nullptr;  // (B, Hq, Sq) contiguous, natural log
-  // At least sm90_device_e4m3_workspace_bytes(shape) device bytes, 256-byte
-  // aligned, any content: the broadcast scales, Vᵀ and the NaN flags.
+  // At least sm90_device_e4m3_workspace_bytes(shape, packed tokens) device
+  // bytes, 256-byte aligned, any content: the broadcast scales, Vᵀ and the
+  // NaN flags (packed sequences: also Q's and K's codes in the tile-aligned
+  // layout, and the checked cu_seqlens).
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // Optional: packed sequences of different lengths (FlashAttention's varlen
+  // batches), as DeviceForwardArgs takes them: q (lse_pitch, Hq, D) and k, v
+  // (k_tokens, Hkv, D) with strides on S and H (batch strides unused),
+  // shape.B sequences, shape.Sq / shape.Sk at least the longest, the
+  // descales (B, Hkv) per sequence, O packed and the LSE (Hq, lse_pitch).
+  // cu_seqlens are checked on the device (O and the LSE NaN where they do
+  // not fit). Each sequence's O and LSE are those of a call on it alone, bit
+  // for bit. The preparation pass copies Q's and K's codes into the
+  // tile-aligned layout (cuda/common/packed_rows.hpp) the kernel reads.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  std::int64_t lse_pitch = 0;
+  std::int64_t k_tokens = 0;
 };
 
-std::size_t sm90_device_e4m3_workspace_bytes(const AttentionShape& shape);
+std::size_t sm90_device_e4m3_workspace_bytes(const AttentionShape& shape, PackedTokens packed = {});
 
 // Throws fp4attn::Error naming the argument (shape, options, pointers, alignment).
 void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const AttentionOptions& opt, void* stream);

@@ -32,7 +32,7 @@ void sm90_forward_device(const DeviceForwardArgs&, const AttentionOptions&, void
   throw Error("executor", "this build has no CUDA executors");
 }
 
-std::size_t sm90_device_e4m3_workspace_bytes(const AttentionShape&) { return 0; }
+std::size_t sm90_device_e4m3_workspace_bytes(const AttentionShape&, PackedTokens) { return 0; }
 
 void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs&, const AttentionOptions&, void*) {
   throw Error("executor", "this build has no CUDA executors");

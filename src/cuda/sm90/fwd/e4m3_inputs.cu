@@ -2,7 +2,9 @@
 // inputs (e4m3_inputs.hpp). Its first CTAs transpose V's 128-key tiles; the
 // rest scan Q's and K's codes for NaN, slab by slab of consecutive tokens, and
 // write the broadcast scales. One launch, so that the two parts share the
-// machine instead of each leaving a tail.
+// machine instead of each leaving a tail. Packed sequences take a second
+// kernel of one CTA per layout tile and group of heads, which also copies Q
+// and K into the tile-aligned layout.
 #include "cuda/sm90/fwd/e4m3_inputs.hpp"
 
 #include <algorithm>
@@ -90,41 +92,54 @@ __device__ __forceinline__ int vt_tile_offset(int r, int j) {
   return r * kTileKeys + kChunk * (j ^ ((r >> 2) & (kVtRowChunks - 1)));
 }
 
-// V's tile (kv heads h0 … h0 + vt_heads − 1 of batch b, 128 keys) into shared
-// memory, a row per key of the heads' codes side by side (zero codes past Sk),
-// then Vᵀ: a thread takes four channels of one 32-key group and, per four
-// slots, reads the four keys' words of those channels and transposes the 4 × 4
-// bytes (slot s holds key vt_key_of_slot(s)): 32 bytes of a channel row. A
-// warp's lanes read neighbouring words of one key row: no bank conflicts. The
-// Vᵀ tile (W = vt_heads · D rows of 128 codes; consecutive heads' rows are
-// consecutive in Vᵀ) then replaces the V tile in shared memory. Several heads
-// a CTA at D < 256: a CTA of one small head's tile spent more on its start,
-// its barriers and its end than on its bytes (D = 64 took longer than D = 128).
-__device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
-  constexpr int kPitch = kMaxD + kChunk;
-  const int W = p.vt_heads * p.in.D;
-  const std::uint32_t group = p.vt_tiles.quotient(static_cast<std::uint32_t>(cta));
-  const std::uint32_t t = p.vt_tiles.remainder(static_cast<std::uint32_t>(cta), group);
-  const std::int64_t bh0 = static_cast<std::int64_t>(group) * p.vt_heads;  // b · Hkv + h0
-  const std::int64_t b = bh0 / p.in.Hkv, h0 = bh0 % p.in.Hkv, key0 = static_cast<std::int64_t>(t) * kTileKeys;
-  const std::uint8_t* src = p.in.v.data + b * p.in.v.stride_b + h0 * p.in.v.stride_h;
-  bool bad = false;
-  uint4 w[kLoadsPerThread];
+// A tile of 128 token rows of `heads` consecutive heads: row r's codes of head
+// j at row0 + r · stride_s + j · stride_h. Rows from `rows` on (past the
+// sequence) read as zero codes.
+struct TileSource {
+  const std::uint8_t* row0;
+  std::int64_t stride_s, stride_h;
+  int rows;
+};
+
+// The tile's codes into registers: chunk i of the tile (16 bytes, row-major
+// over rows of W = heads · D bytes; row_chunks divides by W / 16, head_chunks
+// by D / 16) is w[l] of thread i mod 256, l = i / 256; zero past the rows and
+// past 128 rows. Raises `bad` for a NaN code.
+__device__ __forceinline__ void load_tile(const TileSource& s, const FastDiv& row_chunks, const FastDiv& head_chunks,
+                                          uint4 (&w)[kLoadsPerThread], bool& bad) {
 #pragma unroll
   for (int l = 0; l < kLoadsPerThread; ++l) {
-    const std::uint32_t i = threadIdx.x + l * kThreads, row = p.vt_chunks.quotient(i);
-    const std::uint32_t cc = p.vt_chunks.remainder(i, row), head = p.q.chunks.quotient(cc);  // q.chunks: D / 16
-    const bool valid = row < kTileKeys && key0 + row < p.in.Sk;
-    w[l] = load_clamped(src + (key0 + row) * p.in.v.stride_s + head * p.in.v.stride_h +
-                            p.q.chunks.remainder(cc, head) * kChunk,
-                        valid, src);
+    const std::uint32_t i = threadIdx.x + l * kThreads, row = row_chunks.quotient(i);
+    const std::uint32_t cc = row_chunks.remainder(i, row), head = head_chunks.quotient(cc);
+    w[l] = load_clamped(s.row0 + row * s.stride_s + head * s.stride_h + head_chunks.remainder(cc, head) * kChunk,
+                        row < static_cast<std::uint32_t>(s.rows), s.row0);
   }
 #pragma unroll
   for (int l = 0; l < kLoadsPerThread; ++l) {
-    const std::uint32_t i = threadIdx.x + l * kThreads, row = p.vt_chunks.quotient(i);
-    const uint4 x = zero_unless(w[l], row < kTileKeys && key0 + row < p.in.Sk);  // zero codes past Sk
-    if (row < kTileKeys) *reinterpret_cast<uint4*>(tile + row * kPitch + p.vt_chunks.remainder(i, row) * kChunk) = x;
-    bad |= has_nan_code(x);
+    const std::uint32_t row = row_chunks.quotient(threadIdx.x + l * kThreads);
+    w[l] = zero_unless(w[l], row < static_cast<std::uint32_t>(s.rows));
+    bad |= has_nan_code(w[l]);
+  }
+}
+
+// The loaded V tile (W = heads · D ≤ 256 channels) as Vᵀ: into shared memory,
+// a row per key, then a thread takes four channels of one 32-key group and,
+// per four slots, reads the four keys' words of those channels and transposes
+// the 4 × 4 bytes (slot s holds key vt_key_of_slot(s)): 32 bytes of a channel
+// row. A warp's lanes read neighbouring words of one key row: no bank
+// conflicts. The Vᵀ tile (W rows of 128 codes; consecutive heads' rows are
+// consecutive in Vᵀ) then replaces the V tile in shared memory, and `dst`
+// (channel 0's first key of the tile, rows vt_keys apart) gets whole 128-byte
+// rows. Several heads a CTA at D < 256: a CTA of one small head's tile spent
+// more on its start, its barriers and its end than on its bytes (D = 64 took
+// longer than D = 128).
+__device__ void store_vt_tile(const uint4 (&w)[kLoadsPerThread], int W, const FastDiv& row_chunks, std::uint8_t* tile,
+                              std::uint8_t* dst, std::int64_t vt_keys) {
+  constexpr int kPitch = kMaxD + kChunk;
+#pragma unroll
+  for (int l = 0; l < kLoadsPerThread; ++l) {
+    const std::uint32_t i = threadIdx.x + l * kThreads, row = row_chunks.quotient(i);
+    if (row < kTileKeys) *reinterpret_cast<uint4*>(tile + row * kPitch + row_chunks.remainder(i, row) * kChunk) = w[l];
   }
   __syncthreads();
   const int quads = W / 4;
@@ -144,10 +159,9 @@ __device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
       for (int c = 0; c < 4; ++c) rows[c][m] = out[c];
     }
   }
-  // The Vᵀ tile goes back through shared memory (it is read out of the key-major
-  // tile first), so that each warp then stores whole 128-byte channel rows:
-  // stored straight from the transposing threads, every 32-byte sector came as
-  // two 16-byte halves from two instructions, twice the L2 write requests.
+  // Stored straight from the transposing threads, every 32-byte sector of
+  // Vᵀ came as two 16-byte halves from two instructions: twice the L2 write
+  // requests, and a warp's lanes four channel rows apart.
   __syncthreads();
   if (transposer) {
 #pragma unroll
@@ -160,12 +174,26 @@ __device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
     }
   }
   __syncthreads();
-  std::uint8_t* dst = p.out.vt + bh0 * p.in.D * p.vt_keys + key0;
   for (int i = threadIdx.x; i < W * kVtRowChunks; i += kThreads) {
     const int r = i / kVtRowChunks, j = i % kVtRowChunks;
-    *reinterpret_cast<uint4*>(dst + r * p.vt_keys + j * kChunk) =
+    *reinterpret_cast<uint4*>(dst + r * vt_keys + j * kChunk) =
         *reinterpret_cast<const uint4*>(tile + vt_tile_offset(r, j));
   }
+}
+
+// V's tile (kv heads h0 … h0 + vt_heads − 1 of batch b, 128 keys) as Vᵀ.
+__device__ void transpose_v_tile(const Plan& p, int cta, std::uint8_t* tile) {
+  const std::uint32_t group = p.vt_tiles.quotient(static_cast<std::uint32_t>(cta));
+  const std::uint32_t t = p.vt_tiles.remainder(static_cast<std::uint32_t>(cta), group);
+  const std::int64_t bh0 = static_cast<std::int64_t>(group) * p.vt_heads;  // b · Hkv + h0
+  const std::int64_t b = bh0 / p.in.Hkv, h0 = bh0 % p.in.Hkv, key0 = static_cast<std::int64_t>(t) * kTileKeys;
+  const E4m3View& v = p.in.v;
+  const TileSource src{v.data + b * v.stride_b + key0 * v.stride_s + h0 * v.stride_h, v.stride_s, v.stride_h,
+                       static_cast<int>(std::min<std::int64_t>(kTileKeys, p.in.Sk - key0))};
+  bool bad = false;
+  uint4 w[kLoadsPerThread];
+  load_tile(src, p.vt_chunks, p.q.chunks, w, bad);  // q.chunks: D / 16
+  store_vt_tile(w, p.vt_heads * p.in.D, p.vt_chunks, tile, p.out.vt + bh0 * p.in.D * p.vt_keys + key0, p.vt_keys);
   raise_flag(bad, p.out.nonfinite + kFlagV);
 }
 
@@ -245,6 +273,138 @@ __global__ void __launch_bounds__(kThreads, 5) e4m3_prepare_kernel(const __grid_
                static_cast<std::int64_t>(p.q.ctas + p.k.ctas) * kThreads);
 }
 
+// ---- Packed sequences: one CTA per (layout tile, group of heads) and tensor.
+
+struct PackedPlan {
+  E4m3CallerInputs in;
+  E4m3KernelOperands out;
+  E4m3PackedLayout lay;
+  int q_heads = 1, k_heads = 1;  // heads per CTA (q_heads · D, k_heads · D ≤ 256)
+  FastDiv q_groups, k_groups;    // Hq / q_heads, Hkv / k_heads
+  FastDiv q_chunks, k_chunks;    // 16-byte chunks of a tile row: q_heads · D / 16, k_heads · D / 16
+  FastDiv d_chunks;              // D / 16
+  FastDiv d;                     // D (the host keeps B · Hkv · D below 2^31)
+  int q_tiles = 0, k_tiles = 0;  // q_rows / 128, k_rows / 128
+  int vt_ctas = 0, q_ctas = 0;   // then as many K CTAs as Vᵀ CTAs
+};
+
+// The sequence holding layout row `row` (the last b with rows[b] ≤ row, so
+// that sequences without tokens are passed over), or −1 past rows[B].
+__device__ int sequence_of(const int* rows, int B, int row) {
+  if (row >= rows[B]) return -1;
+  int lo = 0, hi = B - 1;  // rows[0] = 0
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (rows[mid] <= row) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// What a packed CTA works on: layout tile `tile` of a tensor and its heads
+// h0 …; the caller's rows of that tile's sequence b.
+struct PackedTile {
+  int b = -1, tile = 0, h0 = 0;
+  TileSource src{};
+};
+
+__device__ PackedTile packed_tile(const PackedPlan& p, E4m3View x, const int* cu, const int* rows, FastDiv groups,
+                                  int heads, int cta) {
+  PackedTile t;
+  t.tile = static_cast<int>(groups.quotient(static_cast<std::uint32_t>(cta)));
+  t.h0 = static_cast<int>(groups.remainder(static_cast<std::uint32_t>(cta), static_cast<std::uint32_t>(t.tile))) * heads;
+  const int row0 = t.tile * kTileKeys;
+  t.b = sequence_of(rows, p.in.B, row0);
+  if (t.b < 0) return t;
+  const int first = cu[t.b] + (row0 - rows[t.b]);  // the caller's row of the tile's first row
+  t.src = {x.data + static_cast<std::int64_t>(first) * x.stride_s + static_cast<std::int64_t>(t.h0) * x.stride_h,
+           x.stride_s, x.stride_h, min(kTileKeys, cu[t.b + 1] - first)};
+  return t;
+}
+
+// Q's or K's tile copied into the layout (zero codes past the sequence), and
+// the tile's scales: its sequence's descale for each of its heads. A template
+// on the tensor: members of the kernel's parameter picked at run time went
+// through local memory.
+template <bool is_q>
+__device__ void copy_packed_tile(const PackedPlan& p, int cta) {
+  const int H = is_q ? p.in.Hq : p.in.Hkv, heads = is_q ? p.q_heads : p.k_heads, D = p.in.D;
+  const FastDiv chunks = is_q ? p.q_chunks : p.k_chunks;
+  const PackedTile t = packed_tile(p, is_q ? p.in.q : p.in.k, is_q ? p.lay.cu_q : p.lay.cu_k,
+                                   is_q ? p.lay.rows_q : p.lay.rows_k, is_q ? p.q_groups : p.k_groups, heads, cta);
+  if (t.b < 0) return;  // a tile past the sequences (the host sized the layout for the most it can take)
+  bool bad = false;
+  uint4 w[kLoadsPerThread];
+  load_tile(t.src, chunks, p.d_chunks, w, bad);
+  const std::int64_t row_bytes = static_cast<std::int64_t>(H) * D;
+  std::uint8_t* dst = (is_q ? p.lay.q_codes : p.lay.k_codes) + static_cast<std::int64_t>(t.tile) * kTileKeys * row_bytes +
+                      static_cast<std::int64_t>(t.h0) * D;
+#pragma unroll
+  for (int l = 0; l < kLoadsPerThread; ++l) {
+    const std::uint32_t i = threadIdx.x + l * kThreads, row = chunks.quotient(i);
+    if (row < kTileKeys) *reinterpret_cast<uint4*>(dst + row * row_bytes + chunks.remainder(i, row) * kChunk) = w[l];
+  }
+  if (static_cast<int>(threadIdx.x) < heads) {
+    const int h = t.h0 + static_cast<int>(threadIdx.x), kv = is_q ? h / (p.in.Hq / p.in.Hkv) : h;
+    const float* descale = is_q ? p.in.q_descale : p.in.k_descale;
+    (is_q ? p.out.q_scale : p.out.k_scale)[static_cast<std::int64_t>(h) * (is_q ? p.q_tiles : p.k_tiles) + t.tile] =
+        descale != nullptr ? descale[t.b * p.in.Hkv + kv] : 1.0f;
+  }
+  raise_flag(bad, p.out.nonfinite + (is_q ? kFlagQ : kFlagK));
+}
+
+// V's tile of kv heads h0 … as Vᵀ columns tile · 128 … of the layout.
+__device__ void transpose_packed_v_tile(const PackedPlan& p, int cta, std::uint8_t* tile) {
+  const PackedTile t = packed_tile(p, p.in.v, p.lay.cu_k, p.lay.rows_k, p.k_groups, p.k_heads, cta);
+  if (t.b < 0) return;
+  bool bad = false;
+  uint4 w[kLoadsPerThread];
+  load_tile(t.src, p.k_chunks, p.d_chunks, w, bad);
+  store_vt_tile(w, p.k_heads * p.in.D, p.k_chunks, tile,
+                p.out.vt + static_cast<std::int64_t>(t.h0) * p.in.D * p.lay.k_rows + static_cast<std::int64_t>(t.tile) * kTileKeys,
+                p.lay.k_rows);
+  raise_flag(bad, p.out.nonfinite + kFlagV);
+}
+
+// V's channel scales (B, Hkv, D) and every sequence's three descales checked,
+// spread over all CTAs.
+__device__ void write_packed_v_scales(const PackedPlan& p) {
+  const E4m3CallerInputs& in = p.in;
+  const std::uint32_t heads = static_cast<std::uint32_t>(in.B) * in.Hkv, n_v = heads * in.D;
+  const std::uint32_t stride = gridDim.x * kThreads;
+  bool bad_q = false, bad_k = false, bad_v = false;
+  for (std::uint32_t i = blockIdx.x * kThreads + threadIdx.x; i < n_v; i += stride) {
+    const float x = in.v_descale != nullptr ? in.v_descale[p.d.quotient(i)] : 1.0f;
+    bad_v |= !good_descale(x);
+    p.out.v_scale[i] = x;
+    if (i < heads) {
+      bad_q |= in.q_descale != nullptr && !good_descale(in.q_descale[i]);
+      bad_k |= in.k_descale != nullptr && !good_descale(in.k_descale[i]);
+    }
+  }
+  raise_flag(bad_q, p.out.nonfinite + kFlagQ);
+  raise_flag(bad_k, p.out.nonfinite + kFlagK);
+  raise_flag(bad_v, p.out.nonfinite + kFlagV);
+}
+
+// CTAs [0, vt_ctas): Vᵀ tiles; then Q's tiles, then K's. Three CTAs per SM:
+// at five (48 registers) or four (64) the three paths' addresses spilled.
+__global__ void __launch_bounds__(kThreads, 3) e4m3_prepare_packed_kernel(const __grid_constant__ PackedPlan p) {
+  __shared__ __align__(16) std::uint8_t tile[kTileKeys * (kMaxD + kChunk)];
+  write_packed_v_scales(p);
+  const int cta = static_cast<int>(blockIdx.x);
+  if (cta < p.vt_ctas) transpose_packed_v_tile(p, cta, tile);
+  else if (cta < p.vt_ctas + p.q_ctas) copy_packed_tile<true>(p, cta - p.vt_ctas);
+  else copy_packed_tile<false>(p, cta - p.vt_ctas - p.q_ctas);
+}
+
+// The most heads of D codes up to 256 bytes that divide H.
+int heads_per_cta(int H, int D) {
+  for (int n = kMaxD / D; n > 1; --n)
+    if (H % n == 0) return n;
+  return 1;
+}
+
 ScanPlan scan_plan(const E4m3View& x, int B, int S, int H, int D) {
   ScanPlan s;
   s.x = x;
@@ -268,12 +428,7 @@ void prepare_e4m3_operands(const E4m3CallerInputs& in, const E4m3KernelOperands&
   p.out = out;
   p.vt_keys = cuda_quantize::padded_keys(in.Sk);
   const auto tiles = static_cast<std::uint32_t>(p.vt_keys / kTileKeys);
-  p.vt_heads = 1;
-  for (int n = kMaxD / in.D; n > 1; --n)
-    if (in.Hkv % n == 0) {
-      p.vt_heads = n;
-      break;
-    }
+  p.vt_heads = heads_per_cta(in.Hkv, in.D);
   p.vt_tiles = FastDiv(tiles);
   p.vt_chunks = FastDiv(static_cast<std::uint32_t>(p.vt_heads * in.D / kChunk));
   p.vt_ctas = static_cast<int>(static_cast<std::int64_t>(in.B) * (in.Hkv / p.vt_heads) * tiles);
@@ -281,6 +436,28 @@ void prepare_e4m3_operands(const E4m3CallerInputs& in, const E4m3KernelOperands&
   p.k = scan_plan(in.k, in.B, in.Sk, in.Hkv, in.D);
   e4m3_prepare_kernel<<<p.vt_ctas + p.q.ctas + p.k.ctas, kThreads, 0, stream>>>(p);
   cuda_common::check_cuda(cudaGetLastError(), "e4m3_prepare_kernel launch");
+}
+
+void prepare_e4m3_packed_operands(const E4m3CallerInputs& in, const E4m3PackedLayout& packed,
+                                  const E4m3KernelOperands& out, cudaStream_t stream) {
+  PackedPlan p;
+  p.in = in;
+  p.out = out;
+  p.lay = packed;
+  p.q_heads = heads_per_cta(in.Hq, in.D);
+  p.k_heads = heads_per_cta(in.Hkv, in.D);
+  p.q_groups = FastDiv(static_cast<std::uint32_t>(in.Hq / p.q_heads));
+  p.k_groups = FastDiv(static_cast<std::uint32_t>(in.Hkv / p.k_heads));
+  p.q_chunks = FastDiv(static_cast<std::uint32_t>(p.q_heads * in.D / kChunk));
+  p.k_chunks = FastDiv(static_cast<std::uint32_t>(p.k_heads * in.D / kChunk));
+  p.d_chunks = FastDiv(static_cast<std::uint32_t>(in.D / kChunk));
+  p.d = FastDiv(static_cast<std::uint32_t>(in.D));
+  p.q_tiles = static_cast<int>(packed.q_rows / kTileKeys);
+  p.k_tiles = static_cast<int>(packed.k_rows / kTileKeys);
+  p.vt_ctas = p.k_tiles * (in.Hkv / p.k_heads);
+  p.q_ctas = p.q_tiles * (in.Hq / p.q_heads);
+  e4m3_prepare_packed_kernel<<<2 * p.vt_ctas + p.q_ctas, kThreads, 0, stream>>>(p);
+  cuda_common::check_cuda(cudaGetLastError(), "e4m3_prepare_packed_kernel launch");
 }
 
 }  // namespace fp4attn::sm90::fwd
