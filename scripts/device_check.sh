@@ -19,7 +19,8 @@
 #          per-sequence calls; the same FUZZ_* variables) and large (problems past 2^31 elements against
 #          slices of them; needs the python stage's package) are further stages;
 #          BENCH_ARGS adds options to bench/bench_fwd.py, TORCH_BENCH_ARGS to
-#          bench/bench_torch_fwd.py; PYTEST=0 makes the
+#          bench/bench_torch_fwd.py; bench-varlen (packed batches through
+#          flash_attn_varlen_func; VARLEN_BENCH_ARGS) needs the package too; PYTEST=0 makes the
 #          python stage install the package only; COMMIT names the
 #          library's commit where the copy has no git
 set -uo pipefail
@@ -238,6 +239,15 @@ if has_stage bench-torch; then
   PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_torch_fwd.py --out "$OUT" \
     ${COMMIT:+--commit "$COMMIT"} ${TORCH_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-torch-stdout.log" | grep -v "^$" | tail -12
   summary+=("bench torch fwd: rc=${PIPESTATUS[0]}")
+fi
+
+if has_stage bench-varlen; then
+  # Packed varlen batches through flash_attn_varlen_func (bf16 in, and FP8 inputs with descales)
+  # beside cuDNN and FA2 per sequence; needs the python stage's package.
+  PYTHONPATH=/tmp/fp4attn-site PYTHONUNBUFFERED=1 timeout 400 python3 bench/bench_varlen.py \
+    --out "$OUT/bench-varlen.json" ${COMMIT:+--commit "$COMMIT"} ${VARLEN_BENCH_ARGS:-} 2>&1 \
+    | tee "$OUT/bench-varlen-stdout.log" | grep -v "^$" | tail -10
+  summary+=("bench varlen: rc=${PIPESTATUS[0]}")
 fi
 
 if has_stage bench-window; then

@@ -182,7 +182,9 @@ void forward_e4m3_device(const ShapeTuple& shape, std::uintptr_t q, const Stride
                          const Strides& k_strides, std::uintptr_t v, const Strides& v_strides,
                          std::uintptr_t q_descale, std::uintptr_t k_descale, std::uintptr_t v_descale,
                          std::uintptr_t o, const Strides& o_strides, std::uintptr_t lse, std::uintptr_t workspace,
-                         std::size_t workspace_bytes, const AttentionOptions& opt, std::uintptr_t stream) {
+                         std::size_t workspace_bytes, const AttentionOptions& opt, std::uintptr_t stream,
+                         std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_k, std::int64_t lse_pitch,
+                         std::int64_t k_tokens) {
   dispatch::DeviceE4m3ForwardArgs a;
   a.shape = shape_of(shape);
   a.q = device_view(q, q_strides);
@@ -196,6 +198,9 @@ void forward_e4m3_device(const ShapeTuple& shape, std::uintptr_t q, const Stride
   a.lse = pointer<float*>(lse);
   a.workspace = pointer<void*>(workspace);
   a.workspace_bytes = workspace_bytes;
+  a.cu_seqlens_q = pointer<const int*>(cu_seqlens_q);
+  a.cu_seqlens_k = pointer<const int*>(cu_seqlens_k);
+  a.lse_pitch = lse_pitch, a.k_tokens = k_tokens;
   nb::gil_scoped_release no_gil;  // only enqueues work
   dispatch::sm90_forward_device_e4m3(a, opt, pointer<void*>(stream));
 }
@@ -424,14 +429,21 @@ NB_MODULE(_ext, m) {
   m.def("device_e4m3_supported", &py::device_e4m3_supported, nb::arg("shape"), nb::arg("options"),
         "Validates an E4M3-input (B, Sq, Sk, Hq, Hkv, D) call; True when forward_e4m3_device can run it.");
   m.def("device_e4m3_workspace_bytes",
-        [](const py::ShapeTuple& shape) { return fp4attn::dispatch::sm90_device_e4m3_workspace_bytes(py::shape_of(shape)); },
-        nb::arg("shape"), "Device bytes of forward_e4m3_device's workspace.");
+        [](const py::ShapeTuple& shape, const py::PackedTokenTuple& packed) {
+          return fp4attn::dispatch::sm90_device_e4m3_workspace_bytes(py::shape_of(shape), py::packed_of(packed));
+        },
+        nb::arg("shape"), nb::arg("packed") = py::PackedTokenTuple{0, 0},
+        "Device bytes of forward_e4m3_device's workspace; packed = (total_q, total_k) for packed sequences.");
   m.def("forward_e4m3_device", &py::forward_e4m3_device, nb::arg("shape"), nb::arg("q"), nb::arg("q_strides"),
         nb::arg("k"), nb::arg("k_strides"), nb::arg("v"), nb::arg("v_strides"), nb::arg("q_descale"),
         nb::arg("k_descale"), nb::arg("v_descale"), nb::arg("o"), nb::arg("o_strides"), nb::arg("lse"),
         nb::arg("workspace"), nb::arg("workspace_bytes"), nb::arg("options"), nb::arg("stream"),
+        nb::arg("cu_seqlens_q") = 0, nb::arg("cu_seqlens_k") = 0, nb::arg("lse_pitch") = 0, nb::arg("k_tokens") = 0,
         "Recipe fp8 on E4M3 codes on the device (element strides = bytes; descales (B, Hkv) fp32 device pointers "
-        "or 0 for 1), O bf16 and LSE fp32, enqueued on `stream` without host synchronisation.");
+        "or 0 for 1), O bf16 and LSE fp32, enqueued on `stream` without host synchronisation. cu_seqlens_q / "
+        "cu_seqlens_k (device int32 pointers, B + 1 each): packed sequences, shape's Sq and Sk the longest, q "
+        "(total_q, Hq, D) and k, v (total_k, Hkv, D) with strides (0, S, H), O packed, the LSE (Hq, lse_pitch = "
+        "total_q), k_tokens = total_k, descales (B, Hkv) per sequence.");
   m.def("device_saved_bytes",
         [](const py::ShapeTuple& shape, fp4attn::Recipe recipe, const py::PackedTokenTuple& packed) {
           return fp4attn::dispatch::sm90_device_saved_bytes(py::shape_of(shape), recipe, py::packed_of(packed));

@@ -157,6 +157,12 @@ def _flash_attn_settings(causal, softmax_scale, recipe, window_size) -> _host.Se
     )
 
 
+def _check_no_descales(descales: tuple, q) -> None:
+    for d, name in zip(descales, ("q_descale", "k_descale", "v_descale")):
+        if d is not None:
+            raise ValueError(f"{name}: applies to float8_e4m3fn inputs only (q is {_validate._dtype_name(q)})")
+
+
 def flash_attn_func(
     q,
     k,
@@ -208,9 +214,7 @@ def flash_attn_func(
         else:
             o, lse = e4m3.numpy_forward(q, k, v, descales, s)
         return (o, lse, None) if return_attn_probs else o
-    for d, name in zip(descales, ("q_descale", "k_descale", "v_descale")):
-        if d is not None:
-            raise ValueError(f"{name}: applies to float8_e4m3fn inputs only (q is {_validate._dtype_name(q)})")
+    _check_no_descales(descales, q)
     o, lse = _forward(q, k, v, s, return_attn_probs, deterministic)
     return (o, lse, None) if return_attn_probs else o
 
@@ -234,6 +238,9 @@ def flash_attn_varlen_func(
     block_table=None,
     *,
     recipe="fp8",
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """FlashAttention's flash_attn_varlen_func: sequences of different lengths packed along the tokens.
 
@@ -277,9 +284,28 @@ def flash_attn_varlen_func(
     arguments are flash_attn_func's; block_table (paged KV caches) accepts
     only None. With return_attn_probs=True it returns (out, softmax_lse,
     None), softmax_lse of shape (Hq, total_q) as FlashAttention's.
+
+    FlashAttention-3's FP8 inputs as in flash_attn_func: q, k and v in
+    float8_e4m3fn with q_descale, k_descale, v_descale float32 (B, Hkv) or
+    None, one row per sequence; recipe fp8's forward on the codes as they
+    are, out bfloat16. On a Hopper GPU every sequence runs in one device call
+    (capturable in a CUDA graph, where the device checks cu_seqlens as
+    above), elsewhere one call per sequence; see fp4attn.e4m3.
     """
     deterministic = _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic)
     _validate.check_absent(block_table, "block_table", None, "paged KV caches are not supported")
+    descales = (q_descale, k_descale, v_descale)
+    if any(e4m3.is_e4m3(x) for x in (q, k, v)):
+        for x, name in ((q, "q"), (k, "k"), (v, "v")):
+            if not hasattr(x, "shape") or len(x.shape) != 3:
+                raise ValueError(f"{name}: expected a 3-D (total tokens, heads, D) array, got "
+                                 f"{'shape ' + str(tuple(x.shape)) if hasattr(x, 'shape') else type(x).__name__}")
+        s = e4m3.settings(_flash_attn_settings(causal, softmax_scale, recipe, window_size))
+        return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
+        run = _torch_e4m3.varlen_forward if _is_torch(q) else e4m3.numpy_varlen_forward
+        o, lse = run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, descales, s)
+        return (o, lse, None) if return_attn_probs else o
+    _check_no_descales(descales, q)
     torch_in = _is_torch(q)
     if not torch_in:
         q, k, v = (_host.to_host(x, name) for x, name in zip((q, k, v), ("q", "k", "v")))
@@ -394,25 +420,28 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False, *, recipe="fp8"):
+                                     return_attn_probs=False, *, recipe="fp8", q_descale=None, k_descale=None,
+                                     v_descale=None):
     """FlashAttention's flash_attn_varlen_qkvpacked_func: flash_attn_varlen_func on q, k, v = qkv[:, 0],
-    qkv[:, 1], qkv[:, 2] of a (total, 3, H, D) qkv, cu_seqlens and max_seqlen serving queries and keys."""
+    qkv[:, 1], qkv[:, 2] of a (total, 3, H, D) qkv, cu_seqlens and max_seqlen serving queries and keys
+    (float8_e4m3fn with the descales too)."""
     q, k, v = _unpacked(qkv, "qkv", 1, 3, "(total, 3, H, D)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
                                   causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
-                                  recipe=recipe)
+                                  recipe=recipe, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
-                                    recipe="fp8"):
+                                    recipe="fp8", q_descale=None, k_descale=None, v_descale=None):
     """FlashAttention's flash_attn_varlen_kvpacked_func: flash_attn_varlen_func on q and k, v = kv[:, 0],
-    kv[:, 1] of a (total_k, 2, Hkv, D) kv."""
+    kv[:, 1] of a (total_k, 2, Hkv, D) kv (float8_e4m3fn with the descales too)."""
     k, v = _unpacked(kv, "kv", 1, 2, "(total_k, 2, Hkv, D)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs, recipe=recipe)
+                                  return_attn_probs, recipe=recipe, q_descale=q_descale, k_descale=k_descale,
+                                  v_descale=v_descale)
 
 
 def _token_parts(x, sizes: list, torch_in: bool) -> list:

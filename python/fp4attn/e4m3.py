@@ -16,6 +16,12 @@ pass, and no smooth_k (it subtracts K's mean before K is quantized).
 NumPy inputs are ml_dtypes.float8_e4m3fn arrays. O comes back as bfloat16 (NumPy: float32
 holding bf16 values) of shape (B, Sq, Hq, D), the LSE as float32 (B, Hq, Sq); without keys
 O is 0 and the LSE -inf.
+
+Packed sequences (flash_attn_varlen_func): q (total_q, Hq, D), k and v (total_k, Hkv, D), the
+descales (B, Hkv) one row per sequence; O (total_q, Hq, D) and the LSE (Hq, total_q). On a
+Hopper GPU one device call runs every sequence (fp4attn::attention_e4m3_varlen: the kernel's
+packed path, Q's and K's codes copied into its tile-aligned layout); elsewhere each sequence
+runs as a call of its own. Each sequence's O and LSE are those of a call on it alone.
 """
 
 from __future__ import annotations
@@ -45,6 +51,81 @@ def check(q, k, v, descales: tuple, s: _host.Settings) -> _validate.Dims:
     for d, name in zip(descales, ("q_descale", "k_descale", "v_descale")):
         _check_descale(d, name, q, dims)
     return dims
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, descales: tuple, s: _host.Settings) -> tuple:
+    """The packed operands, the form of cu_seqlens (not their entries, which may be on the device)
+    and the descales, one row per sequence; returns (B, Hq, Hkv, D)."""
+    dims = _validate.check_qkv(*(x[None] for x in (q, k, v)), s.layout, _NAMES, dtypes=(E4M3,))
+    B = _validate.check_cu_seqlens_form(cu_seqlens_q, "cu_seqlens_q")
+    if _validate.check_cu_seqlens_form(cu_seqlens_k, "cu_seqlens_k") != B:
+        raise ValueError(f"cu_seqlens_k: has {cu_seqlens_k.shape[0]} entries (batch size {cu_seqlens_k.shape[0] - 1}) "
+                         f"but cu_seqlens_q has {B + 1}")
+    per_sequence = _validate.Dims(B=B, Sq=dims.Sq, Sk=dims.Sk, Hq=dims.Hq, Hkv=dims.Hkv, D=dims.D)
+    for d, name in zip(descales, ("q_descale", "k_descale", "v_descale")):
+        _check_descale(d, name, q, per_sequence)
+    return B, dims.Hq, dims.Hkv, dims.D
+
+
+def host_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q: int, total_k: int) -> tuple:
+    """cu_seqlens read on the host and checked (starting at 0, never decreasing, ending at the
+    token counts; no sequence longer than max_seqlen): the two lists of offsets."""
+    cu_q = _validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "q")
+    cu_k = _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, "k")
+    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", [b - a for a, b in zip(cu_q, cu_q[1:])])
+    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", [b - a for a, b in zip(cu_k, cu_k[1:])])
+    return cu_q, cu_k
+
+
+def host_varlen_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_q: list, cu_k: list, descales: tuple,
+                        s: _host.Settings):
+    """O (total_q, Hq, D) and LSE (Hq, total_q) of packed sequences, one host call per sequence on
+    its rows and its row of each descale (cu_q, cu_k: checked host offsets). Every code and
+    descale is checked first, those no call reads (a sequence without queries) too, as the
+    device call checks them."""
+    _check_values(q, k, v, descales)
+    hq, d = q.shape[1], q.shape[2]
+    outs, lses = [np.zeros((0, hq, d), np.float32)], [np.zeros((hq, 0), np.float32)]
+    for b in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        lq, lk = rows.stop - rows.start, keys.stop - keys.start
+        if lq == 0:
+            continue
+        if lk == 0:  # nothing to attend: O = 0, LSE = -inf
+            outs.append(np.zeros((lq, hq, d), np.float32))
+            lses.append(np.full((hq, lq), -np.inf, np.float32))
+            continue
+        scales = [None if x is None else x[b:b + 1] for x in descales]
+        o, lse = host_forward(q[None, rows], k[None, keys], v[None, keys], scales, s)
+        outs.append(o[0])
+        lses.append(lse[0])
+    return np.concatenate(outs), np.concatenate(lses, axis=1)
+
+
+def _check_values(q, k, v, descales: tuple) -> None:
+    """ValueError naming the first NaN code (E4M3's S.1111.111) or descale that is not finite and
+    positive."""
+    for x, name in zip((q, k, v), _NAMES):
+        codes = np.asarray(x).view(np.uint8)
+        nan = np.flatnonzero((codes & 0x7F) == 0x7F)
+        if nan.size:
+            at = np.unravel_index(nan[0], codes.shape)
+            raise ValueError(f"{name}: holds a NaN code (0x{codes.flat[nan[0]]:02X}) at (token, h, d) = "
+                             f"{tuple(int(i) for i in at)}")
+    for d, name in zip(descales, ("q_descale", "k_descale", "v_descale")):
+        if d is None:
+            continue
+        bad = np.flatnonzero(~(np.isfinite(d) & (d > 0)))
+        if bad.size:
+            b, h = np.unravel_index(bad[0], d.shape)
+            raise ValueError(f"{name}: must be finite and positive, got {d.flat[bad[0]]} at (b, h) = ({b}, {h})")
+
+
+def numpy_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, descales: tuple,
+                         s: _host.Settings):
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, s)
+    cu_q, cu_k = host_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0])
+    return host_varlen_forward(q, k, v, cu_q, cu_k, descales, s)
 
 
 def _check_descale(d, name: str, q, dims: _validate.Dims) -> None:
