@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fp4attn
+from test_e4m3 import _as_torch, _sm90, _torch  # the torch helpers of the dense suite
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -142,13 +143,6 @@ def test_refuses_bad_input_by_name(rng):
 
 # ---- torch ----------------------------------------------------------------------------------------
 
-def _torch():
-    return pytest.importorskip("torch")
-
-
-def _as_torch(t, x, device="cpu"):
-    return t.from_numpy(np.ascontiguousarray(x).view(np.uint8)).view(t.float8_e4m3fn).to(device)
-
 
 def test_torch_gives_the_numpy_bits(rng):
     t = _torch()
@@ -174,13 +168,6 @@ def test_torch_compile_keeps_the_op(rng):
     eager = f(*args, *scales)
     compiled = t.compile(f, fullgraph=True, backend="eager")(*args, *scales)
     assert t.equal(eager, compiled)
-
-
-def _sm90():
-    t = _torch()
-    if not (t.cuda.is_available() and fp4attn.backend_info()["sm90_available"]):
-        pytest.skip("needs a compute-capability 9.0 GPU")
-    return t
 
 
 @pytest.mark.parametrize("Hq,Hkv,D,causal", [(8, 2, 128, True), (6, 3, 64, False)])

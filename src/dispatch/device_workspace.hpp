@@ -118,6 +118,25 @@ inline void check_saved(const void* saved, std::size_t given, const AttentionSha
     throw Error("saved", "must be " + std::to_string(kWorkspaceAlign) + "-byte aligned");
 }
 
+// A packed call's cu_seqlens checked on the device (cuda_common::check_packed_sequences)
+// into `ints` (packed_rows_bytes of them): where they do not fit the call's sizes every
+// sequence is empty there and O, bf16 (lse_pitch, Hq, D) at the given element strides,
+// and the LSE, (Hq, lse_pitch), are NaN. Returns the checked copies and the sequences'
+// first rows in the tile-aligned layout, which everything after reads.
+inline cuda_common::PackedSequences check_packed_call(const int* cu_seqlens_q, const int* cu_seqlens_k,
+                                                      const AttentionShape& s, std::int64_t lse_pitch,
+                                                      std::int64_t k_tokens, void* o, std::int64_t o_stride_s,
+                                                      std::int64_t o_stride_h, float* lse, int* ints,
+                                                      cudaStream_t stream) {
+  using Fill = cuda_common::NanFill;
+  const Fill o_fill{o, Fill::Type::bf16, lse_pitch, s.Hq, s.D, o_stride_s, o_stride_h};
+  const Fill lse_fill{lse, Fill::Type::f32, s.Hq, 1, lse_pitch, lse_pitch, 0};
+  cuda_common::check_packed_sequences(cu_seqlens_q, cu_seqlens_k,
+                                      {static_cast<int>(s.B), lse_pitch, k_tokens, s.Sq, s.Sk}, ints,
+                                      {o_fill, lse_fill, Fill{}}, stream);
+  return cuda_common::packed_sequences(ints, static_cast<int>(s.B));
+}
+
 inline cuda_quantize::ElementType element_type(DeviceElement e) {
   switch (e) {
     case DeviceElement::f32: return cuda_quantize::ElementType::f32;

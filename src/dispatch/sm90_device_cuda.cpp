@@ -135,13 +135,8 @@ void sm90_forward_device(const DeviceForwardArgs& args, const AttentionOptions& 
   if (packed) {
     auto* ints = reinterpret_cast<int*>(static_cast<unsigned char*>(args.workspace) +
                                         workspace_layout(s, tokens).packed_rows);
-    using Fill = cuda_common::NanFill;
-    const Fill o_fill{args.o, Fill::Type::bf16, args.lse_pitch, s.Hq, s.D, args.o_stride_s, args.o_stride_h};
-    const Fill lse_fill{args.lse, Fill::Type::f32, s.Hq, 1, args.lse_pitch, args.lse_pitch, 0};
-    cuda_common::check_packed_sequences(args.cu_seqlens_q, args.cu_seqlens_k,
-                                        {static_cast<int>(s.B), args.lse_pitch, args.k_tokens, s.Sq, s.Sk}, ints,
-                                        {o_fill, lse_fill, Fill{}}, stream);
-    seqs = cuda_common::packed_sequences(ints, static_cast<int>(s.B));
+    seqs = check_packed_call(args.cu_seqlens_q, args.cu_seqlens_k, s, args.lse_pitch, args.k_tokens, args.o,
+                             args.o_stride_s, args.o_stride_h, args.lse, ints, stream);
   }
   const auto q = strided(args.q, args.element, s.B, s.Sq, s.Hq, s.D, "q", seqs.cu_q);
   const auto k = strided(args.k, args.element, s.B, s.Sk, s.Hkv, s.D, "k", seqs.cu_k);

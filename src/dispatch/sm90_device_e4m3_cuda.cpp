@@ -148,14 +148,10 @@ void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const Attention
   if (packed) {
     // cu_seqlens checked on the device first (all sequences empty, O and the
     // LSE NaN, where they do not fit); everything after reads the checked copies.
-    auto* ints = reinterpret_cast<int*>(base + w.packed_rows);
-    using Fill = cuda_common::NanFill;
-    const Fill o_fill{args.o, Fill::Type::bf16, args.lse_pitch, s.Hq, s.D, args.o_stride_s, args.o_stride_h};
-    const Fill lse_fill{args.lse, Fill::Type::f32, s.Hq, 1, args.lse_pitch, args.lse_pitch, 0};
-    cuda_common::check_packed_sequences(args.cu_seqlens_q, args.cu_seqlens_k,
-                                        {static_cast<int>(s.B), args.lse_pitch, args.k_tokens, s.Sq, s.Sk}, ints,
-                                        {o_fill, lse_fill, Fill{}}, stream);
-    const cuda_common::PackedSequences seqs = cuda_common::packed_sequences(ints, static_cast<int>(s.B));
+    const cuda_common::PackedSequences seqs =
+        check_packed_call(args.cu_seqlens_q, args.cu_seqlens_k, s, args.lse_pitch, args.k_tokens, args.o,
+                          args.o_stride_s, args.o_stride_h, args.lse,
+                          reinterpret_cast<int*>(base + w.packed_rows), stream);
     sm90::fwd::E4m3PackedLayout pl;
     pl.cu_q = seqs.cu_q, pl.cu_k = seqs.cu_k, pl.rows_q = seqs.rows_q, pl.rows_k = seqs.rows_k;
     pl.q_rows = lay.Sq, pl.k_rows = lay.Sk;

@@ -15,6 +15,7 @@
 #include "fp4attn/attention.hpp"
 #include "fp4attn/emulator.hpp"
 #include "fp4attn/error.hpp"
+#include "gpu/e4m3_device_run.hpp"
 #include "gpu/forward_check.hpp"
 #include "gpu/gpu_test_util.hpp"
 
@@ -135,14 +136,7 @@ struct DeviceCall {
 
   // The call with `a` (args() as changed by a test), outputs poisoned first.
   ForwardOutput run(const dispatch::DeviceE4m3ForwardArgs& a, const AttentionOptions& opt) {
-    o.poison();
-    lse.poison();
-    dispatch::sm90_forward_device_e4m3(a, opt, nullptr);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    ForwardOutput out;
-    for (std::uint16_t bits : o.download()) out.o.push_back(__builtin_bit_cast(float, std::uint32_t{bits} << 16));
-    out.lse = lse.download();
-    return out;
+    return run_e4m3_device(a, opt, o, lse);
   }
 };
 

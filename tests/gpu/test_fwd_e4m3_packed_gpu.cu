@@ -17,7 +17,9 @@
 #include "e4m3_inputs_fixture.hpp"
 #include "fp4attn/attention.hpp"
 #include "fp4attn/error.hpp"
+#include "gpu/e4m3_device_run.hpp"
 #include "gpu/gpu_test_util.hpp"
+#include "gpu/packed_batch.hpp"  // named_argument
 
 namespace fp4attn::gpu_test {
 namespace {
@@ -121,13 +123,8 @@ struct PackedCall {
   // O as floats and the (Hq, total_q) LSE, outputs poisoned and the workspace
   // filled with NaN codes first.
   ForwardOutput run(const dispatch::DeviceE4m3ForwardArgs& a, const AttentionOptions& opt) {
-    o.poison(), lse.poison(), workspace.poison();
-    dispatch::sm90_forward_device_e4m3(a, opt, nullptr);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    ForwardOutput out;
-    for (std::uint16_t bits : o.download()) out.o.push_back(__builtin_bit_cast(float, std::uint32_t{bits} << 16));
-    out.lse = lse.download();
-    return out;
+    workspace.poison();
+    return run_e4m3_device(a, opt, o, lse);
   }
 };
 
@@ -267,13 +264,8 @@ TEST(GpuForwardE4m3PackedCheck, NamesTheArgument) {
   const PackedProblem p = random_packed(batch, 2, 1, 64, 1);
   PackedCall call(batch, 2, 1, 64, p.q, p.k, p.v, p.q_descale, p.k_descale, p.v_descale);
   const AttentionOptions opt = options({2, 1, 64, MaskKind::none, true});
-  const auto argument_of = [&](dispatch::DeviceE4m3ForwardArgs a) -> std::string {
-    try {
-      dispatch::sm90_forward_device_e4m3(a, opt, nullptr);
-    } catch (const Error& e) {
-      return e.argument();
-    }
-    return "(no error)";
+  const auto argument_of = [&](const dispatch::DeviceE4m3ForwardArgs& a) {
+    return named_argument([&] { dispatch::sm90_forward_device_e4m3(a, opt, nullptr); });
   };
   dispatch::DeviceE4m3ForwardArgs a = call.args();
   a.cu_seqlens_k = nullptr;
