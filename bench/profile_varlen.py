@@ -3,7 +3,11 @@ fp8, dO random) against torch's packed varlen attention (FA2's varlen
 kernel), by the torch profiler: each kernel's device time per step, largest
 first, and the step's event-timed wall time and host issue time.
 
-    python3 bench/profile_varlen.py [--case NAME ...]
+    python3 bench/profile_varlen.py [--case NAME ...] [--forward]
+
+--forward profiles the inference forward instead (no gradients): recipe fp8 from
+bf16, recipe fp8 on FP8 inputs with per-sequence descales (bench_varlen.py's
+fp8_e4m3_inputs) and torch's varlen attention.
 
 Cases are bench_varlen.py's. Diagnostic output only (no JSON): the figures
 that go into results come from bench_varlen.py.
@@ -16,7 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_varlen import CASES, torch_varlen  # noqa: E402
+from bench_varlen import CASES, to_e4m3, torch_varlen  # noqa: E402
 from capi_lib import kernel_launches, time_ms  # noqa: E402
 
 import fp4attn  # noqa: E402
@@ -24,9 +28,33 @@ import fp4attn  # noqa: E402
 STEPS = 10
 
 
+def forward_steps(q, k, v, cu, lens, hq, hkv, causal, varlen_attn) -> dict:
+    """The inference forward of each implementation, under torch.inference_mode."""
+    bounds = cu.tolist()
+    (q8, dq), (k8, dk), (v8, dv) = (to_e4m3(x.detach(), bounds, hkv) for x in (q, k, v))
+    top = max(lens)
+    calls = {
+        "fp8": lambda i: fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, top, top, causal=causal),
+        "fp8_e4m3_inputs": lambda i: fp4attn.flash_attn_varlen_func(q8, k8, v8, cu, cu, top, top, causal=causal,
+                                                                    q_descale=dq, k_descale=dk, v_descale=dv),
+    }
+    if varlen_attn is not None:
+        kk, vv = (x.detach().repeat_interleave(hq // hkv, dim=1) for x in (k, v))
+        window = (-1, 0) if causal else (-1, -1)
+        calls["torch_varlen_fa2"] = lambda i: varlen_attn(q, kk, vv, cu, cu, top, top, window_size=window)
+
+    def no_grad(fn):
+        def run(i):
+            with torch.inference_mode():
+                return fn(i)
+        return run
+    return {n: no_grad(fn) for n, fn in calls.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", help="bench_varlen.py case names (default: all)")
+    ap.add_argument("--forward", action="store_true", help="the inference forward (with FP8 inputs too)")
     args = ap.parse_args()
     varlen_attn = torch_varlen()
     for name, lens, hq, hkv, d, causal in CASES:
@@ -45,6 +73,8 @@ def main():
             window = (-1, 0) if causal else (-1, -1)
             steps["torch_varlen_fa2"] = lambda i: varlen_attn(q, kk, vv, cu, cu, max(lens), max(lens),
                                                               window_size=window).backward(d_o)
+        if args.forward:
+            steps = forward_steps(q, k, v, cu, lens, hq, hkv, causal, varlen_attn)
         for impl, step in steps.items():
             wall = min(time_ms(step, STEPS, 2, queued=True) for _ in range(3))
             torch.cuda.synchronize()

@@ -81,7 +81,8 @@ def check_array(x, name: str, dtypes=SUPPORTED_DTYPES) -> None:
         raise TypeError(f"{name}: expected an array, got {type(x).__name__}")
     dtype = _dtype_name(x)
     if dtype not in dtypes:
-        hint = " (float8_e4m3fn inputs: flash_attn_func with q_descale, k_descale, v_descale)" \
+        hint = " (float8_e4m3fn inputs: flash_attn_func or flash_attn_varlen_func with q_descale, k_descale, " \
+            "v_descale)" \
             if dtype == "float8_e4m3fn" else ""
         raise TypeError(f"{name}: dtype {dtype} is not supported; use one of {', '.join(dtypes)}{hint}")
     if len(x.shape) != RANK:
@@ -265,9 +266,33 @@ def _host_ints(cu, name: str) -> list:
         raise ValueError(f"{name}: its entries are read on the host, which a CUDA graph's capture cannot do")
     values = [int(x) for x in cu.tolist()]
     if not cu.is_inference():
-        _HOST_INTS[key] = (weakref.ref(cu, lambda _, key=key: _HOST_INTS.pop(key, None)), cu._version,
-                           cu.data_ptr(), tuple(values))
+        _HOST_INTS[key] = (weakref.ref(cu, lambda _, key=key: (_HOST_INTS.pop(key, None), _CHECKED.pop(key, None))),
+                           cu._version, cu.data_ptr(), tuple(values))
     return values
+
+
+# Offsets that passed check_cu_seqlens, by id: (the _HOST_INTS entries' tuple
+# they were read as, the token count they were checked against, the longest
+# sequence). A call on the same unchanged tensor then skips the check's loops.
+_CHECKED: dict = {}
+
+
+def checked_cu_seqlens(cu, name: str, total: int, total_name: str) -> tuple:
+    """check_cu_seqlens's offsets (a tuple) and the longest sequence's length; for a torch
+    tensor that _HOST_INTS keeps and that passed the check against `total` before, from
+    _CHECKED without checking again."""
+    key = id(cu)
+    if hasattr(cu, "is_inference") and not cu.is_inference():
+        kept, done = _HOST_INTS.get(key), _CHECKED.get(key)
+        if (kept is not None and done is not None and kept[0]() is cu and kept[1] == cu._version
+                and kept[2] == cu.data_ptr() and done[0] is kept[3] and done[1] == total):
+            return kept[3], done[2]
+    values = tuple(check_cu_seqlens(cu, name, total, total_name))
+    longest = max((b - a for a, b in zip(values, values[1:])), default=0)
+    kept = _HOST_INTS.get(key)
+    if kept is not None and kept[3] == values:
+        _CHECKED[key] = (kept[3], total, longest)
+    return values, longest
 
 
 def check_max_seqlen(value, name: str, lengths: list) -> int:

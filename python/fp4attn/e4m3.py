@@ -70,10 +70,10 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, descales: tuple, s: _host.
 def host_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q: int, total_k: int) -> tuple:
     """cu_seqlens read on the host and checked (starting at 0, never decreasing, ending at the
     token counts; no sequence longer than max_seqlen): the two lists of offsets."""
-    cu_q = _validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "q")
-    cu_k = _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, "k")
-    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", [b - a for a, b in zip(cu_q, cu_q[1:])])
-    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", [b - a for a, b in zip(cu_k, cu_k[1:])])
+    cu_q, longest_q = _validate.checked_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "q")
+    cu_k, longest_k = _validate.checked_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, "k")
+    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", [longest_q])
+    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", [longest_k])
     return cu_q, cu_k
 
 

@@ -87,7 +87,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: tuple, 
     if e4m3.no_tokens(dims):
         return (q.new_zeros((dims.B, dims.Sq, dims.Hq, dims.D), dtype=torch.bfloat16),
                 q.new_full((dims.B, dims.Hq, dims.Sq), float("-inf"), dtype=torch.float32))
-    return _e4m3_op(q, k, v, *descales, s.mask, s.scale, s.direct_p, s.window_left, s.window_right)
+    args = (q, k, v, *descales, s.mask, s.scale, s.direct_p, s.window_left, s.window_right)
+    # Plain tensors with nothing tracing them skip the op's dispatch (tens of µs of host time a
+    # call); torch.compile, fake tensors and functorch transforms see the op.
+    return _e4m3_impl(*args) if torch_ops._eager_call(args) else _e4m3_op(*args)
 
 
 def _device_ints(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -169,5 +172,6 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
             e4m3.host_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q, total_k)
         return (q.new_zeros((total_q, Hq, D), dtype=torch.bfloat16),
                 q.new_full((Hq, total_q), float("-inf"), dtype=torch.float32))
-    return _e4m3_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales, s.mask,
-                           s.scale, s.direct_p, s.window_left, s.window_right)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales, s.mask, s.scale, s.direct_p,
+            s.window_left, s.window_right)
+    return _e4m3_varlen_impl(*args) if torch_ops._eager_call(args) else _e4m3_varlen_op(*args)

@@ -155,6 +155,32 @@ def test_torch_gives_the_numpy_bits(rng):
     assert np.array_equal(lse.numpy(), want_lse)
 
 
+def test_kept_checks_of_cu_seqlens_follow_the_tensor(rng):
+    """The host keeps a cu_seqlens tensor's checked entries while it is unchanged: a write into it,
+    or other token counts, check it again."""
+    t = _torch()
+    q, k, v, cu_q, cu_k, d = packed_problem(rng, 2, 1, 64)
+    args = [_as_torch(t, x) for x in (q, k, v)]
+    cu_q_t, cu_k_t = t.from_numpy(cu_q.copy()), t.from_numpy(cu_k.copy())
+    scales = [t.from_numpy(x) for x in d]
+
+    def call(q=args[0], max_q=max(LENS_Q)):
+        return fp4attn.flash_attn_varlen_func(q, args[1], args[2], cu_q_t, cu_k_t, max_q, max(LENS_K),
+                                              q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
+
+    want = call()
+    assert t.equal(call(), want)  # from the kept check
+    with pytest.raises(ValueError, match="^max_seqlen_q"):
+        call(max_q=max(LENS_Q) - 1)
+    with pytest.raises(ValueError, match="^cu_seqlens_q: ends at"):
+        call(q=args[0][:-1])  # one token fewer than the offsets say
+    cu_q_t[-1] += 1  # an in-place write: the next call reads and checks the entries again
+    with pytest.raises(ValueError, match="^cu_seqlens_q"):
+        call()
+    cu_q_t[-1] -= 1
+    assert t.equal(call(), want)
+
+
 def test_torch_compile_keeps_the_op(rng):
     t = _torch()
     q, k, v, cu_q, cu_k, d = packed_problem(rng, 2, 1, 64)
