@@ -23,6 +23,10 @@ are also counted apart: they were the one difference the script found,
 before the varlen paths read the packed tensors through one split each
 (autograd had summed several slices' gradients, and (+0) + (-0) = +0; README,
 "Varlen").
+About a quarter of the cases whose head dim is a multiple of 16 (again from a
+stream of their own) run on FlashAttention-3's FP8 inputs instead: float8_e4m3fn
+codes with a random descale per sequence and kv head, forward only, each
+sequence against flash_attn_func on its codes and its row of each descale.
 
     PYTHONPATH=<site> python3 python/tests/fuzz_varlen_device.py --cases 100 --seed 1 --out fuzz-varlen.json
 
@@ -86,6 +90,8 @@ def draw(rng: np.random.Generator) -> dict:
     }
     # A sliding window, from a stream of its own (the seed's other draws unchanged).
     c["window"] = window(c["data_seed"], c["causal"], max(max(lens_q), max(lens_k)))
+    # FP8 inputs with descales, likewise (the kernels read them where D is a multiple of 16).
+    c["e4m3"] = bool(c["D"] % 16 == 0 and np.random.default_rng([c["data_seed"], 8]).random() < 0.25)
     return c
 
 
@@ -115,8 +121,22 @@ def other_lengths(lens: list, longest: int, rng: np.random.Generator) -> list:
     return out + [total]
 
 
+def e4m3_operands(c: dict, g: torch.Generator, total_q: int, total_k: int) -> tuple:
+    """float8_e4m3fn q, k, v (codes of normal values over E4M3's range) and their (B, Hkv) descales."""
+    def codes(rows, heads, spread):
+        x = (torch.randn(rows, heads, c["D"], generator=g) * spread).clamp(-448, 448)
+        return x.to(torch.float8_e4m3fn).to(DEVICE)
+
+    sequences = len(c["lens_q"])
+    qkv = (codes(total_q, c["Hq"], 40), codes(total_k, c["Hkv"], 40), codes(total_k, c["Hkv"], 100))
+    descales = tuple(torch.exp2(torch.rand(sequences, c["Hkv"], generator=g) * -6 - 2).to(DEVICE) for _ in range(3))
+    return qkv, descales
+
+
 def run_case(c: dict) -> dict:
     g = torch.Generator().manual_seed(c["data_seed"])
+    if c.get("e4m3"):
+        return run_e4m3_case(c, g)
     dtype = DTYPES[c["dtype"]]
     cu_q = torch.tensor(np.cumsum([0] + c["lens_q"]), dtype=torch.int32)
     cu_k = torch.tensor(np.cumsum([0] + c["lens_k"]), dtype=torch.int32)
@@ -187,6 +207,46 @@ def run_case(c: dict) -> dict:
     return r
 
 
+def run_e4m3_case(c: dict, g: torch.Generator) -> dict:
+    """The packed call on E4M3 inputs against flash_attn_func per sequence (forward only)."""
+    cu_q = torch.tensor(np.cumsum([0] + c["lens_q"]), dtype=torch.int32)
+    cu_k = torch.tensor(np.cumsum([0] + c["lens_k"]), dtype=torch.int32)
+    (q, k, v), descales = e4m3_operands(c, g, int(cu_q[-1]), int(cu_k[-1]))
+    named = dict(zip(("q_descale", "k_descale", "v_descale"), descales))
+    max_q, max_k = max(c["lens_q"]), max(c["lens_k"])
+    cus = (cu_q.to(DEVICE), cu_k.to(DEVICE)) if c["cu_on_gpu"] else (cu_q, cu_k)
+    kw = {"causal": c["causal"], "softmax_scale": c["scale"], "window_size": tuple(c.get("window", (-1, -1)))}
+    out, lse, _ = fp4attn.flash_attn_varlen_func(q, k, v, *cus, max_q, max_k, return_attn_probs=True, **named, **kw)
+    r = {"o_differ": 0, "lse_differ": 0}
+    for i in range(len(c["lens_q"])):
+        a, b, s, e = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        if b == a:
+            continue
+        if e == s:  # no keys: O = 0, LSE = -inf
+            r["o_differ"] += int((out[a:b].float() != 0).sum())
+            r["lse_differ"] += int((lse[:, a:b] != float("-inf")).sum())
+            continue
+        rows = {n: d[i:i + 1] for n, d in named.items()}
+        o1, lse1, _ = fp4attn.flash_attn_func(q[a:b][None], k[s:e][None], v[s:e][None], return_attn_probs=True,
+                                              **rows, **kw)
+        r["o_differ"] += bits_differ(out[a:b], o1[0])
+        r["lse_differ"] += bits_differ(lse[:, a:b], lse1[0])
+    if c.get("captured") and DEVICE == "cuda":
+        rng = np.random.default_rng(c["data_seed"])
+        first_q = torch.tensor(np.cumsum([0] + other_lengths(c["lens_q"], max_q, rng)), dtype=torch.int32).cuda()
+        first_k = torch.tensor(np.cumsum([0] + other_lengths(c["lens_k"], max_k, rng)), dtype=torch.int32).cuda()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            o_g, lse_g, _ = fp4attn.flash_attn_varlen_func(q, k, v, first_q, first_k, max_q, max_k,
+                                                           return_attn_probs=True, **named, **kw)
+        first_q.copy_(cu_q), first_k.copy_(cu_k)
+        graph.replay()
+        torch.cuda.synchronize()
+        r["replay_differ"] = bits_differ(o_g, out) + bits_differ(lse_g, lse)
+    r["ok"] = r["o_differ"] == 0 and r["lse_differ"] == 0 and not r.get("replay_differ")
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=100)
@@ -208,7 +268,8 @@ def main() -> int:
     print(f"fuzz_varlen_device: {len(rows)} cases in {seconds:.0f} s (seed {args.seed}; "
           f"{sum(len(r['lens_q']) for r in rows)} sequences, {sum(r['backward'] for r in rows)} with gradients "
           f"({sum(r['backward'] and r['lse_loss'] for r in rows)} with an LSE loss), "
-          f"{sum(bool(r.get('captured')) for r in rows)} replayed from a graph; gradient zeros of the other sign "
+          f"{sum(bool(r.get('captured')) for r in rows)} replayed from a graph, "
+          f"{sum(bool(r.get('e4m3')) for r in rows)} on E4M3 inputs; gradient zeros of the other sign "
           f"in {sum(bool(r.get('grad_zero_signs_differ')) for r in rows)} cases, "
           f"{sum(r.get('grad_zero_signs_differ', 0) for r in rows)} elements), {failed} failed")
     write_record(args.out, args.seed, args.commit, rows)
