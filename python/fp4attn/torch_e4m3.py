@@ -82,7 +82,8 @@ def _e4m3_fake(q, k, v, q_descale, k_descale, v_descale, mask, scale, direct_p, 
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: tuple, s: _host.Settings):
-    """(O, LSE) of E4M3 q, k, v with (B, Hkv) descales or None, through the op."""
+    """(O, LSE) of E4M3 q, k, v with (B, Hkv) descales or None: through the op where something
+    traces the call, else its implementation directly."""
     dims = e4m3.check(q, k, v, descales, s)
     if e4m3.no_tokens(dims):
         return (q.new_zeros((dims.B, dims.Sq, dims.Hq, dims.D), dtype=torch.bfloat16),
@@ -154,7 +155,8 @@ def _e4m3_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                    max_seqlen_k, descales: tuple, s: _host.Settings):
-    """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed E4M3 sequences through the op."""
+    """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed E4M3 sequences: through the op where
+    something traces the call, else its implementation directly (as `forward`)."""
     B, Hq, _, D = e4m3.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, s)
     max_seqlen_q = _validate.check_int(max_seqlen_q, "max_seqlen_q")
     max_seqlen_k = _validate.check_int(max_seqlen_k, "max_seqlen_k")
