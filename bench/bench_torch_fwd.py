@@ -26,7 +26,8 @@ importable (e.g. built with `pip install --no-build-isolation .`).
     python3 bench/bench_torch_fwd.py --out OUT [--cases 128:4096:0,128:8192:0:32:8]
 
 A case is D:S:causal, optionally :Hq:Hkv (default 16 heads at D = 128 and 32
-at D = 64, B · S = 32k tokens).
+at D = 64, B · S = 32k tokens). --consumers 1,2 adds the fp8 rows with the
+forward kernel's consumer count forced (A/B of the kernels, same process).
 """
 import argparse
 import datetime
@@ -40,7 +41,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from capi_lib import host_gap_us, kernel_breakdown, time_ms  # noqa: E402
+from capi_lib import host_gap_us, kernel_breakdown, time_ms, with_consumers  # noqa: E402
 
 import fp4attn  # noqa: E402
 
@@ -85,6 +86,9 @@ def main():
     ap.add_argument("--duplicate", action="store_true",
                     help="time recipe fp8 a second time at another place in the rotation (the place's effect)")
     ap.add_argument("--kernels", type=int, default=1, help="1: also each kernel's time per call (torch.profiler)")
+    ap.add_argument("--consumers", default="",
+                    help="e.g. 1,2: also fp8 and fp8_e4m3_inputs with the forward kernel's consumer warpgroups "
+                         "forced to each count (fp8_c1, ...; FP4ATTN_FWD_CONSUMERS), beside the launcher's choice")
     args = ap.parse_args()
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     recipes = args.recipes.split(",")
@@ -108,6 +112,9 @@ def main():
             (q8, dq), (k8, dk), (v8, dv) = (e4m3_inputs(x, Hkv) for x in (qb, kb, vb))
             impls["fp8_e4m3_inputs"] = lambda i: fp4attn.flash_attn_func(
                 q8, k8, v8, causal=causal, q_descale=dq, k_descale=dk, v_descale=dv).transpose(1, 2)
+            for n in (int(c) for c in args.consumers.split(",") if c):
+                impls[f"fp8_c{n}"] = with_consumers(impls["fp8"], n)
+                impls[f"fp8_e4m3_inputs_c{n}"] = with_consumers(impls["fp8_e4m3_inputs"], n)
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             def run(i, backend=backend):
                 with sdpa_kernel(backend):

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from capi_lib import peak_mib, time_ms  # noqa: E402
+from capi_lib import peak_mib, time_ms, with_consumers  # noqa: E402
 
 import fp4attn  # noqa: E402
 from fp4attn import _host, torch_ops  # noqa: E402
@@ -191,6 +191,9 @@ def main():
     ap.add_argument("--commit", default="")
     ap.add_argument("--backward", action="store_true", help="also forward + backward rows (op fwd_bwd_varlen)")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--consumers", default="",
+                    help="e.g. 1,2: also fp8 and fp8_e4m3_inputs with the forward kernel's consumer warpgroups "
+                         "forced to each count (fp8_c1, ...; FP4ATTN_FWD_CONSUMERS)")
     ap.add_argument("--compiled", action="store_true",
                     help="also fp8 through torch.compile(fullgraph=True) (fp8_compiled)")
     args = ap.parse_args()
@@ -243,6 +246,9 @@ def main():
         (q8, dq), (k8, dk), (v8, dv) = (to_e4m3(x, bounds, hkv) for x in (q, k, v))
         impls["fp8_e4m3_inputs"] = lambda i: fp4attn.flash_attn_varlen_func(
             q8, k8, v8, cu, cu, max(lens), max(lens), causal=causal, q_descale=dq, k_descale=dk, v_descale=dv)
+        for n in (int(c) for c in args.consumers.split(",") if c):
+            impls[f"fp8_c{n}"] = with_consumers(impls["fp8"], n)
+            impls[f"fp8_e4m3_inputs_c{n}"] = with_consumers(impls["fp8_e4m3_inputs"], n)
         if varlen_attn is not None:
             # Its causal flag changed across torch versions: is_causal, later window_size=(-1, 0).
             kk, vv = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v)) if gqa else (k, v)

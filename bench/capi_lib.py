@@ -2,6 +2,7 @@
 the CUDA-event timer (warm-up, then the median of the timed runs) and a
 per-kernel breakdown of one call."""
 import ctypes
+import os
 import statistics
 import time
 
@@ -101,3 +102,20 @@ def kernel_launches(fn, calls=5):
 def kernel_breakdown(fn, calls=5):
     """Mean µs per call of every kernel that fn launches (CUPTI via torch.profiler), longest first."""
     return {n: round(us, 1) for n, (_, us) in kernel_launches(fn, calls).items()}
+
+
+def with_consumers(fn, n):
+    """fn with the FP8 forward's consumer warpgroups a CTA forced to n (FP4ATTN_FWD_CONSUMERS, read by the
+    launcher at every call, which applies it where a kernel of n consumers exists): A/B rows of the
+    kernels in one process."""
+    def run(i):
+        before = os.environ.get("FP4ATTN_FWD_CONSUMERS")
+        os.environ["FP4ATTN_FWD_CONSUMERS"] = str(n)
+        try:
+            return fn(i)
+        finally:
+            if before is None:
+                del os.environ["FP4ATTN_FWD_CONSUMERS"]
+            else:
+                os.environ["FP4ATTN_FWD_CONSUMERS"] = before
+    return run

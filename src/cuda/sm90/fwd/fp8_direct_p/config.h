@@ -33,8 +33,8 @@ namespace fp4attn::sm90::fwd {
 template <int HeadDim, int Consumers = 2, int UsedDim = HeadDim>
 struct Fp8Config {
   static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head dims 64, 128 and 256 are implemented");
-  static_assert(Consumers == 2 || (Consumers == 3 && HeadDim == 64),
-                "three consumers fit the registers at D = 64 only");
+  static_assert(Consumers == 2 || (Consumers == 3 && HeadDim == 64) || (Consumers == 1 && HeadDim <= 128),
+                "three consumers fit the registers at D = 64 only; one runs at D = 64 and 128");
   static_assert(UsedDim == HeadDim || (HeadDim == 128 && UsedDim == 96 && Consumers == 2),
                 "of the layouts, only the 128-wide one runs narrower (96 channels)");
   static constexpr int kHeadDim = HeadDim;  // the tiles' channels (Q·Kᵀ's reduction at most)
@@ -51,9 +51,17 @@ struct Fp8Config {
   static constexpr int kBlockQ = kRowsPerConsumer * kConsumers;
   static constexpr int kBlockK = 128;
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
+  // CTAs resident on an SM. With one consumer, two: a CTA's start (set-up,
+  // Q's and the first tiles' latency) and end (the last PV, the epilogue)
+  // run beside the other CTA's tiles instead of leaving the SM's tensor core
+  // idle. With two or three consumers one (the registers: 384 threads at up
+  // to 240 a thread). Where CTAs see few key tiles (short sequences) those
+  // ≈ 7 400 cycles a CTA are most of its time (perf log sc1).
+  static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
   // Two consumers take turns at the tensor core (ping-pong). Three issue
   // whenever they are ready: at D = 64 the tensor core is busy about 40 % of
   // the time, and a fixed order only made ready consumers wait (v13g: +1–2 %).
+  // One consumer shares the tensor core with the other CTA's, in no fixed order.
   static constexpr bool kConsumerTurns = kConsumers == 2;
   // Recipe mxfp4's block exponents by an add on the FMA pipe instead of
   // F2I on the XU pipe, which three softmax streams at once keep busy
@@ -89,7 +97,9 @@ struct Fp8Config {
   // keep loads landing about two tiles ahead of use. At D = 256 (49 KB of K
   // and Vᵀ a stage beside 64 KB of Q and O's staging) three fit; its turns
   // are longer.
-  static constexpr int kStages = HeadDim == 256 ? 3 : 4;
+  // With one consumer at D = 128 (two CTAs an SM: each ≤ half the shared
+  // memory) two: 33 KB of K and Vᵀ a stage beside Q's 8 KB and O's 16 KB.
+  static constexpr int kStages = HeadDim == 256 ? 3 : (HeadDim == 128 && kConsumers == 1) ? 2 : 4;
   static constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 B
   static_assert(kQConsumerBytes % kSwizzleAlign == 0 && kKBytes % kSwizzleAlign == 0 &&
                     kVStageBytes % kSwizzleAlign == 0 && kOnesBytes == kSwizzleAlign,
@@ -119,13 +129,14 @@ struct Fp8Config {
   // three consumers the CTA's 4 × 128 registers a thread leave each consumer
   // 160 beside a 24-register producer; D = 64 needs 32 + 36 + 64 + 16 of them
   // at the turn, and ptxas spills 8 to 10 words of loop state (ptxas -v).
+  // One consumer: its CTA's 2 × 128 registers a thread leave it 232.
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+  static constexpr int kConsumerRegs = kConsumers == 1 ? 232 : kConsumers == 2 ? 240 : 160;
   // setmaxnreg moves registers only within what the CTA got at launch: the
-  // per-thread count ptxas allocates under __launch_bounds__(kThreads, 1),
-  // the register file over kThreads rounded down to 8 (168 with two
-  // consumers, 128 with three), for every warp.
-  static constexpr int kLaunchRegs = kRegisterFile / kThreads / 8 * 8;
+  // per-thread count ptxas allocates under __launch_bounds__(kThreads,
+  // kCtasPerSm), the register file over the SM's threads rounded down to 8
+  // (168 with two consumers, 128 with three or one), for every warp.
+  static constexpr int kLaunchRegs = kRegisterFile / (kThreads * kCtasPerSm) / 8 * 8;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
                 "register split exceeds the CTA's registers");
   // With MXFP4 operands in memory the whole producer warpgroup expands them
@@ -134,7 +145,7 @@ struct Fp8Config {
   // by ptxas -v).
   static constexpr int kExpandingProducerRegs = 40;
   static constexpr int kExpandingConsumerRegs = 232;
-  static_assert(kConsumers == 3 ||
+  static_assert(kConsumers != 2 ||
                     kExpandingProducerRegs + kConsumers * kExpandingConsumerRegs <= (1 + kConsumers) * kLaunchRegs,
                 "register split exceeds the CTA's registers");
 };
@@ -198,6 +209,13 @@ static_assert(smem_bytes<Fp8Config<64>, false>() <= kSmemPerBlockLimit, "D=64 sh
 static_assert(smem_bytes<Fp8Config<128>, true>() <= kSmemPerBlockLimit, "D=128 FP4 staging over budget");
 static_assert(smem_bytes<Fp8Config<64>, true>() <= kSmemPerBlockLimit, "D=64 FP4 staging over budget");
 static_assert(smem_bytes<Fp8Config<64, 3>, false>() <= kSmemPerBlockLimit, "D=64, 3 consumers: over budget");
+// Two CTAs an SM: each within half of the SM's 228 KB, less the 1 KB the
+// system reserves per CTA.
+inline constexpr int kSmemPerSm = 228 * 1024, kSmemReservedPerCta = 1024;
+static_assert(smem_bytes<Fp8Config<64, 1>, false>() <= kSmemPerSm / 2 - kSmemReservedPerCta,
+              "D=64, one consumer: two CTAs an SM do not fit");
+static_assert(smem_bytes<Fp8Config<128, 1>, false>() <= kSmemPerSm / 2 - kSmemReservedPerCta,
+              "D=128, one consumer: two CTAs an SM do not fit");
 static_assert(smem_bytes<Fp8Config<256>, false>() <= kSmemPerBlockLimit, "D=256 shared memory over budget");
 static_assert(smem_bytes<Fp8Config<128, 2, 96>, false>() <= kSmemPerBlockLimit, "D=96 shared memory over budget");
 

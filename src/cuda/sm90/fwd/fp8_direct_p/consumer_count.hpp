@@ -1,5 +1,6 @@
-// How many consumer warpgroups a CTA of the FP8 forward kernel runs at
-// D = 64: three (192 query rows) or two (128). Plain C++, so that the rule is
+// How many consumer warpgroups a CTA of the FP8 forward kernel runs: at
+// D = 64 three (192 query rows) or two (128); one (64, two CTAs an SM) where
+// a CTA's keys are few. Plain C++, so that the rule is
 // tested without a GPU (tests/test_consumer_count.cpp).
 #pragma once
 
@@ -24,6 +25,19 @@ inline bool three_consumers_pay_off(std::int64_t B, std::int64_t Hq, std::int64_
   const std::int64_t heads = B * Hq;
   const auto waves = [&](std::int64_t rows) { return (heads * ((Sq + rows - 1) / rows) + sms - 1) / sms; };
   return static_cast<double>(waves(192)) * 1.5 / kThreeConsumerGain < static_cast<double>(waves(128));
+}
+
+// One consumer a CTA, two CTAs an SM, where a CTA's keys are few: its start
+// and end (≈ 7 400 cycles, against ≈ 1 700 a key tile) then weigh most, and
+// the second CTA's tiles run beside them. The keys a CTA sees: Sk, or for
+// packed sequences their mean share of the tile-aligned layout (k_rows / B).
+// From this many on two or three consumers a CTA run faster (perf log sc1).
+inline constexpr std::int64_t kOneConsumerMaxKeys = 1024;
+
+inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t packed_k_rows, std::int64_t B, std::int64_t D) {
+  if (D != 64 && D != 128) return false;
+  const std::int64_t keys = packed_k_rows > 0 ? packed_k_rows / B : Sk;
+  return keys <= kOneConsumerMaxKeys;
 }
 
 }  // namespace fp4attn::sm90::fwd

@@ -200,7 +200,8 @@ struct OnlineSoftmax {
 // has a window with a left edge (args.window_left ≥ 0); without it the kernel
 // ignores args.window_left and its masked tiles test the upper bound only.
 template <int HeadDim, int kConsumers, PCode kPCode, bool kFp4In, bool kNarrowD, int kUsedDim, bool kLowerBound>
-__global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThreads, 1)
+__global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThreads,
+                                  Fp8Config<HeadDim, kConsumers, kUsedDim>::kCtasPerSm)
     fp8_forward_kernel(const __grid_constant__ Fp8ForwardArgs args, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt,
                        const __grid_constant__ CUtensorMap tm_o, bool o_by_tma) {

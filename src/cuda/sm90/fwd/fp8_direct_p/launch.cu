@@ -1,6 +1,7 @@
 // Entry of the FP8 Direct-P forward: checks the arguments, then hands the
 // call to the launcher of its head dimension (launch_head_dim.hpp).
 #include <cstddef>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,8 @@ void check_fp4_inputs(const Fp8ForwardArgs& a) {
 
 }  // namespace
 
-void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
+void forward_fp8(const Fp8ForwardArgs& args, cudaStream_t stream) {
+  Fp8ForwardArgs a = args;
   if (a.vt_keys % kVtKeyAlign != 0 || a.vt_keys < a.Sk)
     throw Error("vt", "Vᵀ rows must hold Sk keys padded to a multiple of " + std::to_string(kVtKeyAlign));
   if (a.Hkv <= 0 || a.Hq % a.Hkv != 0) throw Error("Hkv", "Hq must be a multiple of Hkv");
@@ -47,10 +49,20 @@ void forward_fp8(const Fp8ForwardArgs& a, cudaStream_t stream) {
     throw Error("D", "the sm90 fp8 kernel supports D = 64, 128 and 256 (256 from E4M3 in memory; other multiples "
                      "of 8 from E4M3 in memory with FP8 P), got " + std::to_string(a.D));
   const int head_dim = a.D <= 64 ? 64 : a.D <= 128 ? 128 : 256;
-  if (a.consumers != 0 && a.consumers != 2 && a.consumers != 3)
-    throw Error("consumers", "must be 0 (the launcher chooses), 2 or 3, got " + std::to_string(a.consumers));
+  // FP4ATTN_FWD_CONSUMERS (1, 2 or 3) picks the consumer count of the calls
+  // that leave it to the launcher and have a kernel of that many, so that A/B
+  // runs of the whole library (bench/) compare the kernels in one process.
+  const bool one_consumer_kernel = (a.D == 64 || a.D == 128) && a.q_fp4 == nullptr && fp8_p;
+  if (const char* forced = std::getenv("FP4ATTN_FWD_CONSUMERS"); forced != nullptr && a.consumers == 0) {
+    const int n = std::atoi(forced);
+    if (n == 2 || (n == 1 && one_consumer_kernel) || (n == 3 && head_dim == 64 && a.q_fp4 == nullptr)) a.consumers = n;
+  }
+  if (a.consumers < 0 || a.consumers > 3)
+    throw Error("consumers", "must be 0 (the launcher chooses), 1, 2 or 3, got " + std::to_string(a.consumers));
   if (a.consumers == 3 && (head_dim != 64 || a.q_fp4 != nullptr))
     throw Error("consumers", "three consumer warpgroups run at D ≤ 64 from E4M3 in memory only");
+  if (a.consumers == 1 && !one_consumer_kernel)
+    throw Error("consumers", "one consumer warpgroup runs at D = 64 and 128 from E4M3 in memory with FP8 P only");
   if (a.q_fp4 != nullptr) check_fp4_inputs(a);
   if ((a.cu_seqlens_q == nullptr) != (a.cu_seqlens_k == nullptr))
     throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");

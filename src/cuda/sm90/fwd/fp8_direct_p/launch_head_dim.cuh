@@ -66,6 +66,10 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
   return three_consumers_pay_off(a.B, a.Hq, a.Sq, a.mask != MaskKind::none, cuda_common::sm_count());
 }
 
+inline bool one_consumer(const Fp8ForwardArgs& a) {
+  return one_consumer_pays_off(a.Sk, a.cu_seqlens_q != nullptr ? a.k_rows : 0, a.B, a.D);
+}
+
 // The maps describe the operands as they are in memory, a.D channels; the
 // boxes are one panel of Q and K (HeadDim wide, 128 at D = 256) and the CTA's
 // kOColumns rows of Vᵀ. For a narrower head dim (a multiple of 8, e.g. 32 or
@@ -107,12 +111,26 @@ void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
   run_kernel<HeadDim, 2, kPCode, true>(a, CUtensorMap{}, CUtensorMap{}, tm_vt, stream);
 }
 
-// E4M3 Q, K and Vᵀ in memory; at D = 64 with two or three consumers, and so
+// The one-consumer kernels (two CTAs an SM) of recipe fp8's P codes at D = 64
+// and 128, in translation units of their own (launch_one_consumer_d64.cu,
+// launch_one_consumer_d128.cu).
+extern template void launch<64, 1, PCode::direct_p>(const Fp8ForwardArgs&, cudaStream_t);
+extern template void launch<64, 1, PCode::exp2_cvt>(const Fp8ForwardArgs&, cudaStream_t);
+extern template void launch<128, 1, PCode::direct_p>(const Fp8ForwardArgs&, cudaStream_t);
+extern template void launch<128, 1, PCode::exp2_cvt>(const Fp8ForwardArgs&, cudaStream_t);
+
+// E4M3 Q, K and Vᵀ in memory; at D = 64 with one, two or three consumers, at D = 128 with one or two, and so
 // narrower head dims on it; those above 64 on the 128-wide kernel (recipe
 // fp8's P codes only, launch.cu), up to 96 with the products over 96
 // channels (Fp8Config's UsedDim).
 template <int HeadDim, PCode kPCode>
 void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
+  // The launcher's choice: three consumers at D = 64 where they pay off,
+  // else one where a CTA's keys are few, else two (perf log sc1).
+  if constexpr ((kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt) && HeadDim <= 128)
+    if (a.D == HeadDim &&
+        (a.consumers == 1 || (a.consumers == 0 && one_consumer(a) && !(HeadDim == 64 && three_consumers(a)))))
+      return launch<HeadDim, 1, kPCode>(a, stream);
   if constexpr (kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt)
     if (a.D != HeadDim) {
       if constexpr (HeadDim == 64)
