@@ -43,27 +43,18 @@ TEST(ThreeConsumers, NeverWhenTwoConsumersFitOneWave) {
     }
 }
 
-// One consumer (two CTAs an SM) up to 1024 keys a CTA: measured +4 to +10 %
-// over two at D = 64 (S = 384 … 4096) and −1 to +4 % at D = 128, +10 % on 64
-// packed sequences of 96 … 595 tokens (perf log sc1).
-TEST(OneConsumer, DenseUpTo1024Keys) {
+// One consumer (two CTAs an SM) up to 1024 keys: measured +3 to +10 % over
+// two at D = 64 and 128, +10 % on 64 packed sequences of 96 … 595 tokens,
+// and −15 % on a packed 32k-token causal sequence (perf log sc1).
+TEST(OneConsumer, UpTo1024Keys) {
   for (const std::int64_t D : {64, 128}) {
-    for (const std::int64_t Sk : {1, 127, 384, 577, 1024}) EXPECT_TRUE(one_consumer_pays_off(Sk, 0, 8, D)) << Sk;
-    for (const std::int64_t Sk : {1025, 2048, 4096, 16384}) EXPECT_FALSE(one_consumer_pays_off(Sk, 0, 8, D)) << Sk;
+    for (const std::int64_t Sk : {1, 127, 384, 577, 1024}) EXPECT_TRUE(one_consumer_pays_off(Sk, D)) << Sk;
+    for (const std::int64_t Sk : {1025, 2048, 4096, 32768}) EXPECT_FALSE(one_consumer_pays_off(Sk, D)) << Sk;
   }
 }
 
-TEST(OneConsumer, PackedByTheMeanSequencesLayoutRows) {
-  // 64 sequences of 96 … 595 tokens: 26 112 tile-aligned rows, 408 a sequence.
-  EXPECT_TRUE(one_consumer_pays_off(595, 26112, 64, 64));
-  // One long sequence among short ones: the longest is past 1024, the mean is not.
-  EXPECT_TRUE(one_consumer_pays_off(8192, 8192 + 63 * 512, 64, 128));
-  // 8 prompts of 256 … 4000 tokens (13.9k rows): 1.7k a sequence.
-  EXPECT_FALSE(one_consumer_pays_off(4000, 13952, 8, 128));
-}
-
 TEST(OneConsumer, OnlyTheKernelsThatExist) {
-  for (const std::int64_t D : {16, 32, 48, 80, 96, 256}) EXPECT_FALSE(one_consumer_pays_off(128, 0, 1, D)) << D;
+  for (const std::int64_t D : {16, 32, 48, 80, 96, 256}) EXPECT_FALSE(one_consumer_pays_off(128, D)) << D;
 }
 
 }  // namespace

@@ -29,15 +29,16 @@ inline bool three_consumers_pay_off(std::int64_t B, std::int64_t Hq, std::int64_
 
 // One consumer a CTA, two CTAs an SM, where a CTA's keys are few: its start
 // and end (≈ 7 400 cycles, against ≈ 1 700 a key tile) then weigh most, and
-// the second CTA's tiles run beside them. The keys a CTA sees: Sk, or for
-// packed sequences their mean share of the tile-aligned layout (k_rows / B).
-// From this many on two or three consumers a CTA run faster (perf log sc1).
+// the other CTA's tiles run beside them. Up to 1024 keys one consumer measured
+// +3 to +10 % over two (D = 64 and 128, packed short sequences too); on a
+// packed 32k-token causal sequence it lost 15 %. Sk is the longest sequence's
+// for packed sequences (max_seqlen_k under graph capture): a batch whose
+// longest sequence is past the bound keeps two consumers for all of them
+// (perf log sc1).
 inline constexpr std::int64_t kOneConsumerMaxKeys = 1024;
 
-inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t packed_k_rows, std::int64_t B, std::int64_t D) {
-  if (D != 64 && D != 128) return false;
-  const std::int64_t keys = packed_k_rows > 0 ? packed_k_rows / B : Sk;
-  return keys <= kOneConsumerMaxKeys;
+inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t D) {
+  return (D == 64 || D == 128) && Sk <= kOneConsumerMaxKeys;
 }
 
 }  // namespace fp4attn::sm90::fwd

@@ -67,7 +67,7 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
 }
 
 inline bool one_consumer(const Fp8ForwardArgs& a) {
-  return one_consumer_pays_off(a.Sk, a.cu_seqlens_q != nullptr ? a.k_rows : 0, a.B, a.D);
+  return one_consumer_pays_off(a.Sk, a.D);
 }
 
 // The maps describe the operands as they are in memory, a.D channels; the
