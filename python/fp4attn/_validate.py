@@ -14,6 +14,7 @@ import math
 import sys
 import weakref
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -271,28 +272,47 @@ def _host_ints(cu, name: str) -> list:
     return values
 
 
+class Sequences(NamedTuple):
+    """A varlen batch's checked cumulative offsets (B + 1), the sequences' lengths (B) and the
+    longest length, as tuples of host ints."""
+
+    offsets: tuple
+    lengths: tuple
+    longest: int
+
+
 # Offsets that passed check_cu_seqlens, by id: (the _HOST_INTS entries' tuple
-# they were read as, the token count they were checked against, the longest
-# sequence). A call on the same unchanged tensor then skips the check's loops.
+# they were read as, the token count they were checked against, their
+# Sequences). A call on the same unchanged tensor then skips the check's loops
+# over the B + 1 entries and the lengths' (and gets the same tuples, which the
+# packed path's caches compare cheaply).
 _CHECKED: dict = {}
 
 
-def checked_cu_seqlens(cu, name: str, total: int, total_name: str) -> tuple:
-    """check_cu_seqlens's offsets (a tuple) and the longest sequence's length; for a torch
-    tensor that _HOST_INTS keeps and that passed the check against `total` before, from
-    _CHECKED without checking again."""
+def checked_sequences(cu, name: str, total: int, total_name: str) -> Sequences:
+    """check_cu_seqlens's offsets with the lengths and the longest; for a torch tensor that
+    _HOST_INTS keeps and that passed the check against `total` before, the same Sequences
+    object from _CHECKED without checking again."""
     key = id(cu)
     if hasattr(cu, "is_inference") and not cu.is_inference():
         kept, done = _HOST_INTS.get(key), _CHECKED.get(key)
         if (kept is not None and done is not None and kept[0]() is cu and kept[1] == cu._version
                 and kept[2] == cu.data_ptr() and done[0] is kept[3] and done[1] == total):
-            return kept[3], done[2]
+            return done[2]
     values = tuple(check_cu_seqlens(cu, name, total, total_name))
-    longest = max((b - a for a, b in zip(values, values[1:])), default=0)
+    lengths = tuple(b - a for a, b in zip(values, values[1:]))
     kept = _HOST_INTS.get(key)
-    if kept is not None and kept[3] == values:
-        _CHECKED[key] = (kept[3], total, longest)
-    return values, longest
+    if kept is None or kept[3] != values:
+        return Sequences(values, lengths, max(lengths, default=0))
+    sequences = Sequences(kept[3], lengths, max(lengths, default=0))  # the kept tuple: compared by identity
+    _CHECKED[key] = (kept[3], total, sequences)
+    return sequences
+
+
+def checked_cu_seqlens(cu, name: str, total: int, total_name: str) -> tuple:
+    """checked_sequences's offsets (a tuple) and the longest sequence's length."""
+    sequences = checked_sequences(cu, name, total, total_name)
+    return sequences.offsets, sequences.longest
 
 
 def check_max_seqlen(value, name: str, lengths: list) -> int:

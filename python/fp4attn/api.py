@@ -336,15 +336,14 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         # cu_seqlens stay on the device: every replay runs on what they hold then.
         return _torch_ops.varlen_forward_captured(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                   s, lse_returned, deterministic)
-    cu_q = _validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
-    cu_k = _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
+    # An unchanged cu_seqlens tensor's checks and lengths are kept (_validate.checked_sequences).
+    cu_q, lens_q, longest_q = _validate.checked_sequences(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q")
+    cu_k, lens_k, longest_k = _validate.checked_sequences(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")
     if len(cu_k) != len(cu_q):
         raise ValueError(f"cu_seqlens_k: has {len(cu_k)} entries (batch size {len(cu_k) - 1}) but cu_seqlens_q "
                          f"has {len(cu_q)}")
-    lens_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
-    lens_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
-    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", lens_q)
-    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", lens_k)
+    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", [longest_q])
+    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", [longest_k])
     if torch_in:  # one device call for all sequences where the device path takes them
         both = _torch_ops.varlen_forward_device(q, k, v, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s,
                                                 lse_returned, deterministic)

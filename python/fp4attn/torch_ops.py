@@ -81,7 +81,7 @@ its gradient is zero. The host path also skips it when dLSE is all zeros.
 import contextlib
 import functools
 import warnings
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
@@ -869,56 +869,82 @@ def _append_zero_channels(x: torch.Tensor, d: int, d_run: int) -> torch.Tensor:
 # ---- packed sequences (flash_attn_varlen_func) on the device -------------------------
 
 
-def _device_cu_seqlens(cu, lens: list, device: torch.device, name: str) -> torch.Tensor:
+def _device_cu_seqlens(cu, lens: Sequence[int], device: torch.device, name: str) -> torch.Tensor:
     """The kernels' int32 cu_seqlens on `device`: a CUDA tensor there as it is (converted on the
     device if it is int64), anything else built from the checked lengths and copied from pinned
-    host memory without waiting. A CUDA graph would replay that copy from host memory freed after
-    capture, so under capture cu_seqlens must already be on the device."""
+    host memory without waiting (once per lengths and stream: _host_cu_seqlens_on). A CUDA graph
+    would replay that copy from host memory freed after capture, so under capture cu_seqlens must
+    already be on the device."""
     if isinstance(cu, torch.Tensor) and cu.device == device:
+        if cu.dtype == torch.int32 and cu.is_contiguous():
+            return cu  # what .to(torch.int32).contiguous() gives, without its two dispatches
         return cu.to(torch.int32).contiguous()
     if torch.cuda.is_current_stream_capturing():
         raise ValueError(f"{name}: must be a tensor on {device} while a CUDA graph is captured, got "
                          f"{cu.device if isinstance(cu, torch.Tensor) else type(cu).__name__}")
-    host = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).pin_memory()
+    return _host_cu_seqlens_on(tuple(lens), device, _current_stream(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _host_cu_seqlens_on(lens: tuple, device: torch.device, stream: int) -> torch.Tensor:
+    """The int32 offsets of `lens` on `device`, copied on `stream` (its raw handle). Kept by value:
+    the kernels only read it, and a later call on the same stream is ordered after the copy (on
+    another stream it is not, so the stream is part of the key). A model's layers pass the same
+    host cu_seqlens to each call: a tensor, a cumsum, a pinned buffer and a copy per call
+    otherwise."""
+    host = torch.tensor([0, *lens], dtype=torch.int32).cumsum(0, dtype=torch.int32).pin_memory()
     return host.to(device, non_blocking=True)
 
 
-def _packed_plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, cu_seqlens_k, lens_q: list, lens_k: list,
-                 s: _host.Settings, lse_returned: bool, differentiable: bool,
+@functools.lru_cache(maxsize=64)
+def _packed_layout(lens_q: tuple, lens_k: tuple, waste, most: int) -> tuple:
+    """(longest query, longest key, groups) of a packed call on these lengths: each group of
+    _host.packed_groups as (first sequence, count, its query lengths, its key lengths, their
+    longest, longest, their tokens, tokens). Kept by value, with the bounds that
+    packed_groups reads (_host.PACKED_LAYOUT_WASTE, _ext.DEVICE_MAX_BATCH) in the key: its
+    Python loop over the batch costs tens of µs a call, and a model's layers repeat the lengths."""
+    groups = []
+    for first, n in _host.packed_groups(list(lens_q), list(lens_k)):
+        group_q, group_k = lens_q[first:first + n], lens_k[first:first + n]
+        groups.append((first, n, group_q, group_k, max(group_q), max(group_k), sum(group_q), sum(group_k)))
+    return max(lens_q), max(lens_k), tuple(groups)
+
+
+def _packed_plan(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q, cu_seqlens_k, lens_q: Sequence[int],
+                 lens_k: Sequence[int], s: _host.Settings, lse_returned: bool, differentiable: bool,
                  deterministic: bool = False) -> Optional[list]:
     """The packed device calls that run an eager varlen call, as (first query token, query tokens,
     first key token, key tokens, _PackedCall, or None for a group with nothing to attend), or None
     where the device path does not take the call (see varlen_forward_device)."""
     if q.device.type != "cuda" or s.recipe != "fp8" or s.target != "sm90" or q.dtype not in _DEVICE_ELEMENTS:
         return None
-    if max(lens_q) == 0 or max(lens_k) == 0:
+    lens_q, lens_k = tuple(lens_q), tuple(lens_k)
+    longest_q, longest_k, groups = _packed_layout(lens_q, lens_k, _host.PACKED_LAYOUT_WASTE, _ext.DEVICE_MAX_BATCH)
+    if longest_q == 0 or longest_k == 0:
         return None  # nothing to attend: api.flash_attn_varlen_func's zeros
-    dims = _validate.Dims(B=len(lens_q), Sq=max(lens_q), Sk=max(lens_k), Hq=q.shape[1], Hkv=k.shape[1], D=q.shape[2])
+    dims = _validate.Dims(B=len(lens_q), Sq=longest_q, Sk=longest_k, Hq=q.shape[1], Hkv=k.shape[1], D=q.shape[2])
     opt = _host.options(s)
     if not _uses_device_path(q, dims, opt) or (differentiable and not _uses_device_backward(q, dims, opt)):
         return None
     cu = [_device_cu_seqlens(c, lens, q.device, name)
           for c, lens, name in ((cu_seqlens_q, lens_q, "cu_seqlens_q"), (cu_seqlens_k, lens_k, "cu_seqlens_k"))]
-    groups = _host.packed_groups(lens_q, lens_k)
     if len(groups) == 1:
         return [(0, q.shape[0], 0, k.shape[0], _PackedCall(cu, dims, s, opt, lens_q, lens_k, lse_returned,
                                                             deterministic))]
     plan, q0, k0 = [], 0, 0
-    for first, n in groups:
-        last = first + n
-        group_q, group_k = lens_q[first:last], lens_k[first:last]
+    for first, n, group_q, group_k, max_q, max_k, tokens_q, tokens_k in groups:
         call = None
-        if max(group_q) > 0 and max(group_k) > 0:
-            group_dims = _validate.Dims(B=n, Sq=max(group_q), Sk=max(group_k), Hq=dims.Hq, Hkv=dims.Hkv, D=dims.D)
-            group_cu = [c[first:last + 1] - c[first] for c in cu]  # on the device: no wait
+        if max_q > 0 and max_k > 0:
+            group_dims = _validate.Dims(B=n, Sq=max_q, Sk=max_k, Hq=dims.Hq, Hkv=dims.Hkv, D=dims.D)
+            group_cu = [c[first:first + n + 1] - c[first] for c in cu]  # on the device: no wait
             call = _PackedCall(group_cu, group_dims, s, opt, group_q, group_k, lse_returned, deterministic)
-        plan.append((q0, sum(group_q), k0, sum(group_k), call))
-        q0, k0 = q0 + sum(group_q), k0 + sum(group_k)
+        plan.append((q0, tokens_q, k0, tokens_k, call))
+        q0, k0 = q0 + tokens_q, k0 + tokens_k
     return plan
 
 
 def varlen_forward_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
-                          lens_q: list, lens_k: list, s: _host.Settings, lse_returned: bool = True,
+                          lens_q: Sequence[int], lens_k: Sequence[int], s: _host.Settings, lse_returned: bool = True,
                           deterministic: bool = False) -> Optional[tuple]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) of packed sequences in one device call, or None where
     that call cannot run them: recipe fp8's forward on a Hopper GPU, the kernels' head dims read in
@@ -1030,9 +1056,8 @@ def varlen_backward_device(d_o: torch.Tensor, d_lse: Optional[torch.Tensor], q: 
                               True, deterministic)
         plan = [(0, q.shape[0], 0, k.shape[0], call)]
     else:
-        lens_q, lens_k = ([b - a for a, b in zip(cu, cu[1:])]
-                          for cu in (_validate.check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q"),
-                                     _validate.check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k")))
+        lens_q = _validate.checked_sequences(cu_seqlens_q, "cu_seqlens_q", q.shape[0], "q").lengths
+        lens_k = _validate.checked_sequences(cu_seqlens_k, "cu_seqlens_k", k.shape[0], "k").lengths
         plan = _packed_plan(q, k, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s, d_lse is not None, True,
                             deterministic)
     if plan is None:

@@ -665,6 +665,100 @@ def test_cu_seqlens_are_read_again_after_a_change(rng):
         assert id(cu) not in _validate._HOST_INTS
 
 
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_kept_lengths_follow_the_tensor(rng):
+    # An unchanged cu_seqlens tensor's checked offsets and lengths are kept and
+    # handed out again (one object); an in-place write to other valid lengths
+    # runs those lengths, another token count is checked again, and an
+    # inference tensor is read and checked on every call.
+    from fp4attn import _validate
+
+    arrays = packed(rng, [5, 9], [5, 9], 2, 2, 64)
+    q, k, v = (torch.from_numpy(x) for x in arrays[:3])
+    cu = torch.from_numpy(arrays[3].copy())
+    kept = _validate.checked_sequences(cu, "cu_seqlens_q", 14, "q")
+    assert kept == ((0, 5, 14), (5, 9), 9)
+    assert _validate.checked_sequences(cu, "cu_seqlens_q", 14, "q") is kept
+    before = fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 9, 9)
+    with pytest.raises(ValueError, match="^cu_seqlens_q: ends at 14, but q holds 13 tokens"):
+        fp4attn.flash_attn_varlen_func(q[:-1], k, v, cu, cu, 9, 9)
+    cu[1] = 9  # lengths (9, 5): still valid, so only the kept entries could tell them apart
+    assert _validate.checked_sequences(cu, "cu_seqlens_q", 14, "q") == ((0, 9, 14), (9, 5), 9)
+    after = fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 9, 9)
+    fresh = torch.tensor([0, 9, 14], dtype=torch.int32)
+    assert torch.equal(after, fp4attn.flash_attn_varlen_func(q, k, v, fresh, fresh, 9, 9))
+    assert not torch.equal(after, before)
+    with torch.inference_mode():  # no version counter: nothing kept, every call reads the entries
+        cu = torch.from_numpy(arrays[3]).clone()
+        first = _validate.checked_sequences(cu, "cu_seqlens_q", 14, "q")
+        assert _validate.checked_sequences(cu, "cu_seqlens_q", 14, "q") is not first
+        cu[1] = 9
+        assert _validate.checked_sequences(cu, "cu_seqlens_q", 14, "q").lengths == (9, 5)
+        assert torch.equal(fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 9, 9), after)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_packed_layout_is_packed_groups_under_its_bounds(monkeypatch):
+    # The packed path keeps each batch's groups by its lengths and the bounds
+    # that _host.packed_groups reads (passed as the plan passes them): the same
+    # groups, and other bounds form other ones.
+    from fp4attn import _ext, _host, torch_ops
+
+    lens_q, lens_k = (3000, 5, 7, 9, 0, 0), (3000, 5, 7, 9, 3, 384)
+
+    def groups():
+        layout = torch_ops._packed_layout(lens_q, lens_k, _host.PACKED_LAYOUT_WASTE, _ext.DEVICE_MAX_BATCH)
+        return [group[:2] for group in layout[2]]
+
+    longest_q, longest_k, layout = torch_ops._packed_layout(lens_q, lens_k, _host.PACKED_LAYOUT_WASTE,
+                                                            _ext.DEVICE_MAX_BATCH)
+    assert (longest_q, longest_k) == (3000, 3000)
+    assert layout[1][2:] == ((0, 0), (3, 384), 0, 384, 0, 387)
+    seen = []
+    for bound, value in ((None, None), ("PACKED_LAYOUT_WASTE", float("inf")), ("DEVICE_MAX_BATCH", 4)):
+        if bound is not None:
+            monkeypatch.setattr(_host if bound == "PACKED_LAYOUT_WASTE" else _ext, bound, value)
+        assert groups() == _host.packed_groups(list(lens_q), list(lens_k)), bound
+        seen.append(groups())
+    assert seen[:2] == [[(0, 4), (4, 2)], [(0, 6)]] and seen[2] != seen[1]
+
+
+@pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cu_device", ["cuda", "cpu"])
+def test_device_plan_follows_the_lengths_and_the_bound(rng, monkeypatch, cu_device):
+    # The packed plan keeps what it formed for a batch's lengths (its groups;
+    # the device copy of host cu_seqlens, per stream): an in-place write to
+    # other lengths runs those, and another PACKED_LAYOUT_WASTE forms other groups.
+    from fp4attn import _host, _validate, torch_ops
+
+    lens, new = [3000, 5, 7, 9, 130], [130, 9, 7, 5, 3000]
+    arrays = packed(rng, lens, lens, 4, 2, 128)
+    q, k, v = (torch.from_numpy(x).to("cuda", torch.bfloat16) for x in arrays[:3])
+    cu = torch.from_numpy(arrays[3].copy()).to(cu_device)
+    settings = _host.make_settings(layout="bshd", mask=_host.MASK_NONE, scale=None, scale_name="softmax_scale",
+                                   recipe="fp8", smooth_k=True, direct_p=True, gqa=True, names=("q", "k", "v"))
+    with torch.no_grad():
+        fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 3000, 3000)
+        cu.copy_(torch.tensor(np.cumsum([0] + new), dtype=cu.dtype))
+        fresh = torch.tensor(np.cumsum([0] + new), dtype=torch.int32, device=cu_device)
+        assert torch.equal(fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, 3000, 3000),
+                           fp4attn.flash_attn_varlen_func(q, k, v, fresh, fresh, 3000, 3000))
+        lengths = _validate.checked_sequences(cu, "cu_seqlens_q", q.shape[0], "q").lengths
+        assert lengths == tuple(new)
+        if fp4attn.backend_info()["sm90_available"]:
+            plan = torch_ops._packed_plan(q, k, cu, cu, lengths, lengths, settings, False, False)
+            assert [(q0, tokens) for q0, tokens, *_ in plan] == [(0, 151), (151, 3000)]
+            monkeypatch.setattr(_host, "PACKED_LAYOUT_WASTE", float("inf"))
+            assert len(torch_ops._packed_plan(q, k, cu, cu, lengths, lengths, settings, False, False)) == 1
+    if cu_device == "cpu":  # one device copy per lengths and stream
+        on_device = torch_ops._device_cu_seqlens(cu, lengths, q.device, "cu_seqlens_q")
+        assert torch_ops._device_cu_seqlens(cu, lengths, q.device, "cu_seqlens_q") is on_device
+        assert on_device.tolist() == cu.tolist()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            assert torch_ops._device_cu_seqlens(cu, lengths, q.device, "cu_seqlens_q") is not on_device
+
+
 @pytest.mark.skipif(torch is None or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("cu_device", ["cuda", "cpu"])
 def test_device_call_does_not_wait_for_the_device(rng, cu_device):
