@@ -232,23 +232,22 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f, 3},
         Case{{1, 2, 1, 300, 150, 64}, MaskKind::causal, true, true, 1.0f, 3},    // Sq > Sk: rows 0..149 fully masked
         Case{{1, 2, 1, 500, 100, 64}, MaskKind::causal, false, true, 1.0f, 3},  // first CTA: no visible key
-        // One consumer warpgroup (64-row CTAs, two an SM), which the launcher
-        // picks where a CTA's keys are few: forced here also past that range
-        // (the D = 128 kernel's two-stage ring wraps many times at Sk = 2048).
+        // One consumer warpgroup (64-row CTAs, two an SM; D = 64), which the
+        // launcher picks where a CTA's keys are few: forced here also past that range.
         Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, 1.0f, 1},
-        Case{{2, 4, 2, 200, 333, 128}, MaskKind::causal, false, true, 1.0f, 1},
-        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, true, true, 1.0f, 1},   // Sq > Sk: rows 0..149 fully masked
+        Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, false, true, 1.0f, 1},
+        Case{{1, 2, 1, 300, 150, 64}, MaskKind::causal, true, true, 1.0f, 1},    // Sq > Sk: rows 0..149 fully masked
         Case{{1, 2, 1, 500, 100, 64}, MaskKind::causal, false, true, 1.0f, 1},   // first CTAs: no visible key
-        Case{{2, 2, 2, 513, 1000, 128}, MaskKind::none, true, true, 1.0f, 1},
-        Case{{1, 4, 4, 2048, 2048, 128}, MaskKind::none, true, true, 1.0f, 1},
+        Case{{2, 2, 2, 513, 1000, 64}, MaskKind::none, true, true, 1.0f, 1},
+        Case{{1, 4, 4, 2048, 2048, 64}, MaskKind::none, true, true, 1.0f, 1},
         Case{{1, 2, 2, 2048, 1536, 64}, MaskKind::causal, true, false, 1.0f, 1},
         Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, true, 1.0f, 1},
-        Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, true, true, 1.0f, 1},
+        Case{{1, 2, 2, 129, 257, 64}, MaskKind::causal_top_left, true, true, 1.0f, 1},
         Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f, 1},
-        // Two consumers where the launcher now takes one.
+        // Two consumers at D = 64, where the launcher takes one or three.
         Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, 1.0f, 2},
-        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, true, true, 1.0f, 2},
-        Case{{1, 2, 2, 256, 512, 128}, MaskKind::none, true, true, 8.0f, 2},
+        Case{{1, 2, 1, 300, 150, 64}, MaskKind::causal, true, true, 1.0f, 2},
+        Case{{1, 2, 2, 256, 512, 64}, MaskKind::none, true, true, 8.0f, 2},
         Case{{1, 4, 4, 1024, 1024, 64}, MaskKind::causal, false, true, 1.0f, 2},
         // Narrower head dims, read with zero channels by TMA on the 64- and 128-wide kernels.
         Case{{1, 4, 2, 300, 333, 80}, MaskKind::causal, true, true},
@@ -298,7 +297,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 4, 4, 1024, 1024, 64}, MaskKind::none, false, true, 1.0f, 3, {300, 300}},
         Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, false, true, 8.0f, 0, {129, -1}},
         Case{{2, 2, 2, 513, 1000, 256}, MaskKind::causal, true, true, 1.0f, 0, {150, -1}},
-        Case{{2, 4, 2, 700, 900, 128}, MaskKind::none, true, true, 1.0f, 1, {100, 37}},
+        Case{{2, 4, 2, 700, 900, 64}, MaskKind::none, true, true, 1.0f, 1, {100, 37}},
         Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, false, true, 1.0f, 1, {200, -1}},
         Case{{1, 2, 2, 1024, 1024, 128}, MaskKind::causal, true, true, 1.0f, 2, {256, -1}},
         Case{{1, 4, 2, 300, 333, 80}, MaskKind::none, true, true, 1.0f, 0, {50, 50}}),
@@ -316,7 +315,7 @@ TEST(GpuForwardFp8, ScoresOfEitherSignMatchEmulator) {
                         Case{{1, 2, 2, 384, 640, 64}, MaskKind::causal, false, false},
                         Case{{1, 2, 2, 450, 700, 64}, MaskKind::none, true, false, 1.0f, 3},
                         Case{{1, 2, 1, 384, 640, 256}, MaskKind::causal, true, false},
-                        Case{{1, 2, 2, 384, 640, 128}, MaskKind::none, true, false, 1.0f, 2},
+                        Case{{1, 2, 2, 384, 640, 64}, MaskKind::none, true, false, 1.0f, 2},
                         Case{{1, 2, 1, 384, 640, 64}, MaskKind::causal, true, false, 1.0f, 1}})
     expect_case_matches_emulator(c, /*o_skew=*/0, /*signed_scores=*/true);
 }
@@ -332,13 +331,13 @@ TEST(GpuForwardFp8, UnalignedOutputRowsMatchEmulator) {
                         Case{{1, 3, 1, 200, 333, 256}, MaskKind::causal, true, true},  // each CTA its half
                         Case{{2, 2, 2, 130, 300, 176}, MaskKind::none, false, true},
                         Case{{1, 3, 1, 200, 333, 64}, MaskKind::causal, true, true, 1.0f, 1},
-                        Case{{1, 3, 1, 200, 333, 128}, MaskKind::causal, true, true, 1.0f, 2}})
+                        Case{{1, 3, 1, 200, 333, 64}, MaskKind::causal, true, true, 1.0f, 2}})
     expect_case_matches_emulator(c, /*o_skew=*/2);
 }
 
 // consumers = 3 exists at D = 64 only, and never where the producer expands
-// MXFP4 (its 128 threads fill 128 query rows); consumers = 1 at D = 64 and
-// 128 from E4M3 with FP8 P only; other counts do not exist.
+// MXFP4 (its 128 threads fill 128 query rows); consumers = 1 at D = 64 from
+// E4M3 with FP8 P only; other counts do not exist.
 TEST(GpuForwardFp8, RejectsConsumerCountsTheKernelDoesNotHave) {
   FP4ATTN_REQUIRE_HOPPER();
   const auto rejects = [](int D, int consumers, bool fp4_in) {
@@ -357,6 +356,7 @@ TEST(GpuForwardFp8, RejectsConsumerCountsTheKernelDoesNotHave) {
   EXPECT_TRUE(rejects(128, 3, false));
   EXPECT_TRUE(rejects(64, 3, true));
   EXPECT_TRUE(rejects(64, 1, true));
+  EXPECT_TRUE(rejects(128, 1, false));
   EXPECT_TRUE(rejects(256, 1, false));
   EXPECT_TRUE(rejects(96, 1, false));
   EXPECT_TRUE(rejects(64, 4, false));

@@ -92,11 +92,11 @@ struct Fp8ForwardArgs {
   const int* rows_q = nullptr;
   const int* rows_k = nullptr;
   std::int64_t q_rows = 0, k_rows = 0;
-  // Consumer warpgroups per CTA: 0 lets the launcher choose (one, two CTAs an
-  // SM, where a CTA's keys are few; three at D = 64 where whole waves of
-  // 192-row CTAs come out faster; fp8_direct_p/consumer_count.hpp); 2, 3 at
-  // D = 64 without q_fp4, or 1 at D = 64 and 128 from E4M3 with FP8 P force
-  // one (tests, A/B runs).
+  // Consumer warpgroups per CTA: 0 lets the launcher choose (at D = 64 three
+  // where whole waves of 192-row CTAs come out faster, else one, two CTAs an
+  // SM, where a CTA's keys are few; fp8_direct_p/consumer_count.hpp); 2, 3 at
+  // D = 64 without q_fp4, or 1 at D = 64 from E4M3 with FP8 P force one
+  // (tests, A/B runs).
   int consumers = 0;
 };
 

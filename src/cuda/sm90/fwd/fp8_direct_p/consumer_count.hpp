@@ -27,18 +27,18 @@ inline bool three_consumers_pay_off(std::int64_t B, std::int64_t Hq, std::int64_
   return static_cast<double>(waves(192)) * 1.5 / kThreeConsumerGain < static_cast<double>(waves(128));
 }
 
-// One consumer a CTA, two CTAs an SM, where a CTA's keys are few: its start
-// and end (≈ 7 400 cycles, against ≈ 1 700 a key tile) then weigh most, and
-// the other CTA's tiles run beside them. Up to 1024 keys one consumer measured
-// +3 to +10 % over two (D = 64 and 128, packed short sequences too); on a
-// packed 32k-token causal sequence it lost 15 %. Sk is the longest sequence's
-// for packed sequences (max_seqlen_k under graph capture): a batch whose
-// longest sequence is past the bound keeps two consumers for all of them
-// (perf log sc1).
+// One consumer a CTA, two CTAs an SM, at D = 64 where a CTA's keys are few:
+// its start and end (≈ 7 400 cycles, against ≈ 1 700 a key tile) then weigh
+// most, and the other CTA's tiles run beside them. Up to 1024 keys one
+// consumer measured +7 to +10 % over two in bursts (packed short sequences
+// too) and +6 / +9 % under sustained load at S = 1k (noncausal / causal). At
+// D = 128 it gained ≤ 3 % in bursts and lost up to 4 % under sustained load
+// (the card's power limit: twice the K and V from L2 for the same work), so
+// D = 128 keeps two. Sk is the longest sequence's for packed sequences
+// (max_seqlen_k under graph capture): a batch whose longest sequence is past
+// the bound keeps two or three consumers for all of them (perf log sc1, sc2).
 inline constexpr std::int64_t kOneConsumerMaxKeys = 1024;
 
-inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t D) {
-  return (D == 64 || D == 128) && Sk <= kOneConsumerMaxKeys;
-}
+inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t D) { return D == 64 && Sk <= kOneConsumerMaxKeys; }
 
 }  // namespace fp4attn::sm90::fwd

@@ -111,26 +111,22 @@ void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
   run_kernel<HeadDim, 2, kPCode, true>(a, CUtensorMap{}, CUtensorMap{}, tm_vt, stream);
 }
 
-// The one-consumer kernels (two CTAs an SM) of recipe fp8's P codes at D = 64
-// and 128, in translation units of their own (launch_one_consumer_d64.cu,
-// launch_one_consumer_d128.cu).
+// The one-consumer kernels (two CTAs an SM) of recipe fp8's P codes at D = 64,
+// in a translation unit of their own (launch_d64_one.cu).
 extern template void launch<64, 1, PCode::direct_p>(const Fp8ForwardArgs&, cudaStream_t);
 extern template void launch<64, 1, PCode::exp2_cvt>(const Fp8ForwardArgs&, cudaStream_t);
-extern template void launch<128, 1, PCode::direct_p>(const Fp8ForwardArgs&, cudaStream_t);
-extern template void launch<128, 1, PCode::exp2_cvt>(const Fp8ForwardArgs&, cudaStream_t);
 
-// E4M3 Q, K and Vᵀ in memory; at D = 64 with one, two or three consumers, at D = 128 with one or two, and so
+// E4M3 Q, K and Vᵀ in memory; at D = 64 with one, two or three consumers, and so
 // narrower head dims on it; those above 64 on the 128-wide kernel (recipe
 // fp8's P codes only, launch.cu), up to 96 with the products over 96
 // channels (Fp8Config's UsedDim).
 template <int HeadDim, PCode kPCode>
 void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
-  // The launcher's choice: three consumers at D = 64 where they pay off,
-  // else one where a CTA's keys are few, else two (perf log sc1).
-  if constexpr ((kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt) && HeadDim <= 128)
-    if (a.D == HeadDim &&
-        (a.consumers == 1 || (a.consumers == 0 && one_consumer(a) && !(HeadDim == 64 && three_consumers(a)))))
-      return launch<HeadDim, 1, kPCode>(a, stream);
+  // The launcher's choice at D = 64: three consumers where they pay off, else
+  // one where a CTA's keys are few, else two (perf log sc1, sc2).
+  if constexpr ((kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt) && HeadDim == 64)
+    if (a.D == HeadDim && (a.consumers == 1 || (a.consumers == 0 && one_consumer(a) && !three_consumers(a))))
+      return launch<64, 1, kPCode>(a, stream);
   if constexpr (kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt)
     if (a.D != HeadDim) {
       if constexpr (HeadDim == 64)

@@ -1,4 +1,4 @@
-// The FP8 forward's one-consumer kernels (64-row CTAs, two an SM) at D = 64
+// The FP8 forward's one-consumer kernels at D = 64 (64-row CTAs, two an SM)
 // with recipe fp8's P codes, in a translation unit of their own so that they
 // compile beside the other kernels.
 #include "cuda/sm90/fwd/fp8_direct_p/launch_head_dim.cuh"
