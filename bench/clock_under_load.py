@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SM clock, power and throttle reasons while one forward implementation runs
-back to back (recipe fp8 with Direct-P from pre-quantized inputs, cuDNN BF16
-SDPA), sampled by nvidia-smi every 100 ms. Read-only: it queries the card and
+back to back (recipe fp8 with Direct-P, or with exp2 P by --direct-p 0, from
+pre-quantized inputs; cuDNN BF16 SDPA), sampled by nvidia-smi every 100 ms. Read-only: it queries the card and
 changes none of its settings.
 
     python3 bench/clock_under_load.py --lib build/libfp4attn_capi.so --out OUT [--seconds 8]
@@ -80,6 +80,8 @@ def main():
     ap.add_argument("--cases", default="128:16384:0,128:4096:0", help="D:S:causal triples")
     ap.add_argument("--date", default=datetime.date.today().isoformat())
     ap.add_argument("--commit", default="")
+    ap.add_argument("--direct-p", type=int, default=1, choices=(0, 1),
+                    help="0: recipe fp8 with P by exp2 and a rounding convert (the comparison path)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
@@ -90,6 +92,7 @@ def main():
         B = 32768 // S
         sets = [tuple(torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)) for _ in range(2)]
         ours = Ours(lib, ll3, sets, B, H, S, D, causal)
+        ours.set_direct_p(bool(args.direct_p))
         for impl, fn in (("fp4attn_fp8", ours.attend), ("cudnn_bf16", sdpa(SDPBackend.CUDNN_ATTENTION, sets, causal)),
                          ("fp4attn_fp8_again", ours.attend)):
             for i in range(10):
@@ -100,7 +103,8 @@ def main():
             clk = statistics.median(s["sm_mhz"] for s in samples) if samples else float("nan")
             watts = statistics.median(s["watts"] for s in samples) if samples else float("nan")
             reasons = sorted({s["reasons"] for s in samples})
-            rows.append(dict(impl=impl, D=D, S=S, B=B, H=H, causal=causal, ms=round(ms, 4), tflops=round(tf, 1),
+            rows.append(dict(impl=impl, D=D, S=S, B=B, H=H, causal=causal, direct_p=bool(args.direct_p),
+                             ms=round(ms, 4), tflops=round(tf, 1),
                              sm_mhz_median=clk, sm_mhz_min=min((s["sm_mhz"] for s in samples), default=None),
                              watts_median=watts, temp_c_max=max((s["temp_c"] for s in samples), default=None),
                              reasons=reasons, samples=len(samples)))
