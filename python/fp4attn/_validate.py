@@ -11,6 +11,7 @@ Every error names the argument it is about.
 from __future__ import annotations
 
 import math
+import operator
 import sys
 import weakref
 from dataclasses import dataclass
@@ -234,16 +235,25 @@ def check_cu_seqlens(cu, name: str, total: int, total_name: str) -> list:
     """A varlen batch's cumulative sequence lengths as host ints: a 1-D integer
     array of B + 1 entries, starting at 0, never decreasing, ending at `total`
     (the packed tensor's token count)."""
+    return _checked_offsets(cu, name, total, total_name)[0]
+
+
+def _checked_offsets(cu, name: str, total: int, total_name: str) -> tuple:
+    """check_cu_seqlens's entries (a list) and the B lengths between them (a tuple)."""
     check_cu_seqlens_form(cu, name)
     values = _host_ints(cu, name)
     if values[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {values[0]}")
-    for i in range(1, len(values)):
-        if values[i] < values[i - 1]:
-            raise ValueError(f"{name}: must not decrease, got {values[i - 1]} then {values[i]} at entries {i - 1}, {i}")
+    # The lengths in one pass that stays in C (a Python loop over B + 1 entries costs µs a call
+    # where the entries are read every call: inference tensors, new tensors); a negative length
+    # is where the entries decrease.
+    lengths = tuple(map(operator.sub, values[1:], values))
+    if min(lengths) < 0:
+        i = next(i for i, n in enumerate(lengths, 1) if n < 0)
+        raise ValueError(f"{name}: must not decrease, got {values[i - 1]} then {values[i]} at entries {i - 1}, {i}")
     if values[-1] != total:
         raise ValueError(f"{name}: ends at {values[-1]}, but {total_name} holds {total} tokens")
-    return values
+    return values, lengths
 
 
 # A torch tensor's entries read to the host, by id: (weak reference, version,
@@ -265,7 +275,7 @@ def _host_ints(cu, name: str) -> list:
         return list(kept[3])
     if cu.is_cuda and sys.modules["torch"].cuda.is_current_stream_capturing():
         raise ValueError(f"{name}: its entries are read on the host, which a CUDA graph's capture cannot do")
-    values = [int(x) for x in cu.tolist()]
+    values = cu.tolist()  # an integer tensor's entries come as Python ints
     if not cu.is_inference():
         _HOST_INTS[key] = (weakref.ref(cu, lambda _, key=key: (_HOST_INTS.pop(key, None), _CHECKED.pop(key, None))),
                            cu._version, cu.data_ptr(), tuple(values))
@@ -299,20 +309,14 @@ def checked_sequences(cu, name: str, total: int, total_name: str) -> Sequences:
         if (kept is not None and done is not None and kept[0]() is cu and kept[1] == cu._version
                 and kept[2] == cu.data_ptr() and done[0] is kept[3] and done[1] == total):
             return done[2]
-    values = tuple(check_cu_seqlens(cu, name, total, total_name))
-    lengths = tuple(b - a for a, b in zip(values, values[1:]))
+    values, lengths = _checked_offsets(cu, name, total, total_name)
+    values = tuple(values)
     kept = _HOST_INTS.get(key)
     if kept is None or kept[3] != values:
         return Sequences(values, lengths, max(lengths, default=0))
     sequences = Sequences(kept[3], lengths, max(lengths, default=0))  # the kept tuple: compared by identity
     _CHECKED[key] = (kept[3], total, sequences)
     return sequences
-
-
-def checked_cu_seqlens(cu, name: str, total: int, total_name: str) -> tuple:
-    """checked_sequences's offsets (a tuple) and the longest sequence's length."""
-    sequences = checked_sequences(cu, name, total, total_name)
-    return sequences.offsets, sequences.longest
 
 
 def check_max_seqlen(value, name: str, lengths: list) -> int:

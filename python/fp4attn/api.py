@@ -9,6 +9,7 @@ end in the same host code otherwise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import math
 
@@ -138,9 +139,26 @@ def _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic) ->
     return _validate.check_flag(deterministic, "deterministic")
 
 
-def _flash_attn_settings(causal, softmax_scale, recipe, window_size) -> _host.Settings:
-    """FlashAttention's conventions: (B, S, H, D), bottom-right causal mask, GQA, smooth_k and Direct-P on;
-    window_size's right bound is 0 with causal=True, whatever was passed, as FlashAttention sets it."""
+def _flash_attn_settings(causal, softmax_scale, recipe, window_size, smooth_k: bool = True) -> _host.Settings:
+    """FlashAttention's conventions: (B, S, H, D), bottom-right causal mask, GQA, smooth_k (unless turned
+    off here) and Direct-P on; window_size's right bound is 0 with causal=True, whatever was passed, as
+    FlashAttention sets it."""
+    # Arguments of the usual types (a bool, None or a float, a string, a tuple of two ints) are kept
+    # by value with their Settings: a model repeats them every call, and their checks and the
+    # Settings cost several µs a call. Other types (NumPy scalars, lists) and values that fail are
+    # checked every call, and so is a call that torch.compile traces.
+    if (not _compiling() and type(causal) is bool and (softmax_scale is None or type(softmax_scale) is float)
+            and type(recipe) is str and type(window_size) is tuple and len(window_size) == 2
+            and type(window_size[0]) is int and type(window_size[1]) is int):
+        return _kept_flash_attn_settings(causal, softmax_scale, recipe, window_size, smooth_k)
+    return _checked_flash_attn_settings(causal, softmax_scale, recipe, window_size, smooth_k)
+
+
+def _compiling() -> bool:
+    return _torch_ops is not None and _torch_ops.torch.compiler.is_compiling()
+
+
+def _checked_flash_attn_settings(causal, softmax_scale, recipe, window_size, smooth_k: bool) -> _host.Settings:
     causal = _validate.check_flag(causal, "causal")
     left, right = _validate.check_window(window_size, "window_size", causal=False)
     return _host.make_settings(
@@ -149,12 +167,15 @@ def _flash_attn_settings(causal, softmax_scale, recipe, window_size) -> _host.Se
         scale=softmax_scale,
         scale_name="softmax_scale",
         recipe=recipe,
-        smooth_k=True,
+        smooth_k=smooth_k,
         direct_p=True,
         gqa=True,
         names=("q", "k", "v"),
         window=(left, 0 if causal else right),
     )
+
+
+_kept_flash_attn_settings = functools.lru_cache(maxsize=64, typed=True)(_checked_flash_attn_settings)
 
 
 def _check_no_descales(descales: tuple, q) -> None:
@@ -295,12 +316,13 @@ def flash_attn_varlen_func(
     deterministic = _check_flash_attn_extras(dropout_p, softcap, alibi_slopes, deterministic)
     _validate.check_absent(block_table, "block_table", None, "paged KV caches are not supported")
     descales = (q_descale, k_descale, v_descale)
-    if any(e4m3.is_e4m3(x) for x in (q, k, v)):
+    if e4m3.is_e4m3(q) or e4m3.is_e4m3(k) or e4m3.is_e4m3(v):
         for x, name in ((q, "q"), (k, "k"), (v, "v")):
             if not hasattr(x, "shape") or len(x.shape) != 3:
                 raise ValueError(f"{name}: expected a 3-D (total tokens, heads, D) array, got "
                                  f"{'shape ' + str(tuple(x.shape)) if hasattr(x, 'shape') else type(x).__name__}")
-        s = e4m3.settings(_flash_attn_settings(causal, softmax_scale, recipe, window_size))
+        # smooth_k off from the start: e4m3.settings then has nothing to replace.
+        s = e4m3.settings(_flash_attn_settings(causal, softmax_scale, recipe, window_size, smooth_k=False))
         return_attn_probs = _validate.check_flag(return_attn_probs, "return_attn_probs")
         run = _torch_e4m3.varlen_forward if _is_torch(q) else e4m3.numpy_varlen_forward
         o, lse = run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, descales, s)

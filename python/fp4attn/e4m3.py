@@ -42,7 +42,7 @@ def settings(s: _host.Settings) -> _host.Settings:
     """`s` for E4M3 inputs: recipe fp8 only, and smooth_k off."""
     if s.recipe != "fp8":
         raise ValueError(f"recipe: E4M3 inputs run recipe fp8 (its operands are E4M3), not {s.recipe}")
-    return s._replace(smooth_k=False)
+    return s._replace(smooth_k=False) if s.smooth_k else s
 
 
 def check(q, k, v, descales: tuple, s: _host.Settings) -> _validate.Dims:
@@ -70,11 +70,11 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, descales: tuple, s: _host.
 def host_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q: int, total_k: int) -> tuple:
     """cu_seqlens read on the host and checked (starting at 0, never decreasing, ending at the
     token counts; no sequence longer than max_seqlen): the two lists of offsets."""
-    cu_q, longest_q = _validate.checked_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q, "q")
-    cu_k, longest_k = _validate.checked_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k, "k")
-    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", [longest_q])
-    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", [longest_k])
-    return cu_q, cu_k
+    sequences_q = _validate.checked_sequences(cu_seqlens_q, "cu_seqlens_q", total_q, "q")
+    sequences_k = _validate.checked_sequences(cu_seqlens_k, "cu_seqlens_k", total_k, "k")
+    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", (sequences_q.longest,))
+    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", (sequences_k.longest,))
+    return sequences_q.offsets, sequences_k.offsets
 
 
 def host_varlen_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, cu_q: list, cu_k: list, descales: tuple,

@@ -5,6 +5,7 @@ device and host paths. Forward only: E4M3 inputs carry no gradient.
 """
 
 # No `from __future__ import annotations` here: custom_op reads the signature's annotations.
+import functools
 import warnings
 from typing import Optional
 
@@ -26,11 +27,27 @@ def _settings(mask: str, scale: float, direct_p: bool, window_left: int, window_
                           gqa=True, names="q,k,v", window_left=window_left, window_right=window_right)
 
 
-def _device_path(q: torch.Tensor, shape: tuple, opt) -> bool:
-    if q.device.type != "cuda" or not _ext.cuda_built():
+@functools.lru_cache(maxsize=64, typed=True)
+def _kept_settings(mask: str, scale: float, direct_p: bool, window_left: int, window_right: int) -> tuple:
+    s = _settings(mask, scale, direct_p, window_left, window_right)
+    return s, _host.options(s)
+
+
+def _settings_and_options(mask: str, scale: float, direct_p: bool, window_left: int, window_right: int) -> tuple:
+    """(_settings, its _host.options) of the ops' arguments; kept by value (types included): a model's
+    calls repeat them, and the Settings and its lookup cost a few µs a call."""
+    try:
+        return _kept_settings(mask, scale, direct_p, window_left, window_right)
+    except TypeError:  # an argument without a hash
+        s = _settings(mask, scale, direct_p, window_left, window_right)
+        return s, _host.options(s)
+
+
+def _device_path(device: torch.device, shape: tuple, opt) -> bool:
+    if device.type != "cuda" or not _ext.cuda_built():
         return False
     # device_e4m3_supported validates first, so both paths reject the same calls.
-    return _ext.device_e4m3_supported(shape, opt) and torch_ops._is_sm90(q.device.index)
+    return _ext.device_e4m3_supported(shape, opt) and torch_ops._is_sm90(device.index)
 
 
 def _host_warning(q: torch.Tensor, D: int) -> None:
@@ -46,12 +63,11 @@ def _host_warning(q: torch.Tensor, D: int) -> None:
 def _e4m3_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: Optional[torch.Tensor],
                k_descale: Optional[torch.Tensor], v_descale: Optional[torch.Tensor], mask: str, scale: float,
                direct_p: bool, window_left: int, window_right: int) -> tuple[torch.Tensor, torch.Tensor]:
-    s = _settings(mask, scale, direct_p, window_left, window_right)
-    opt = _host.options(s)
+    s, opt = _settings_and_options(mask, scale, direct_p, window_left, window_right)
     shape = _bshd_shape(q, k)
     B, Sq, _, Hq, _, D = shape
     descales = (q_descale, k_descale, v_descale)
-    if _device_path(q, shape, opt):
+    if _device_path(q.device, shape, opt):
         with torch_ops._on_device(q.device):
             o = torch.empty((B, Sq, Hq, D), dtype=torch.bfloat16, device=q.device)
             lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
@@ -96,6 +112,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descales: tuple, 
 
 def _device_ints(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
     """cu_seqlens as the device call reads them: int32, contiguous, on q's device."""
+    if cu.dtype is torch.int32 and cu.device == device and cu.is_contiguous():
+        return cu  # what the conversion below gives, without its two dispatches
     return cu.to(device=device, dtype=torch.int32).contiguous()
 
 
@@ -104,31 +122,33 @@ def _e4m3_varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
                       q_descale: Optional[torch.Tensor], k_descale: Optional[torch.Tensor],
                       v_descale: Optional[torch.Tensor], mask: str, scale: float, direct_p: bool, window_left: int,
                       window_right: int) -> tuple[torch.Tensor, torch.Tensor]:
-    s = _settings(mask, scale, direct_p, window_left, window_right)
-    opt = _host.options(s)
+    s, opt = _settings_and_options(mask, scale, direct_p, window_left, window_right)
     (total_q, Hq, D), (total_k, Hkv) = q.shape, k.shape[:2]
     B = cu_seqlens_q.shape[0] - 1
     descales = (q_descale, k_descale, v_descale)
-    capturing = q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    device = q.device
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     # Under capture nothing is read on the host: the device checks cu_seqlens at every replay
     # against these sizes (NaN outputs where they do not fit).
     lengths = None if capturing else e4m3.host_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                         total_q, total_k)
     shape = (B, max_seqlen_q, max_seqlen_k, Hq, Hkv, D)
-    if _device_path(q, shape, opt):
-        with torch_ops._on_device(q.device):
-            o = torch.empty((total_q, Hq, D), dtype=torch.bfloat16, device=q.device)
-            lse = torch.empty((Hq, total_q), dtype=torch.float32, device=q.device)
+    if _device_path(device, shape, opt):
+        with torch_ops._on_device(device):
+            o = torch.empty((total_q, Hq, D), dtype=torch.bfloat16, device=device)
+            lse = torch.empty((Hq, total_q), dtype=torch.float32, device=device)
             workspace = torch.empty(_ext.device_e4m3_workspace_bytes(shape, (total_q, total_k)), dtype=torch.uint8,
-                                    device=q.device)
-            cu_q, cu_k = (_device_ints(cu, q.device) for cu in (cu_seqlens_q, cu_seqlens_k))
+                                    device=device)
+            cu_q, cu_k = _device_ints(cu_seqlens_q, device), _device_ints(cu_seqlens_k, device)
+            # Held until the call is enqueued: a copy made here for a strided descale must not be
+            # freed (and its memory handed to the next copy) before then.
             scales = [None if d is None else d.contiguous() for d in descales]
             ptrs = [0 if d is None else d.data_ptr() for d in scales]
             # A packed tensor's rows: strides on S and H (the batch stride is not used).
             _ext.forward_e4m3_device(shape, q.data_ptr(), (0, *q.stride()[:2]), k.data_ptr(), (0, *k.stride()[:2]),
                                      v.data_ptr(), (0, *v.stride()[:2]), *ptrs, o.data_ptr(), (0, *o.stride()[:2]),
                                      lse.data_ptr(), workspace.data_ptr(), workspace.numel(), opt,
-                                     torch_ops._current_stream(q.device), cu_q.data_ptr(), cu_k.data_ptr(), total_q,
+                                     torch_ops._current_stream(device), cu_q.data_ptr(), cu_k.data_ptr(), total_q,
                                      total_k)
         return o, lse
     if capturing:
@@ -176,4 +196,6 @@ def varlen_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                 q.new_full((Hq, total_q), float("-inf"), dtype=torch.float32))
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *descales, s.mask, s.scale, s.direct_p,
             s.window_left, s.window_right)
-    return _e4m3_varlen_impl(*args) if torch_ops._eager_call(args) else _e4m3_varlen_op(*args)
+    # The op's other arguments are ints, floats, strings and bools: the tensors alone decide.
+    eager = torch_ops._eager_call((q, k, v, cu_seqlens_q, cu_seqlens_k, *descales))
+    return _e4m3_varlen_impl(*args) if eager else _e4m3_varlen_op(*args)

@@ -727,7 +727,12 @@ def _eager_call(args) -> bool:
         return False
     if _functorch_stack is None or _functorch_stack() is not None:  # vmap, grad, ... (or unknown: the op)
         return False
-    return all(type(x) is torch.Tensor for x in args if isinstance(x, torch.Tensor))
+    # A loop rather than all() over a generator, the exact type first: a µs less a call.
+    tensor = torch.Tensor
+    for x in args:
+        if type(x) is not tensor and isinstance(x, tensor):
+            return False
+    return True
 
 
 class _AttentionFunction(torch.autograd.Function):

@@ -157,15 +157,16 @@ def test_torch_gives_the_numpy_bits(rng):
 
 def test_kept_checks_of_cu_seqlens_follow_the_tensor(rng):
     """The host keeps a cu_seqlens tensor's checked entries while it is unchanged: a write into it,
-    or other token counts, check it again."""
+    other token counts or another tensor are checked again, and other valid lengths written into it,
+    or held by another tensor, run as those lengths."""
     t = _torch()
     q, k, v, cu_q, cu_k, d = packed_problem(rng, 2, 1, 64)
     args = [_as_torch(t, x) for x in (q, k, v)]
     cu_q_t, cu_k_t = t.from_numpy(cu_q.copy()), t.from_numpy(cu_k.copy())
     scales = [t.from_numpy(x) for x in d]
 
-    def call(q=args[0], max_q=max(LENS_Q)):
-        return fp4attn.flash_attn_varlen_func(q, args[1], args[2], cu_q_t, cu_k_t, max_q, max(LENS_K),
+    def call(q=args[0], max_q=max(LENS_Q), cu_seqlens_q=cu_q_t):
+        return fp4attn.flash_attn_varlen_func(q, args[1], args[2], cu_seqlens_q, cu_k_t, max_q, max(LENS_K),
                                               q_descale=scales[0], k_descale=scales[1], v_descale=scales[2])
 
     want = call()
@@ -179,6 +180,77 @@ def test_kept_checks_of_cu_seqlens_follow_the_tensor(rng):
         call()
     cu_q_t[-1] -= 1
     assert t.equal(call(), want)
+    # Other lengths of the same tokens, valid as the kept ones were: written into the kept tensor,
+    # and held by another tensor, they run as those lengths (the bits of a call per sequence).
+    lens_q = [130, 5, 40, 0, 77, 128]
+    other = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    want_other = per_sequence(q, k, v, other, cu_k, d, False)[0]
+    cu_q_t.copy_(t.from_numpy(other))
+    assert np.array_equal(call().float().numpy(), want_other)
+    fresh = t.from_numpy(cu_q.copy())
+    assert t.equal(call(cu_seqlens_q=fresh), want)
+    assert np.array_equal(call().float().numpy(), want_other)
+    with t.inference_mode():  # no version counter: the entries are read every call
+        cu_inference = t.from_numpy(cu_q.copy()).clone()
+        assert t.equal(call(cu_seqlens_q=cu_inference), want)
+        cu_inference.copy_(t.from_numpy(other))
+        assert np.array_equal(call(cu_seqlens_q=cu_inference).float().numpy(), want_other)
+
+
+def test_device_offsets_are_int32_and_contiguous():
+    """cu_seqlens as the device call reads them: an int32 contiguous tensor on the device is passed as
+    it is; any other is converted (its own entries, never another tensor's)."""
+    t = _torch()
+    from fp4attn import torch_e4m3
+
+    cpu = t.device("cpu")
+    entries = t.tensor([0, 5, 5, 12], dtype=t.int32)
+    assert torch_e4m3._device_ints(entries, cpu) is entries
+    for other in (entries.long(), t.tensor([0, 9, 5, 9, 5, 10, 12, 11], dtype=t.int32)[::2]):
+        converted = torch_e4m3._device_ints(other, cpu)
+        assert converted.dtype == t.int32 and converted.is_contiguous() and converted.tolist() == other.tolist()
+
+
+def test_kept_settings_follow_the_arguments(rng):
+    """The settings of a call are kept by its arguments' values and types: each set of arguments
+    gets what checking them anew gives (a value equal to a kept one but of another type, such as
+    True for 1, is checked on its own), and a call's bits follow its settings."""
+    t = _torch()
+    from fp4attn import _host, api, torch_e4m3
+
+    calls = [(False, None, "fp8", (-1, -1)), (True, None, "fp8", (-1, -1)), (False, 0.5, "fp8", (-1, -1)),
+             (False, 0.25, "fp8", (-1, -1)), (False, None, "fp8", (1, -1)), (True, None, "fp8", (1, 3)),
+             (False, None, "mxfp4", (-1, -1)), (False, None, "fp8", (True, -1)), (1, None, "fp8", (-1, -1)),
+             (False, 1, "fp8", (-1, -1)), (False, None, "fp8", [1, -1]), (False, -0.5, "fp8", (-1, -1))]
+
+    def outcome(fn, *args):
+        try:
+            return fn(*args)
+        except (TypeError, ValueError) as e:
+            return type(e), str(e)
+
+    for _ in range(2):  # the second round meets what the first one kept
+        for args in calls:
+            for smooth_k in (True, False):
+                assert (outcome(api._flash_attn_settings, *args, smooth_k)
+                        == outcome(api._checked_flash_attn_settings, *args, smooth_k)), (args, smooth_k)
+    for args in [("none", 0.0, True, -1, -1), ("causal", 0.0, True, -1, -1), ("none", 0.5, True, -1, -1),
+                 ("none", 0.0, False, -1, -1), ("none", 0.0, True, 2, 0), ("none", 1.0, True, -1, -1),
+                 ("none", 1, True, -1, -1)] * 2:
+        s, opt = torch_e4m3._settings_and_options(*args)
+        assert s == torch_e4m3._settings(*args) and type(s.scale) is type(args[1]), args
+        assert opt is _host.options(s), args
+    # The same tensors under other settings: each call gives the bits of the NumPy path's own call.
+    q, k, v, cu_q, cu_k, d = packed_problem(rng, 2, 1, 64)
+    torch_args = [*(_as_torch(t, x) for x in (q, k, v)), t.from_numpy(cu_q), t.from_numpy(cu_k),
+                  [t.from_numpy(x) for x in d]]
+    seen = []
+    for causal, scale in ((False, None), (True, None), (False, 0.03), (True, 0.03), (False, None)):
+        want, _, _ = varlen(q, k, v, cu_q, cu_k, d, causal, softmax_scale=scale)
+        got, _, _ = varlen(*torch_args, causal, softmax_scale=scale)
+        assert np.array_equal(got.float().numpy(), want), (causal, scale)
+        seen.append(want.tobytes())
+    assert len(set(seen)) == 4 and seen[0] == seen[-1]
 
 
 def test_torch_compile_keeps_the_op(rng):
