@@ -17,11 +17,13 @@ Pieces (µs per call, best of 5 rounds of N iterations):
   call  _PackedCall.forward of that plan with _ext.forward_device a no-op and the CUDA stream and
         device lookups stubbed: its allocations are CPU ones here.
 """
-import statistics
+import os
 import sys
-import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rounds import best  # noqa: E402
 
 import fp4attn
 from fp4attn import _ext, _host, torch_ops
@@ -43,16 +45,6 @@ seen = {}
 def stub(*args, **kw):
     seen.setdefault("args", (args, kw))
     return fixed
-
-
-def best(fn, n):
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        rounds.append((time.perf_counter() - t0) / n * 1e6)
-    return min(rounds), statistics.median(rounds)
 
 
 torch_ops.varlen_forward_device = stub

@@ -26,12 +26,14 @@ Pieces (µs per call, best of 5 rounds of N iterations; the median round beside 
           clones' own cost included).
   impl_new impl with new cu_seqlens tensors (two clones, as the subclass) each call.
 """
-import statistics
+import os
 import sys
-import time
 import types
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rounds import best  # noqa: E402
 
 import fp4attn
 from fp4attn import _ext, torch_e4m3, torch_ops
@@ -54,16 +56,6 @@ seen = {}
 def stub(*args):
     seen.setdefault("args", args)
     return fixed
-
-
-def best(fn, n):
-    rounds = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        rounds.append((time.perf_counter() - t0) / n * 1e6)
-    return min(rounds), statistics.median(rounds)
 
 
 def call(cu_q, cu_k):
