@@ -22,16 +22,16 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [here, os.path.join(here, "..", "..", "bench")]
+from bench_varlen import CASES  # noqa: E402
 from rounds import best  # noqa: E402
 
 import fp4attn
 from fp4attn import _ext, _host, torch_ops
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
-lens = [96 + (37 * i) % 500 for i in range(64)]
-hq = hkv = 16
-d = 64
+_, lens, hq, hkv, d, _ = next(c for c in CASES if c[0] == "encoder_64_short")
 total = sum(lens)
 cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32)
 q = torch.randn(total, hq, d, dtype=torch.bfloat16)
