@@ -1,7 +1,8 @@
 // The packed batch of the packed-sequence GPU suites (test_fwd_packed_gpu.cu,
-// test_bwd_packed_gpu.cu) and the helpers they share: lengths on and off the
-// 128-token tiles, a sequence whose queries outnumber its keys (causal rows
-// that see no key), the longest last, with its cu_seqlens and sizes.
+// test_bwd_packed_gpu.cu; test_fwd_e4m3_packed_gpu.cu with lengths of its
+// own) and the helpers they share: lengths on and off the 128-token tiles, a
+// sequence whose queries outnumber its keys (causal rows that see no key),
+// the longest last, with its cu_seqlens and sizes.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dispatch/sm90_executor.hpp"
@@ -22,12 +24,13 @@
 namespace fp4attn::gpu_test {
 
 struct PackedBatch {
-  std::vector<std::int64_t> lens_q = {5, 300, 129, 128, 700};
-  std::vector<std::int64_t> lens_k = {9, 300, 3, 200, 700};
+  std::vector<std::int64_t> lens_q, lens_k;
   std::vector<int> cu_q = {0}, cu_k = {0};
   std::int64_t n = 0, max_q = 0, max_k = 0, total_q = 0, total_k = 0;
 
-  PackedBatch() {
+  PackedBatch() : PackedBatch({5, 300, 129, 128, 700}, {9, 300, 3, 200, 700}) {}
+  PackedBatch(std::vector<std::int64_t> q_lengths, std::vector<std::int64_t> k_lengths)
+      : lens_q(std::move(q_lengths)), lens_k(std::move(k_lengths)) {
     n = static_cast<std::int64_t>(lens_q.size());
     for (std::int64_t b = 0; b < n; ++b) {
       cu_q.push_back(cu_q.back() + static_cast<int>(lens_q[b]));

@@ -19,7 +19,7 @@
 #include "fp4attn/error.hpp"
 #include "gpu/e4m3_device_run.hpp"
 #include "gpu/gpu_test_util.hpp"
-#include "gpu/packed_batch.hpp"  // named_argument
+#include "gpu/packed_batch.hpp"  // PackedBatch, named_argument
 
 namespace fp4attn::gpu_test {
 namespace {
@@ -46,21 +46,8 @@ AttentionOptions options(const PackedE4m3Case& c) {
 }
 
 // The batch: sequence 3 has no queries, sequence 5 no keys.
-struct Batch {
-  std::vector<std::int64_t> lens_q = {5, 300, 129, 0, 128, 50, 700};
-  std::vector<std::int64_t> lens_k = {9, 300, 3, 40, 200, 0, 700};
-  std::vector<int> cu_q = {0}, cu_k = {0};
-  std::int64_t n = 0, max_q = 0, max_k = 0;
-  Batch() {
-    n = static_cast<std::int64_t>(lens_q.size());
-    for (std::int64_t b = 0; b < n; ++b) {
-      cu_q.push_back(cu_q.back() + static_cast<int>(lens_q[b]));
-      cu_k.push_back(cu_k.back() + static_cast<int>(lens_k[b]));
-      max_q = std::max(max_q, lens_q[b]), max_k = std::max(max_k, lens_k[b]);
-    }
-  }
-  std::int64_t total_q() const { return cu_q.back(); }
-  std::int64_t total_k() const { return cu_k.back(); }
+struct Batch : PackedBatch {
+  Batch() : PackedBatch({5, 300, 129, 0, 128, 50, 700}, {9, 300, 3, 40, 200, 0, 700}) {}
 };
 
 // Packed codes (tokens, H, D) as rows of D + kPad bytes, NaN codes in the gaps.
@@ -95,9 +82,9 @@ struct PackedCall {
         v_descale(dv.size()),
         cu_q(b.cu_q.size()),
         cu_k(b.cu_k.size()),
-        o(static_cast<std::size_t>(b.total_q() * Hq * D)),
-        lse(static_cast<std::size_t>(b.total_q() * Hq)),
-        workspace(dispatch::sm90_device_e4m3_workspace_bytes(shape, {b.total_q(), b.total_k()})) {
+        o(static_cast<std::size_t>(b.total_q * Hq * D)),
+        lse(static_cast<std::size_t>(b.total_q * Hq)),
+        workspace(dispatch::sm90_device_e4m3_workspace_bytes(shape, {b.total_q, b.total_k})) {
     q.upload(with_gaps(hq, D)), k.upload(with_gaps(hk, D)), v.upload(with_gaps(hv, D));
     q_descale.upload(dq), k_descale.upload(dk), v_descale.upload(dv);
     cu_q.upload(b.cu_q), cu_k.upload(b.cu_k);
@@ -116,7 +103,7 @@ struct PackedCall {
     a.lse = lse.ptr;
     a.workspace = workspace.ptr, a.workspace_bytes = workspace.bytes();
     a.cu_seqlens_q = cu_q.ptr, a.cu_seqlens_k = cu_k.ptr;
-    a.lse_pitch = batch.total_q(), a.k_tokens = batch.total_k();
+    a.lse_pitch = batch.total_q, a.k_tokens = batch.total_k;
     return a;
   }
 
@@ -137,9 +124,9 @@ struct PackedProblem {
 PackedProblem random_packed(const Batch& b, std::int64_t Hq, std::int64_t Hkv, std::int64_t D, std::uint32_t seed) {
   std::mt19937 rng(seed);
   PackedProblem p{b, {}, {}, {}, {}, {}, {}};
-  p.q = random_codes(static_cast<std::size_t>(b.total_q() * Hq * D), 40.0f, rng);
-  p.k = random_codes(static_cast<std::size_t>(b.total_k() * Hkv * D), 40.0f, rng);
-  p.v = random_codes(static_cast<std::size_t>(b.total_k() * Hkv * D), 100.0f, rng);
+  p.q = random_codes(static_cast<std::size_t>(b.total_q * Hq * D), 40.0f, rng);
+  p.k = random_codes(static_cast<std::size_t>(b.total_k * Hkv * D), 40.0f, rng);
+  p.v = random_codes(static_cast<std::size_t>(b.total_k * Hkv * D), 100.0f, rng);
   const auto heads = static_cast<std::size_t>(b.n * Hkv);
   p.q_descale = random_descales(heads, 1.0f / 256, 1.0f / 16, rng);
   p.k_descale = random_descales(heads, 1.0f / 128, 1.0f / 32, rng);
@@ -166,7 +153,7 @@ TEST_P(GpuForwardE4m3Packed, EachSequenceIsItsOwnCall) {
   const AttentionOptions opt = options(c);
   PackedCall call(batch, c.Hq, c.Hkv, c.D, p.q, p.k, p.v, p.q_descale, p.k_descale, p.v_descale);
   const ForwardOutput packed = call.run(call.args(), opt);
-  const std::int64_t Hq = c.Hq, Hkv = c.Hkv, D = c.D, total_q = batch.total_q();
+  const std::int64_t Hq = c.Hq, Hkv = c.Hkv, D = c.D, total_q = batch.total_q;
 
   for (std::int64_t b = 0; b < batch.n; ++b) {
     const std::int64_t lq = batch.lens_q[b], lk = batch.lens_k[b], q0 = batch.cu_q[b], k0 = batch.cu_k[b];
