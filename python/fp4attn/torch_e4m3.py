@@ -5,6 +5,7 @@ device and host paths. Forward only: E4M3 inputs carry no gradient.
 """
 
 # No `from __future__ import annotations` here: custom_op reads the signature's annotations.
+import atexit
 import functools
 import warnings
 from typing import Optional
@@ -31,6 +32,11 @@ def _settings(mask: str, scale: float, direct_p: bool, window_left: int, window_
 def _kept_settings(mask: str, scale: float, direct_p: bool, window_left: int, window_right: int) -> tuple:
     s = _settings(mask, scale, direct_p, window_left, window_right)
     return s, _host.options(s)
+
+
+# The op registry keeps this module's functions, and so this cache and its options, alive past the
+# modules' teardown, where nanobind would report them as leaked: empty it at exit.
+atexit.register(_kept_settings.cache_clear)
 
 
 def _settings_and_options(mask: str, scale: float, direct_p: bool, window_left: int, window_right: int) -> tuple:
