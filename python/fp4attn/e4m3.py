@@ -20,7 +20,7 @@ O is 0 and the LSE -inf.
 Packed sequences (flash_attn_varlen_func): q (total_q, Hq, D), k and v (total_k, Hkv, D), the
 descales (B, Hkv) one row per sequence; O (total_q, Hq, D) and the LSE (Hq, total_q). On a
 Hopper GPU one device call runs every sequence (fp4attn::attention_e4m3_varlen: the kernel's
-packed path, Q's and K's codes copied into its tile-aligned layout); elsewhere each sequence
+packed path, which reads Q's and K's codes in place); elsewhere each sequence
 runs as a call of its own. Each sequence's O and LSE are those of a call on it alone.
 """
 

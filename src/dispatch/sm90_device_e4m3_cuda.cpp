@@ -2,8 +2,8 @@
 // device: the kernel reads Q's and K's codes in place; one pass writes the
 // broadcast descales, V's transposed codes and the NaN flags into the
 // caller's workspace (cuda/sm90/fwd/e4m3_inputs.hpp). Packed sequences:
-// cu_seqlens checked on the device, then Q's and K's codes copied into the
-// tile-aligned layout the kernel's packed path reads. Enqueued on the
+// cu_seqlens checked on the device first; Q and K are read in place there too,
+// the scales and Vᵀ take the tile-aligned layout. Enqueued on the
 // caller's stream, no allocation, no host synchronisation.
 #if defined(FP4ATTN_HAS_CUDA)
 
@@ -36,10 +36,10 @@ std::int64_t token_blocks(std::int64_t S) {
 }
 
 // Packed sequences lay the per-token regions out for one entry of the
-// tile-aligned layout (layout_shape) and add Q's and K's codes copied there
-// and the checked cu_seqlens; V's channel scales stay per sequence.
+// tile-aligned layout (layout_shape) and add the checked cu_seqlens; V's
+// channel scales stay per sequence.
 struct E4m3Workspace {
-  std::size_t q_scale, k_scale, v_scale, nonfinite, vt, q_codes, k_codes, packed_rows, bytes;
+  std::size_t q_scale, k_scale, v_scale, nonfinite, vt, packed_rows, bytes;
 };
 
 E4m3Workspace e4m3_workspace(const AttentionShape& entries, PackedTokens packed) {
@@ -51,11 +51,7 @@ E4m3Workspace e4m3_workspace(const AttentionShape& entries, PackedTokens packed)
   w.v_scale = r.take(static_cast<std::size_t>(entries.B * s.Hkv * s.D) * sizeof(float));
   w.nonfinite = r.take(kNonfiniteFlags * sizeof(int));
   w.vt = r.take(static_cast<std::size_t>(s.B * s.Hkv * s.D * cuda_quantize::padded_keys(s.Sk)));
-  if (packed.packed()) {
-    w.q_codes = r.take(static_cast<std::size_t>(s.q_elems()));
-    w.k_codes = r.take(static_cast<std::size_t>(s.kv_elems()));
-    w.packed_rows = r.take(packed_rows_bytes(entries));
-  }
+  if (packed.packed()) w.packed_rows = r.take(packed_rows_bytes(entries));
   w.bytes = r.bytes();
   return w;
 }
@@ -155,11 +151,11 @@ void sm90_forward_device_e4m3(const DeviceE4m3ForwardArgs& args, const Attention
     sm90::fwd::E4m3PackedLayout pl;
     pl.cu_q = seqs.cu_q, pl.cu_k = seqs.cu_k, pl.rows_q = seqs.rows_q, pl.rows_k = seqs.rows_k;
     pl.q_rows = lay.Sq, pl.k_rows = lay.Sk;
-    pl.q_codes = base + w.q_codes, pl.k_codes = base + w.k_codes;
     sm90::fwd::prepare_e4m3_packed_operands(in, pl, ops, stream);
-    // The kernel reads the layout's dense codes, one entry of q_rows / k_rows tokens.
-    a.q = pl.q_codes, a.q_stride_b = lay.Sq * s.Hq * s.D, a.q_stride_s = s.Hq * s.D, a.q_stride_h = s.D;
-    a.k = pl.k_codes, a.k_stride_b = lay.Sk * s.Hkv * s.D, a.k_stride_s = s.Hkv * s.D, a.k_stride_h = s.D;
+    // Q and K in place: one entry of all the tokens, sequence b's from row cu_seqlens[b].
+    a.q = q.data, a.q_stride_b = q.stride_b, a.q_stride_s = q.stride_s, a.q_stride_h = q.stride_h;
+    a.k = k.data, a.k_stride_b = k.stride_b, a.k_stride_s = k.stride_s, a.k_stride_h = k.stride_h;
+    a.qk_in_place = true, a.total_q = args.lse_pitch, a.total_k = args.k_tokens;
     a.vt_keys = lay.Sk;
     a.cu_seqlens_q = seqs.cu_q, a.cu_seqlens_k = seqs.cu_k, a.lse_pitch = args.lse_pitch;
     a.rows_q = seqs.rows_q, a.rows_k = seqs.rows_k, a.q_rows = lay.Sq, a.k_rows = lay.Sk;

@@ -3,8 +3,8 @@
 // rest scan Q's and K's codes for NaN, slab by slab of consecutive tokens, and
 // write the broadcast scales. One launch, so that the two parts share the
 // machine instead of each leaving a tail. Packed sequences take a second
-// kernel of one CTA per layout tile and group of heads, which also copies Q
-// and K into the tile-aligned layout.
+// kernel of one CTA per tile of the tile-aligned layout and group of heads:
+// Vᵀ's tiles are written there, Q's and K's scanned where they are.
 #include "cuda/sm90/fwd/e4m3_inputs.hpp"
 
 #include <algorithm>
@@ -322,28 +322,19 @@ __device__ PackedTile packed_tile(const PackedPlan& p, E4m3View x, const int* cu
   return t;
 }
 
-// Q's or K's tile copied into the layout (zero codes past the sequence), and
+// Q's or K's tile, which the kernel reads in place, scanned for NaN codes, and
 // the tile's scales: its sequence's descale for each of its heads. A template
 // on the tensor: members of the kernel's parameter picked at run time went
 // through local memory.
 template <bool is_q>
-__device__ void copy_packed_tile(const PackedPlan& p, int cta) {
-  const int H = is_q ? p.in.Hq : p.in.Hkv, heads = is_q ? p.q_heads : p.k_heads, D = p.in.D;
-  const FastDiv chunks = is_q ? p.q_chunks : p.k_chunks;
+__device__ void scan_packed_tile(const PackedPlan& p, int cta) {
+  const int heads = is_q ? p.q_heads : p.k_heads;
   const PackedTile t = packed_tile(p, is_q ? p.in.q : p.in.k, is_q ? p.lay.cu_q : p.lay.cu_k,
                                    is_q ? p.lay.rows_q : p.lay.rows_k, is_q ? p.q_groups : p.k_groups, heads, cta);
   if (t.b < 0) return;  // a tile past the sequences (the host sized the layout for the most it can take)
   bool bad = false;
   uint4 w[kLoadsPerThread];
-  load_tile(t.src, chunks, p.d_chunks, w, bad);
-  const std::int64_t row_bytes = static_cast<std::int64_t>(H) * D;
-  std::uint8_t* dst = (is_q ? p.lay.q_codes : p.lay.k_codes) + static_cast<std::int64_t>(t.tile) * kTileKeys * row_bytes +
-                      static_cast<std::int64_t>(t.h0) * D;
-#pragma unroll
-  for (int l = 0; l < kLoadsPerThread; ++l) {
-    const std::uint32_t i = threadIdx.x + l * kThreads, row = chunks.quotient(i);
-    if (row < kTileKeys) *reinterpret_cast<uint4*>(dst + row * row_bytes + chunks.remainder(i, row) * kChunk) = w[l];
-  }
+  load_tile(t.src, is_q ? p.q_chunks : p.k_chunks, p.d_chunks, w, bad);
   if (static_cast<int>(threadIdx.x) < heads) {
     const int h = t.h0 + static_cast<int>(threadIdx.x), kv = is_q ? h / (p.in.Hq / p.in.Hkv) : h;
     const float* descale = is_q ? p.in.q_descale : p.in.k_descale;
@@ -394,8 +385,8 @@ __global__ void __launch_bounds__(kThreads, 3) e4m3_prepare_packed_kernel(const 
   write_packed_v_scales(p);
   const int cta = static_cast<int>(blockIdx.x);
   if (cta < p.vt_ctas) transpose_packed_v_tile(p, cta, tile);
-  else if (cta < p.vt_ctas + p.q_ctas) copy_packed_tile<true>(p, cta - p.vt_ctas);
-  else copy_packed_tile<false>(p, cta - p.vt_ctas - p.q_ctas);
+  else if (cta < p.vt_ctas + p.q_ctas) scan_packed_tile<true>(p, cta - p.vt_ctas);
+  else scan_packed_tile<false>(p, cta - p.vt_ctas - p.q_ctas);
 }
 
 // The most heads of D codes up to 256 bytes that divide H.

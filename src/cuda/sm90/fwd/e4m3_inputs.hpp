@@ -44,11 +44,10 @@ void prepare_e4m3_operands(const E4m3CallerInputs& in, const E4m3KernelOperands&
 
 // Packed sequences (FlashAttention's varlen batches): in.q is (total_q, Hq, D)
 // and in.k, in.v (total_k, Hkv, D), strides on S and H (stride_b unused);
-// in.B sequences, sequence b's rows from cu_q[b] (cu_k[b]). The operands take
-// the tile-aligned layout (cuda/common/packed_rows.hpp), where the kernel's
-// TMA tiles never span two sequences, so Q's and K's codes are copied there
-// (zero codes past each sequence's end):
-//   q_codes (q_rows, Hq, D), k_codes (k_rows, Hkv, D) dense;
+// in.B sequences, sequence b's rows from cu_q[b] (cu_k[b]). The kernel reads
+// Q's and K's codes in place (Fp8ForwardArgs::qk_in_place), so they are only
+// scanned; the scales and Vᵀ take the tile-aligned layout
+// (cuda/common/packed_rows.hpp), where no tile spans two sequences:
 //   q_scale (Hq, q_rows / 128), k_scale (Hkv, k_rows / 128): each tile's
 //   sequence's descale; v_scale (B, Hkv, D); vt (Hkv, D, k_rows).
 // Every sequence's descales are checked, those of sequences without tokens too.
@@ -58,8 +57,6 @@ struct E4m3PackedLayout {
   const int* rows_q = nullptr;  // each sequence's first row in the layout; rows_q[B] the rows taken
   const int* rows_k = nullptr;
   std::int64_t q_rows = 0, k_rows = 0;  // the layout's rows, multiples of 128
-  std::uint8_t* q_codes = nullptr;
-  std::uint8_t* k_codes = nullptr;
 };
 
 void prepare_e4m3_packed_operands(const E4m3CallerInputs& in, const E4m3PackedLayout& packed,

@@ -92,6 +92,15 @@ struct Fp8ForwardArgs {
   const int* rows_q = nullptr;
   const int* rows_k = nullptr;
   std::int64_t q_rows = 0, k_rows = 0;
+  // Packed sequences whose Q and K codes the kernel reads where the caller's
+  // packed tensors hold them (E4M3 inputs): q of total_q token rows and k of
+  // total_k at their strides (stride_b unused), entry b's from row
+  // cu_seqlens_q[b] (cu_seqlens_k[b]). A tile that runs past its sequence
+  // reads the next one's rows, whose keys the mask drops and whose query rows
+  // are never stored. The scales, Vᵀ and lse_shift keep the tile-aligned
+  // layout. False: Q and K are in the layout too.
+  bool qk_in_place = false;
+  std::int64_t total_q = 0, total_k = 0;
   // Consumer warpgroups per CTA: 0 lets the launcher choose (at D = 64 three
   // where whole waves of 192-row CTAs come out faster, else one, two CTAs an
   // SM, where a CTA's keys are few; fp8_direct_p/consumer_count.hpp); 2, 3 at

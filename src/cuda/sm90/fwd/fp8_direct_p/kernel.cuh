@@ -236,6 +236,10 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
   // one-entry tile-aligned layout; otherwise entry `batch` from row 0.
   const int op_batch = packed ? 0 : batch;
   const int q_row0 = packed ? args.rows_q[batch] : 0, k_row0 = packed ? args.rows_k[batch] : 0;
+  // The rows of Q's and K's codes: the layout's, or the caller's packed rows (qk_in_place).
+  const bool in_place = packed && args.qk_in_place;
+  const int q_code_row0 = in_place ? args.cu_seqlens_q[batch] : q_row0;
+  const int k_code_row0 = in_place ? args.cu_seqlens_k[batch] : k_row0;
   const int k_layout_rows = packed ? static_cast<int>(args.k_rows) : args.Sk;
   // Bottom-right alignment: query i sees key j ≤ i + Sk − Sq (causal), and a
   // sliding window bounds the keys on either side of that diagonal.
@@ -300,7 +304,7 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
                                          &smem.q_full, Cfg::kQBytes);
 #pragma unroll
     for (int panel = 0; panel < Cfg::kQkPanels; ++panel) {
-      const std::int32_t q_coord[4] = {panel * Cfg::kQkPanelBytes, q_row0 + q0, head, op_batch};
+      const std::int32_t q_coord[4] = {panel * Cfg::kQkPanelBytes, q_code_row0 + q0, head, op_batch};
       cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                       smem.q + panel * Cfg::kQPanelBytes, &tm_q, q_coord, &smem.q_full);
     }
@@ -311,8 +315,8 @@ __global__ void __launch_bounds__(Fp8Config<HeadDim, kConsumers, kUsedDim>::kThr
                                            &smem.kv_full[stage], Cfg::kKBytes + Cfg::kVBytes);
 #pragma unroll
       for (int panel = 0; panel < Cfg::kQkPanels; ++panel) {
-        const std::int32_t k_coord[4] = {panel * Cfg::kQkPanelBytes, k_row0 + (tile_begin + n) * Cfg::kBlockK, kv_head,
-                                         op_batch};
+        const std::int32_t k_coord[4] = {panel * Cfg::kQkPanelBytes, k_code_row0 + (tile_begin + n) * Cfg::kBlockK,
+                                         kv_head, op_batch};
         cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global,
                                         smem.k[stage] + panel * Cfg::kKPanelBytes, &tm_k, k_coord,
                                         &smem.kv_full[stage]);

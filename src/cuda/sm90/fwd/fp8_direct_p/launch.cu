@@ -73,6 +73,8 @@ void forward_fp8(const Fp8ForwardArgs& args, cudaStream_t stream) {
       (a.rows_q == nullptr || a.rows_k == nullptr || a.q_rows % kVtKeyAlign != 0 || a.k_rows % kVtKeyAlign != 0 ||
        a.q_rows < a.Sq || a.k_rows < a.Sk || a.vt_keys != a.k_rows))
     throw Error("rows", "packed sequences need their tile-aligned layout (rows_q, rows_k, q_rows, k_rows = vt_keys)");
+  if (a.qk_in_place && (a.cu_seqlens_q == nullptr || a.total_q <= 0 || a.total_k <= 0))
+    throw Error("qk_in_place", "reads packed sequences' Q and K in place: needs cu_seqlens, total_q and total_k");
   if (head_dim == 256) return forward_fp8_head_dim<256>(a, stream);
   if (head_dim == 128) return forward_fp8_head_dim<128>(a, stream);
   forward_fp8_head_dim<64>(a, stream);

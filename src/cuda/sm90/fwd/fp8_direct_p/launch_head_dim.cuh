@@ -82,9 +82,12 @@ template <int HeadDim, int kConsumers, PCode kPCode, bool kNarrowD = false, int 
 void launch(const Fp8ForwardArgs& a, cudaStream_t stream) {
   using Cfg = Fp8Config<HeadDim, kConsumers, kUsedDim>;
   constexpr TmaSwizzle kQk = Cfg::kQkPanelBytes == 128 ? TmaSwizzle::b128 : TmaSwizzle::b64;
-  // Packed sequences: the operands are one batch entry of the tile-aligned layout.
+  // Packed sequences: the operands are one batch entry of the tile-aligned
+  // layout, or, for Q and K read in place, of the caller's packed tokens.
   const bool packed = a.cu_seqlens_q != nullptr;
-  const std::int64_t batches = packed ? 1 : a.B, q_tokens = packed ? a.q_rows : a.Sq, k_tokens = packed ? a.k_rows : a.Sk;
+  const std::int64_t batches = packed ? 1 : a.B;
+  const std::int64_t q_tokens = !packed ? a.Sq : a.qk_in_place ? a.total_q : a.q_rows;
+  const std::int64_t k_tokens = !packed ? a.Sk : a.qk_in_place ? a.total_k : a.k_rows;
   const CUtensorMap tm_q = make_byte_tensor_map(
       a.q, {u64(a.D), u64(q_tokens), u64(a.Hq), u64(batches)},
       {u64(a.q_stride_s), u64(a.q_stride_h), u64(a.q_stride_b)}, {Cfg::kQkPanelBytes, Cfg::kBlockQ, 1, 1}, kQk, "q");
