@@ -32,6 +32,7 @@ import json
 import os
 import statistics
 import sys
+import typing
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,34 @@ def to_e4m3(x, bounds, hkv):
         descale[b] = rows.abs().amax(dim=(0, 2)).view(hkv, -1).amax(dim=1).clamp(min=1e-30) / 448
         codes[s0:s1] = (rows / descale[b].repeat_interleave(h // hkv)[None, :, None]).to(torch.float8_e4m3fn)
     return codes, descale
+
+
+class CaseBatch(typing.NamedTuple):
+    """One case's packed bf16 q, k, v (seed 0), cu_seqlens, and the same as E4M3 codes with descales."""
+    name: str
+    lens: list
+    hq: int
+    hkv: int
+    d: int
+    causal: bool
+    cu: torch.Tensor
+    bounds: list
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    e4m3: tuple  # ((q8, dq), (k8, dk), (v8, dv))
+
+
+def case_batch(case_name) -> CaseBatch:
+    """The named case's batch on the GPU, as the one-case scripts (host_varlen.py, dev/varlen_grid) build it."""
+    name, lens, hq, hkv, d, causal = next(c for c in CASES if c[0] == case_name)
+    torch.manual_seed(0)
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    bounds = cu.tolist()
+    q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lens), hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return CaseBatch(name, lens, hq, hkv, d, causal, cu, bounds, q, k, v,
+                     tuple(to_e4m3(x, bounds, hkv) for x in (q, k, v)))
 
 
 def without_one_call(fn):

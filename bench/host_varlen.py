@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_varlen import CASES, to_e4m3, torch_varlen  # noqa: E402
+from bench_varlen import case_batch, torch_varlen  # noqa: E402
 
 import fp4attn  # noqa: E402
 
@@ -52,13 +52,9 @@ def main():
     ap.add_argument("--batches", type=int, default=15)
     ap.add_argument("--commit", default="")
     args = ap.parse_args()
-    name, lens, hq, hkv, d, causal = next(c for c in CASES if c[0] == args.case)
-    torch.manual_seed(0)
-    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
-    bounds = cu.tolist()
-    q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(sum(lens), hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    (q8, dq), (k8, dk), (v8, dv) = (to_e4m3(x, bounds, hkv) for x in (q, k, v))
+    c = case_batch(args.case)
+    name, lens, hq, hkv, d, causal, cu, bounds, q, k, v = c[:11]
+    (q8, dq), (k8, dk), (v8, dv) = c.e4m3
     top = max(lens)
     impls = {
         "fp8": lambda: fp4attn.flash_attn_varlen_func(q, k, v, cu, cu, top, top, causal=causal),

@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-from bench_varlen import CASES, to_e4m3  # noqa: E402
+from bench_varlen import case_batch  # noqa: E402
 
 import fp4attn  # noqa: E402
 
@@ -48,13 +48,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--commit", default="")
     args = ap.parse_args()
-    name, lens, hq, hkv, d, causal = next(c for c in CASES if c[0] == args.case)
-    torch.manual_seed(0)
-    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
-    bounds = cu.tolist()
-    q = torch.randn(sum(lens), hq, d, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(sum(lens), hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    (q8, dq), (k8, dk), (v8, dv) = (to_e4m3(x, bounds, hkv) for x in (q, k, v))
+    c = case_batch(args.case)
+    name, lens, hq, hkv, d, causal, cu = c[:7]
+    (q8, dq), (k8, dk), (v8, dv) = c.e4m3
     top = max(lens)
     # Up to 1024: the launcher's choice of kernel (one consumer where the longest ≤ 1024 at D = 64) stays.
     tops = [top] + [m for m in (640, 768, 896, 1024) if m > top]
