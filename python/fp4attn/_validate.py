@@ -319,11 +319,10 @@ def checked_sequences(cu, name: str, total: int, total_name: str) -> Sequences:
     return sequences
 
 
-def check_max_seqlen(value, name: str, lengths: list) -> int:
+def check_max_seqlen(value, name: str, longest: int) -> int:
     """max_seqlen_q / max_seqlen_k: FlashAttention sizes its grid by them, so a
-    value below the longest sequence would drop rows; here it is refused."""
+    value below the longest sequence (Sequences.longest) would drop rows; here it is refused."""
     value = check_int(value, name)
-    longest = max(lengths) if lengths else 0
     if value < longest:
         raise ValueError(f"{name}: {value} is below the longest sequence's {longest} tokens")
     return value

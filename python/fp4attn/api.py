@@ -364,8 +364,8 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if len(cu_k) != len(cu_q):
         raise ValueError(f"cu_seqlens_k: has {len(cu_k)} entries (batch size {len(cu_k) - 1}) but cu_seqlens_q "
                          f"has {len(cu_q)}")
-    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", [longest_q])
-    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", [longest_k])
+    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", longest_q)
+    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", longest_k)
     if torch_in:  # one device call for all sequences where the device path takes them
         both = _torch_ops.varlen_forward_device(q, k, v, cu_seqlens_q, cu_seqlens_k, lens_q, lens_k, s,
                                                 lse_returned, deterministic)

@@ -72,8 +72,8 @@ def host_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, total_q
     token counts; no sequence longer than max_seqlen): the two lists of offsets."""
     sequences_q = _validate.checked_sequences(cu_seqlens_q, "cu_seqlens_q", total_q, "q")
     sequences_k = _validate.checked_sequences(cu_seqlens_k, "cu_seqlens_k", total_k, "k")
-    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", (sequences_q.longest,))
-    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", (sequences_k.longest,))
+    _validate.check_max_seqlen(max_seqlen_q, "max_seqlen_q", sequences_q.longest)
+    _validate.check_max_seqlen(max_seqlen_k, "max_seqlen_k", sequences_k.longest)
     return sequences_q.offsets, sequences_k.offsets
 
 
