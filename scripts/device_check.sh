@@ -54,6 +54,8 @@ if has_stage sanitize; then
   # one consumer warpgroup, two CTAs an SM (64-row CTAs, D = 64), Direct-P and exp2 P
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk_1consumers'
   small+=':Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_exp2_smoothk_1consumers'
+  # one consumer at D = 128 (two K/V stages), the launcher's choice for exp2 P there
+  small+=':Shapes/GpuForwardGrid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D128_causal_exp2_smoothk_1consumers'
   small+=':*GpuBackwardGrid.MatchesEmulatorAndReference/B1_Hq2_Hkv2_Sq128_Sk128_D128_full_directp_smoothk_f32'
   small+=':*GpuBackwardGrid.MatchesEmulatorAndReference/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_directp_smoothk_f32'
   small+=':*GpuForwardDevice*:GpuQuantizeFp8.MatchesCpuQuantizerBitForBit:GpuQuantizeFp4.QAndKMatchCpuBitForBit'

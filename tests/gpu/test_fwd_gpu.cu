@@ -244,6 +244,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{1, 2, 2, 1, 1, 64}, MaskKind::none, true, true, 1.0f, 1},
         Case{{1, 2, 2, 129, 257, 64}, MaskKind::causal_top_left, true, true, 1.0f, 1},
         Case{{1, 2, 2, 256, 512, 64}, MaskKind::causal, false, true, 8.0f, 1},
+        // One consumer at D = 128 with exp2 P (two CTAs an SM, two K/V stages),
+        // the launcher's choice there; and two, forced.
+        Case{{2, 4, 2, 200, 333, 128}, MaskKind::causal, false, true, 1.0f, 1},
+        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false, true, 1.0f, 1},  // Sq > Sk: rows 0..149 fully masked
+        Case{{1, 2, 1, 500, 100, 128}, MaskKind::causal, false, false, 1.0f, 1},  // first CTAs: no visible key
+        Case{{2, 2, 2, 513, 1000, 128}, MaskKind::none, false, true, 1.0f, 1},
+        Case{{1, 2, 2, 129, 257, 128}, MaskKind::causal_top_left, false, true, 1.0f, 1},
+        Case{{1, 2, 2, 256, 512, 128}, MaskKind::none, false, true, 8.0f, 1},
+        Case{{1, 2, 1, 300, 150, 128}, MaskKind::causal, false, true, 1.0f, 2},
+        Case{{1, 4, 4, 1024, 1024, 128}, MaskKind::none, false, true, 1.0f, 2},
         // Two consumers at D = 64, where the launcher takes one or three.
         Case{{2, 4, 2, 200, 333, 64}, MaskKind::causal, true, true, 1.0f, 2},
         Case{{1, 2, 1, 300, 150, 64}, MaskKind::causal, true, true, 1.0f, 2},
@@ -300,6 +310,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{{2, 4, 2, 700, 900, 64}, MaskKind::none, true, true, 1.0f, 1, {100, 37}},
         Case{{2, 4, 2, 700, 900, 64}, MaskKind::causal, false, true, 1.0f, 1, {200, -1}},
         Case{{1, 2, 2, 1024, 1024, 128}, MaskKind::causal, true, true, 1.0f, 2, {256, -1}},
+        Case{{2, 4, 2, 700, 900, 128}, MaskKind::causal, false, true, 1.0f, 1, {200, -1}},
         Case{{1, 4, 2, 300, 333, 80}, MaskKind::none, true, true, 1.0f, 0, {50, 50}}),
     case_name);
 
@@ -356,7 +367,7 @@ TEST(GpuForwardFp8, RejectsConsumerCountsTheKernelDoesNotHave) {
   EXPECT_TRUE(rejects(128, 3, false));
   EXPECT_TRUE(rejects(64, 3, true));
   EXPECT_TRUE(rejects(64, 1, true));
-  EXPECT_TRUE(rejects(128, 1, false));
+  EXPECT_TRUE(rejects(128, 1, false));  // with Direct-P (exp2 P has one at D = 128)
   EXPECT_TRUE(rejects(256, 1, false));
   EXPECT_TRUE(rejects(96, 1, false));
   EXPECT_TRUE(rejects(64, 4, false));

@@ -103,8 +103,9 @@ struct Fp8ForwardArgs {
   std::int64_t total_q = 0, total_k = 0;
   // Consumer warpgroups per CTA: 0 lets the launcher choose (at D = 64 three
   // where whole waves of 192-row CTAs come out faster, else one, two CTAs an
-  // SM, where a CTA's keys are few; fp8_direct_p/consumer_count.hpp); 2, 3 at
-  // D = 64 without q_fp4, or 1 at D = 64 from E4M3 with FP8 P force one
+  // SM, where a CTA's keys are few; at D = 128 one with exp2 P;
+  // fp8_direct_p/consumer_count.hpp); 2 (any D), 3 (D = 64 without q_fp4) or
+  // 1 (from E4M3: D = 64 with FP8 P, D = 128 with exp2 P) force that count
   // (tests, A/B runs).
   int consumers = 0;
 };

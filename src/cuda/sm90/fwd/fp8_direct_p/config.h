@@ -33,8 +33,9 @@ namespace fp4attn::sm90::fwd {
 template <int HeadDim, int Consumers = 2, int UsedDim = HeadDim>
 struct Fp8Config {
   static_assert(HeadDim == 64 || HeadDim == 128 || HeadDim == 256, "head dims 64, 128 and 256 are implemented");
-  static_assert(Consumers == 2 || ((Consumers == 1 || Consumers == 3) && HeadDim == 64),
-                "three consumers fit the registers at D = 64 only; one pays off there only (perf log sc2)");
+  static_assert(Consumers == 2 || ((Consumers == 1 || Consumers == 3) && HeadDim == 64) ||
+                    (Consumers == 1 && HeadDim == 128),
+                "three consumers fit the registers at D = 64 only; one runs at D = 64 and (exp2 P) 128");
   static_assert(UsedDim == HeadDim || (HeadDim == 128 && UsedDim == 96 && Consumers == 2),
                 "of the layouts, only the 128-wide one runs narrower (96 channels)");
   static constexpr int kHeadDim = HeadDim;  // the tiles' channels (Q·Kᵀ's reduction at most)
@@ -51,7 +52,7 @@ struct Fp8Config {
   static constexpr int kBlockQ = kRowsPerConsumer * kConsumers;
   static constexpr int kBlockK = 128;
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);
-  // CTAs resident on an SM. With one consumer (D = 64), two: a CTA's start
+  // CTAs resident on an SM. With one consumer (D = 64; D = 128 with exp2 P), two: a CTA's start
   // (set-up, Q's and the first tiles' latency) and end (the last PV, the
   // epilogue) run beside the other CTA's tiles instead of leaving the SM's
   // tensor core idle. With two or three consumers one (the registers: 384
@@ -59,7 +60,9 @@ struct Fp8Config {
   // sequences) those ≈ 7 400 cycles a CTA are most of its time (perf log
   // sc1). At D = 128 the same pair of CTAs (perf log v17) streams twice the
   // K and V from L2 for the same work, and under sustained load the card's
-  // power limit takes more clock than the overlap saves (sc2).
+  // power limit takes more clock than the overlap saves with Direct-P (sc2);
+  // exp2 P's longer softmax leaves the tensor core idle between two
+  // consumers' turns, which the other CTA fills (perf log sc3).
   static constexpr int kCtasPerSm = kConsumers == 1 ? 2 : 1;
   // Two consumers take turns at the tensor core (ping-pong). Three issue
   // whenever they are ready: at D = 64 the tensor core is busy about 40 % of
@@ -100,7 +103,9 @@ struct Fp8Config {
   // keep loads landing about two tiles ahead of use. At D = 256 (49 KB of K
   // and Vᵀ a stage beside 64 KB of Q and O's staging) three fit; its turns
   // are longer.
-  static constexpr int kStages = HeadDim == 256 ? 3 : 4;
+  // With one consumer at D = 128 (two CTAs an SM: each within half the
+  // shared memory) two: 33 KB of K and Vᵀ a stage beside Q's 8 KB and O's 16 KB.
+  static constexpr int kStages = HeadDim == 256 ? 3 : (HeadDim == 128 && kConsumers == 1) ? 2 : 4;
   static constexpr int kSwizzleAlign = 1024;  // the 128-byte swizzle repeats every 8 rows of 128 B
   static_assert(kQConsumerBytes % kSwizzleAlign == 0 && kKBytes % kSwizzleAlign == 0 &&
                     kVStageBytes % kSwizzleAlign == 0 && kOnesBytes == kSwizzleAlign,
@@ -215,6 +220,8 @@ static_assert(smem_bytes<Fp8Config<64, 3>, false>() <= kSmemPerBlockLimit, "D=64
 inline constexpr int kSmemPerSm = 228 * 1024, kSmemReservedPerCta = 1024;
 static_assert(smem_bytes<Fp8Config<64, 1>, false>() <= kSmemPerSm / 2 - kSmemReservedPerCta,
               "D=64, one consumer: two CTAs an SM do not fit");
+static_assert(smem_bytes<Fp8Config<128, 1>, false>() <= kSmemPerSm / 2 - kSmemReservedPerCta,
+              "D=128, one consumer: two CTAs an SM do not fit");
 static_assert(smem_bytes<Fp8Config<256>, false>() <= kSmemPerBlockLimit, "D=256 shared memory over budget");
 static_assert(smem_bytes<Fp8Config<128, 2, 96>, false>() <= kSmemPerBlockLimit, "D=96 shared memory over budget");
 

@@ -32,13 +32,21 @@ inline bool three_consumers_pay_off(std::int64_t B, std::int64_t Hq, std::int64_
 // most, and the other CTA's tiles run beside them. Up to 1024 keys one
 // consumer measured +7 to +10 % over two in bursts (packed short sequences
 // too) and +6 / +9 % under sustained load at S = 1k (noncausal / causal). At
-// D = 128 it gained ≤ 3 % in bursts and lost up to 4 % under sustained load
-// (the card's power limit: twice the K and V from L2 for the same work), so
-// D = 128 keeps two. Sk is the longest sequence's for packed sequences
+// D = 128 with Direct-P it gained ≤ 3 % in bursts and lost up to 4 % under
+// sustained load (the card's power limit: twice the K and V from L2 for the
+// same work), so Direct-P keeps two there. Sk is the longest sequence's for packed sequences
 // (max_seqlen_k under graph capture): a batch whose longest sequence is past
 // the bound keeps two or three consumers for all of them (perf log sc1, sc2).
 inline constexpr std::int64_t kOneConsumerMaxKeys = 1024;
 
-inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t D) { return D == 64 && Sk <= kOneConsumerMaxKeys; }
+// With exp2 P (Direct-P off, the comparison path) D = 128 takes one consumer
+// at every length: the exp2 softmax and its rounding converts outlast the
+// partner's products, so two consumers' turns leave the tensor core waiting
+// (their kernel held 1950–1980 MHz under sustained load, below the power
+// limit) and a second CTA's tiles fill it. One measured +4 to +17 % over two
+// in bursts and +4 to +6 % under sustained load at S = 1k–16k (perf log sc3).
+inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t D, bool exp2_p) {
+  return (D == 64 && Sk <= kOneConsumerMaxKeys) || (D == 128 && exp2_p);
+}
 
 }  // namespace fp4attn::sm90::fwd
