@@ -44,27 +44,36 @@ TEST(ThreeConsumers, NeverWhenTwoConsumersFitOneWave) {
 }
 
 // One consumer (two CTAs an SM) at D = 64 up to 1024 keys: +7 to +10 % over
-// two in bursts, +6 / +9 % under sustained load at S = 1k; at D = 128 up to
-// −4 % under sustained load with Direct-P (perf log sc1, sc2), +4 to +6 % with
-// exp2 P at every length (sc3).
-TEST(OneConsumer, AtD64UpTo1024Keys) {
-  for (const bool exp2_p : {false, true}) {
-    for (const std::int64_t Sk : {1, 127, 384, 577, 1024}) EXPECT_TRUE(one_consumer_pays_off(Sk, 64, exp2_p)) << Sk;
-    for (const std::int64_t Sk : {1025, 2048, 4096, 32768}) EXPECT_FALSE(one_consumer_pays_off(Sk, 64, exp2_p)) << Sk;
+// two in bursts, +6 / +9 % under sustained load at S = 1k; causal up to 2048
+// keys +3 % sustained; at D = 128 up to −4 % under sustained load with
+// Direct-P (perf log sc1, sc2, sc3). With exp2 P one wherever three consumers
+// do not pay off (the launcher asks three_consumers_pay_off first): +4 to
+// +6 % at D = 128, +17 / +18 % at D = 64 causal 2k / 4k, sustained (sc3).
+TEST(OneConsumer, AtD64UpTo1024KeysAnd2048Causal) {
+  for (const bool causal : {false, true}) {
+    for (const std::int64_t Sk : {1, 127, 384, 577, 1024})
+      EXPECT_TRUE(one_consumer_pays_off(Sk, 64, causal, false)) << Sk;
+    for (const std::int64_t Sk : {2049, 4096, 32768}) EXPECT_FALSE(one_consumer_pays_off(Sk, 64, causal, false)) << Sk;
+  }
+  for (const std::int64_t Sk : {1025, 1536, 2048}) {
+    EXPECT_FALSE(one_consumer_pays_off(Sk, 64, false, false)) << Sk;
+    EXPECT_TRUE(one_consumer_pays_off(Sk, 64, true, false)) << Sk;
   }
 }
 
-TEST(OneConsumer, AtD128WithExp2PAtEveryLength) {
-  for (const std::int64_t Sk : {1, 1024, 4096, 16384, 131072}) {
-    EXPECT_TRUE(one_consumer_pays_off(Sk, 128, true)) << Sk;
-    EXPECT_FALSE(one_consumer_pays_off(Sk, 128, false)) << Sk;
-  }
+TEST(OneConsumer, WithExp2PAtD64AndD128AtEveryLength) {
+  for (const bool causal : {false, true})
+    for (const std::int64_t Sk : {1, 1024, 4096, 16384, 131072}) {
+      EXPECT_TRUE(one_consumer_pays_off(Sk, 64, causal, true)) << Sk;
+      EXPECT_TRUE(one_consumer_pays_off(Sk, 128, causal, true)) << Sk;
+      EXPECT_FALSE(one_consumer_pays_off(Sk, 128, causal, false)) << Sk;
+    }
 }
 
 TEST(OneConsumer, NotAtOtherHeadDims) {
   for (const bool exp2_p : {false, true})
     for (const std::int64_t D : {16, 32, 48, 80, 96, 112, 256})
-      EXPECT_FALSE(one_consumer_pays_off(128, D, exp2_p)) << D;
+      EXPECT_FALSE(one_consumer_pays_off(128, D, true, exp2_p)) << D;
 }
 
 }  // namespace

@@ -31,22 +31,30 @@ inline bool three_consumers_pay_off(std::int64_t B, std::int64_t Hq, std::int64_
 // its start and end (≈ 7 400 cycles, against ≈ 1 700 a key tile) then weigh
 // most, and the other CTA's tiles run beside them. Up to 1024 keys one
 // consumer measured +7 to +10 % over two in bursts (packed short sequences
-// too) and +6 / +9 % under sustained load at S = 1k (noncausal / causal). At
-// D = 128 with Direct-P it gained ≤ 3 % in bursts and lost up to 4 % under
-// sustained load (the card's power limit: twice the K and V from L2 for the
-// same work), so Direct-P keeps two there. Sk is the longest sequence's for packed sequences
-// (max_seqlen_k under graph capture): a batch whose longest sequence is past
-// the bound keeps two or three consumers for all of them (perf log sc1, sc2).
+// too) and +6 / +9 % under sustained load at S = 1k (noncausal / causal);
+// causal up to 2048 keys +6 % in bursts and +3 % sustained, at 4096 +5 % in
+// bursts and −1 % sustained, where two consumers reach the card's power
+// limit too. At D = 128 with Direct-P it gained ≤ 3 % in bursts and lost up
+// to 4 % under sustained load (the power limit: twice the K and V from L2
+// for the same work), so Direct-P keeps two there. Sk is the longest
+// sequence's for packed sequences (max_seqlen_k under graph capture): a batch
+// whose longest sequence is past the bound keeps two or three consumers for
+// all of them (perf log sc1, sc2, sc3).
 inline constexpr std::int64_t kOneConsumerMaxKeys = 1024;
+inline constexpr std::int64_t kOneConsumerMaxCausalKeys = 2048;
 
-// With exp2 P (Direct-P off, the comparison path) D = 128 takes one consumer
-// at every length: the exp2 softmax and its rounding converts outlast the
+// With exp2 P (Direct-P off, the comparison path) one consumer wherever three
+// do not pay off: the exp2 softmax and its rounding converts outlast the
 // partner's products, so two consumers' turns leave the tensor core waiting
 // (their kernel held 1950–1980 MHz under sustained load, below the power
-// limit) and a second CTA's tiles fill it. One measured +4 to +17 % over two
-// in bursts and +4 to +6 % under sustained load at S = 1k–16k (perf log sc3).
-inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t D, bool exp2_p) {
-  return (D == 64 && Sk <= kOneConsumerMaxKeys) || (D == 128 && exp2_p);
+// limit) and a second CTA's tiles fill it. Under sustained load one measured
+// +4 to +6 % over two at D = 128, S = 1k–16k, and +17 / +18 % at D = 64,
+// causal S = 2k / 4k; three stay ahead where the launcher takes them (one:
+// −13 to −15 % at D = 64, noncausal S = 2k–16k) (perf log sc3).
+// The caller takes three first where three_consumers_pay_off.
+inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t D, bool causal, bool exp2_p) {
+  if (D == 128) return exp2_p;
+  return D == 64 && (exp2_p || Sk <= kOneConsumerMaxKeys || (causal && Sk <= kOneConsumerMaxCausalKeys));
 }
 
 }  // namespace fp4attn::sm90::fwd

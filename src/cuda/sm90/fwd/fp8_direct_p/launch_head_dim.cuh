@@ -67,7 +67,7 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
 }
 
 inline bool one_consumer(const Fp8ForwardArgs& a) {
-  return one_consumer_pays_off(a.Sk, a.D, a.p_code == PCode::exp2_cvt);
+  return one_consumer_pays_off(a.Sk, a.D, a.mask != MaskKind::none, a.p_code == PCode::exp2_cvt);
 }
 
 // The maps describe the operands as they are in memory, a.D channels; the
@@ -129,8 +129,8 @@ extern template void launch<128, 1, PCode::exp2_cvt>(const Fp8ForwardArgs&, cuda
 template <int HeadDim, PCode kPCode>
 void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
   // The launcher's choice at D = 64: three consumers where they pay off, else
-  // one where a CTA's keys are few, else two (perf log sc1, sc2); at D = 128
-  // one with exp2 P, else two (sc3).
+  // one where a CTA's keys are few or P comes by exp2, else two (perf log
+  // sc1, sc2, sc3); at D = 128 one with exp2 P, else two (sc3).
   if constexpr ((kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt) && HeadDim == 64)
     if (a.D == HeadDim && (a.consumers == 1 || (a.consumers == 0 && one_consumer(a) && !three_consumers(a))))
       return launch<64, 1, kPCode>(a, stream);
