@@ -46,7 +46,7 @@ inline constexpr std::int64_t kOneConsumerMaxCausalKeys = 2048;
 // With exp2 P (Direct-P off, the comparison path) one consumer wherever three
 // do not pay off: the exp2 softmax and its rounding converts outlast the
 // partner's products, so two consumers' turns leave the tensor core waiting
-// (their kernel held 1950–1980 MHz under sustained load, below the power
+// (their kernel held 1935–1980 MHz under sustained load, below the power
 // limit) and a second CTA's tiles fill it. Under sustained load one measured
 // +4 to +6 % over two at D = 128, S = 1k–16k, and +17 / +18 % at D = 64,
 // causal S = 2k / 4k; three stay ahead where the launcher takes them (one:
