@@ -14,6 +14,9 @@ report the kernel's operand bytes (kernel_bytes) and the MXFP4 storage.
                operands (what a cache of MXFP4 K and V would run per call)
   op fwd_e2e   quantize + fold (or factors) from bf16, then the kernel
 
+Every variant runs with Direct-P; --direct-p 0 runs them all with P by exp2
+instead (the comparison path), so that the two compare in separate processes.
+
 Timing: CUDA events around each call, warm-up first, median of --reps runs,
 two input sets alternated so that consecutive runs never find their inputs in L2.
 """
@@ -66,18 +69,19 @@ def strides(ll3, t):
 class Runner:
     """One plan per input set for one recipe (fp8 through capi.cpp, MX through capi_mx.cpp)."""
 
-    def __init__(self, lib, ll3, sets, B, Sq, Sk, recipe, expand_in_kernel=False, H=H, D=D, causal=False):
+    def __init__(self, lib, ll3, sets, B, Sq, Sk, recipe, expand_in_kernel=False, H=H, D=D, causal=False,
+                 direct_p=True):
         self.lib, self.ll3, self.sets, self.mx = lib, ll3, sets, recipe != "fp8"
         self.stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.plans = []
         for _ in sets:
             if self.mx:
-                p = lib.fp4attn_mx_plan_create(B, H, H, Sq, Sk, D, RECIPES[recipe], int(causal), 1, 1, 0.0,
-                                               int(expand_in_kernel))
+                p = lib.fp4attn_mx_plan_create(B, H, H, Sq, Sk, D, RECIPES[recipe], int(causal), int(direct_p), 1,
+                                               0.0, int(expand_in_kernel))
                 if not p:
                     raise RuntimeError(lib.fp4attn_mx_last_error().decode())
             else:
-                p = lib.fp4attn_plan_create(B, H, H, Sq, Sk, D, int(causal), 1, 1, 0.0)
+                p = lib.fp4attn_plan_create(B, H, H, Sq, Sk, D, int(causal), int(direct_p), 1, 0.0)
                 if not p:
                     raise RuntimeError(lib.fp4attn_last_error().decode())
             self.plans.append(p)
@@ -152,6 +156,8 @@ def main():
     ap.add_argument("--commit", default="")
     ap.add_argument("--sq", type=int, default=0, help="query length (default: each --seqs length)")
     ap.add_argument("--batch", type=int, default=0, help="batch (default: 32768 tokens / key length)")
+    ap.add_argument("--direct-p", type=int, default=1, choices=(0, 1),
+                    help="0: every variant with P by exp2 (the comparison path: exp2_cvt, mxfp4_exp2)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated: " + ", ".join(VARIANTS))
     args = ap.parse_args()
@@ -183,7 +189,7 @@ def main():
         for variant in args.variants.split(","):
             recipe = VARIANTS[variant]
             in_kernel = variant == "mxfp4_in_kernel"
-            r = Runner(lib, ll3, sets, B, Sq, S, recipe, in_kernel)
+            r = Runner(lib, ll3, sets, B, Sq, S, recipe, in_kernel, direct_p=bool(args.direct_p))
             timed = [("fwd", time_ms(r.attend, args.reps, args.warmup))]
             if r.mx:
                 timed.append(("fwd_fold", time_ms(r.fold_attend, args.reps, args.warmup)))
@@ -197,7 +203,7 @@ def main():
             fp4_storage = mx_bytes(q_elems + 2 * kv_elems) if recipe == "mxfp4" else (
                 mx_bytes(q_elems + kv_elems) + kv_elems if recipe == "mxfp4_train" else None)
             for op, t in timed:
-                rows.append(dict(op=op, impl="fp4attn", recipe=recipe, direct_p=True, ms=round(t, 4),
+                rows.append(dict(op=op, impl="fp4attn", recipe=recipe, direct_p=bool(args.direct_p), ms=round(t, 4),
                                  expansion=None if recipe == "fp8" else ("in_kernel" if in_kernel else "fold_pass"),
                                  tflops=round(tf(t), 1), kernel_bytes=kb, fp4_storage_bytes=fp4_storage,
                                  rel_l2_vs_cudnn=round(err, 5), **base))
