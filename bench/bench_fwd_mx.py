@@ -19,18 +19,24 @@ instead (the comparison path), so that the two compare in separate processes.
 
 Timing: CUDA events around each call, warm-up first, median of --reps runs,
 two input sets alternated so that consecutive runs never find their inputs in L2.
+With --seconds N each implementation's forward (op fwd only) instead runs back
+to back for N seconds while nvidia-smi samples the SM clock and power
+(clock_under_load.sampled): the card at its power limit, as a long job keeps
+it; rows then carry the median clock and power of their run.
 """
 import argparse
 import ctypes
 import datetime
 import json
 import os
+import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from capi_lib import check, load_lib, time_ms
+from clock_under_load import sampled
 
 TOKENS = 32768  # B·S
 H, D = 16, 128
@@ -160,6 +166,8 @@ def main():
                     help="0: every variant with P by exp2 (the comparison path: exp2_cvt, mxfp4_exp2)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated: " + ", ".join(VARIANTS))
+    ap.add_argument("--seconds", type=float, default=0.0,
+                    help="> 0: time each forward back to back for this long, with the clock sampled (op fwd only)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     lib, ll3 = load_lib(args.lib)
@@ -176,24 +184,37 @@ def main():
                  torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16)) for _ in range(INPUT_SETS)]
         tf = lambda ms: 4.0 * B * H * D * Sq * S / (ms * 1e-3) / 1e12
         cudnn, fa2 = sdpa(SDPBackend.CUDNN_ATTENTION, sets), sdpa(SDPBackend.FLASH_ATTENTION, sets)
-        ms_cudnn = time_ms(cudnn, args.reps, args.warmup)
-        ms_fa2 = time_ms(fa2, args.reps, args.warmup)
+        load = {}  # op fwd's clock and power under --seconds, by row
+
+        def timed_fwd(fn, key):
+            if args.seconds <= 0:
+                return time_ms(fn, args.reps, args.warmup)
+            for i in range(args.warmup):
+                fn(i)
+            ms, samples = sampled(fn, args.seconds)
+            load[key] = dict(sm_mhz=statistics.median(x["sm_mhz"] for x in samples) if samples else None,
+                             watts=round(statistics.median(x["watts"] for x in samples), 1) if samples else None)
+            return ms
+
+        ms_cudnn = timed_fwd(cudnn, "cudnn_bf16")
+        ms_fa2 = timed_fwd(fa2, "fa2_bf16")
         ref = cudnn(0).transpose(1, 2)
         base = dict(causal=False, B=B, H=H, Hkv=H, Sq=Sq, Sk=S, D=D)
         bf16_bytes = (q_elems + 2 * kv_elems) * 2
         rows.append(dict(op="fwd", impl="cudnn_bf16", recipe="bf16", direct_p=False, ms=round(ms_cudnn, 4),
-                         tflops=round(tf(ms_cudnn), 1), kernel_bytes=bf16_bytes, **base))
+                         tflops=round(tf(ms_cudnn), 1), kernel_bytes=bf16_bytes, **load.get("cudnn_bf16", {}), **base))
         rows.append(dict(op="fwd", impl="fa2_bf16", recipe="bf16", direct_p=False, ms=round(ms_fa2, 4),
-                         tflops=round(tf(ms_fa2), 1), kernel_bytes=bf16_bytes, **base))
+                         tflops=round(tf(ms_fa2), 1), kernel_bytes=bf16_bytes, **load.get("fa2_bf16", {}), **base))
         line = [f"Sq={Sq:5d} Sk={S:5d} B={B:2d} cudnn {tf(ms_cudnn):6.1f} fa2 {tf(ms_fa2):6.1f}"]
         for variant in args.variants.split(","):
             recipe = VARIANTS[variant]
             in_kernel = variant == "mxfp4_in_kernel"
             r = Runner(lib, ll3, sets, B, Sq, S, recipe, in_kernel, direct_p=bool(args.direct_p))
-            timed = [("fwd", time_ms(r.attend, args.reps, args.warmup))]
-            if r.mx:
-                timed.append(("fwd_fold", time_ms(r.fold_attend, args.reps, args.warmup)))
-            timed.append(("fwd_e2e", time_ms(r.e2e, args.reps, args.warmup)))
+            timed = [("fwd", timed_fwd(r.attend, variant))]
+            if args.seconds <= 0:
+                if r.mx:
+                    timed.append(("fwd_fold", time_ms(r.fold_attend, args.reps, args.warmup)))
+                timed.append(("fwd_e2e", time_ms(r.e2e, args.reps, args.warmup)))
             r.e2e(0)
             torch.cuda.synchronize()
             err = rel_l2(r.o, ref)
@@ -206,11 +227,14 @@ def main():
                 rows.append(dict(op=op, impl="fp4attn", recipe=recipe, direct_p=bool(args.direct_p), ms=round(t, 4),
                                  expansion=None if recipe == "fp8" else ("in_kernel" if in_kernel else "fold_pass"),
                                  tflops=round(tf(t), 1), kernel_bytes=kb, fp4_storage_bytes=fp4_storage,
-                                 rel_l2_vs_cudnn=round(err, 5), **base))
+                                 rel_l2_vs_cudnn=round(err, 5), **(load.get(variant, {}) if op == "fwd" else {}),
+                                 **base))
             t = dict(timed)
             fold = f", fold+kernel {tf(t['fwd_fold']):6.1f}" if "fwd_fold" in t else ""
-            line.append(f"{variant} {tf(t['fwd']):6.1f} (x{ms_cudnn / t['fwd']:.2f} cudnn{fold}, "
-                        f"e2e {tf(t['fwd_e2e']):6.1f}, relL2 {err:.4f})")
+            e2e = f", e2e {tf(t['fwd_e2e']):6.1f}" if "fwd_e2e" in t else ""
+            clock = f", {load[variant]['sm_mhz']} MHz" if variant in load else ""
+            line.append(f"{variant} {tf(t['fwd']):6.1f} (x{ms_cudnn / t['fwd']:.2f} cudnn{fold}{e2e}{clock}, "
+                        f"relL2 {err:.4f})")
             r.close()
         print("  ".join(line), flush=True)
         log.append("  ".join(line))

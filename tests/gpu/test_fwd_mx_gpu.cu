@@ -417,6 +417,14 @@ INSTANTIATE_TEST_SUITE_P(
         MxCase{kTrain, {2, 4, 2, 200, 333, 64}, MaskKind::causal, false, true, false, 3},
         MxCase{kMx, {2, 2, 2, 513, 1000, 64}, MaskKind::none, true, true, true, 3},
         MxCase{kMx, {1, 4, 4, 1024, 1024, 64}, MaskKind::none, false, true, false, 3},
+        // One consumer warpgroup (64-row CTAs, two an SM) with exp2 FP4 P at D = 128,
+        // the launcher's choice there: GQA with block outliers, odd lengths, and
+        // Sq > Sk's fully masked rows; two consumers, which the launcher no
+        // longer takes for it, forced.
+        MxCase{kMx, {1, 4, 2, 256, 512, 128}, MaskKind::none, false, true, true, 1},
+        MxCase{kMx, {2, 2, 2, 513, 1000, 128}, MaskKind::none, false, false, false, 1},
+        MxCase{kMx, {1, 2, 1, 300, 150, 128}, MaskKind::causal, false, true, false, 1},
+        MxCase{kMx, {1, 4, 2, 256, 512, 128}, MaskKind::causal, false, true, true, 2},
         // D = 256: the fold pass feeds the 256-wide kernel (two CTAs per query block).
         MxCase{kMx, {2, 4, 2, 200, 333, 256}, MaskKind::causal, true, true},
         MxCase{kMx, {1, 2, 1, 300, 150, 256}, MaskKind::causal, true, false},

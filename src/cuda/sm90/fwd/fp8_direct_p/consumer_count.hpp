@@ -50,7 +50,11 @@ inline constexpr std::int64_t kOneConsumerMaxCausalKeys = 2048;
 // limit) and a second CTA's tiles fill it. Under sustained load one measured
 // +4 to +6 % over two at D = 128, S = 1k–16k, and +17 / +18 % at D = 64,
 // causal S = 2k / 4k; three stay ahead where the launcher takes them (one:
-// −13 to −15 % at D = 64, noncausal S = 2k–16k) (perf log sc3).
+// −13 to −15 % at D = 64, noncausal S = 2k–16k) (perf log sc3). Recipe
+// mxfp4's FP4 P by exp2 (its MX block scale and E2M1 rounding by integer
+// steps, a longer softmax still) likewise: +4 to +5 % at D = 128, S = 4k and
+// 16k, in bursts and under sustained load (perf log mx11); the launcher takes
+// its one-consumer kernel at D = 128 only.
 // The caller takes three first where three_consumers_pay_off.
 inline bool one_consumer_pays_off(std::int64_t Sk, std::int64_t D, bool causal, bool exp2_p) {
   if (D == 128) return exp2_p;

@@ -52,8 +52,8 @@ void forward_fp8(const Fp8ForwardArgs& args, cudaStream_t stream) {
   // FP4ATTN_FWD_CONSUMERS (1, 2 or 3) picks the consumer count of the calls
   // that leave it to the launcher and have a kernel of that many, so that A/B
   // runs of the whole library (bench/) compare the kernels in one process.
-  const bool one_consumer_kernel =
-      a.q_fp4 == nullptr && ((a.D == 64 && fp8_p) || (a.D == 128 && a.p_code == PCode::exp2_cvt));
+  const bool exp2_p = a.p_code == PCode::exp2_cvt || a.p_code == PCode::mxfp4_exp2;
+  const bool one_consumer_kernel = a.q_fp4 == nullptr && ((a.D == 64 && fp8_p) || (a.D == 128 && exp2_p));
   if (const char* forced = std::getenv("FP4ATTN_FWD_CONSUMERS"); forced != nullptr && a.consumers == 0) {
     const int n = std::atoi(forced);
     if (n == 2 || (n == 1 && one_consumer_kernel) || (n == 3 && head_dim == 64 && a.q_fp4 == nullptr)) a.consumers = n;
@@ -64,7 +64,7 @@ void forward_fp8(const Fp8ForwardArgs& args, cudaStream_t stream) {
     throw Error("consumers", "three consumer warpgroups run at D ≤ 64 from E4M3 in memory only");
   if (a.consumers == 1 && !one_consumer_kernel)
     throw Error("consumers", "one consumer warpgroup runs from E4M3 in memory at D = 64 with FP8 P and at "
-                             "D = 128 with exp2 P only");
+                             "D = 128 with P by exp2 (FP8 or FP4) only");
   if (a.q_fp4 != nullptr) check_fp4_inputs(a);
   if ((a.cu_seqlens_q == nullptr) != (a.cu_seqlens_k == nullptr))
     throw Error("cu_seqlens", "packed sequences need both cu_seqlens_q and cu_seqlens_k");

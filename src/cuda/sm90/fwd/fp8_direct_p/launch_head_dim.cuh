@@ -67,7 +67,8 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
 }
 
 inline bool one_consumer(const Fp8ForwardArgs& a) {
-  return one_consumer_pays_off(a.Sk, a.D, a.mask != MaskKind::none, a.p_code == PCode::exp2_cvt);
+  return one_consumer_pays_off(a.Sk, a.D, a.mask != MaskKind::none,
+                               a.p_code == PCode::exp2_cvt || a.p_code == PCode::mxfp4_exp2);
 }
 
 // The maps describe the operands as they are in memory, a.D channels; the
@@ -118,8 +119,9 @@ void launch_fp4(const Fp8ForwardArgs& a, cudaStream_t stream) {
 // in a translation unit of their own (launch_d64_one.cu).
 extern template void launch<64, 1, PCode::direct_p>(const Fp8ForwardArgs&, cudaStream_t);
 extern template void launch<64, 1, PCode::exp2_cvt>(const Fp8ForwardArgs&, cudaStream_t);
-// With exp2 P also at D = 128 (launch_d128_one.cu).
+// With exp2 P also at D = 128 (launch_d128_one.cu), recipe mxfp4's FP4 P too.
 extern template void launch<128, 1, PCode::exp2_cvt>(const Fp8ForwardArgs&, cudaStream_t);
+extern template void launch<128, 1, PCode::mxfp4_exp2>(const Fp8ForwardArgs&, cudaStream_t);
 
 // E4M3 Q, K and Vᵀ in memory; at D = 64 with one, two or three consumers (at
 // D = 128 with exp2 P one or two), and so
@@ -130,11 +132,11 @@ template <int HeadDim, PCode kPCode>
 void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
   // The launcher's choice at D = 64: three consumers where they pay off, else
   // one where a CTA's keys are few or P comes by exp2, else two (perf log
-  // sc1, sc2, sc3); at D = 128 one with exp2 P, else two (sc3).
+  // sc1, sc2, sc3); at D = 128 one with P by exp2, FP8 or FP4, else two (sc3, mx11).
   if constexpr ((kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt) && HeadDim == 64)
     if (a.D == HeadDim && (a.consumers == 1 || (a.consumers == 0 && one_consumer(a) && !three_consumers(a))))
       return launch<64, 1, kPCode>(a, stream);
-  if constexpr (kPCode == PCode::exp2_cvt && HeadDim == 128)
+  if constexpr ((kPCode == PCode::exp2_cvt || kPCode == PCode::mxfp4_exp2) && HeadDim == 128)
     if (a.D == HeadDim && (a.consumers == 1 || (a.consumers == 0 && one_consumer(a))))
       return launch<128, 1, kPCode>(a, stream);
   if constexpr (kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt)
