@@ -65,6 +65,7 @@ if has_stage sanitize; then
   small+=':Shapes/GpuForwardMxGrid.MatchesEmulator/mxfp4_B2_Hq4_Hkv2_Sq200_Sk333_D256_causal_directp_smoothk'
   # recipe mxfp4's exp2 FP4 P on one consumer (D = 128, two CTAs an SM)
   small+=':Shapes/GpuForwardMxGrid.MatchesEmulator/mxfp4_B1_Hq2_Hkv1_Sq300_Sk150_D128_causal_exp2_smoothk_1consumers'
+  small+=':Shapes/GpuForwardMxGrid.MatchesEmulator/mxfp4_B1_Hq2_Hkv1_Sq600_Sk300_D128_causal_exp2_smoothk_blockoutliers_window130_0'
   # recipe nvfp4's exp2 baseline; a two-sided window on its kernel
   small+=':Shapes/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq200_Sk333_D64_causal_smoothk_exp2'
   small+=':Windows/GpuForwardNvfp4Grid.MatchesEmulator/B2_Hq4_Hkv2_Sq700_Sk900_D64_full_smoothk_outliers_window100_37'

@@ -48,13 +48,16 @@ struct MxCase {
   bool smooth_k;
   bool block_outliers = false;
   int consumers = 0;  // Fp8ForwardArgs::consumers of the fold-pass kernel (0: the launcher's choice)
+  Window window{};    // a sliding window (none by default)
 };
 
 std::string case_name(const ::testing::TestParamInfo<MxCase>& info) {
   const MxCase& c = info.param;
+  const auto bound = [](std::int64_t b) { return b < 0 ? std::string("inf") : std::to_string(b); };
   return std::string(to_string(c.recipe)) + "_" + gpu_test::shape_mask_name(c.shape, c.mask) +
          (c.direct_p ? "_directp" : "_exp2") + (c.smooth_k ? "_smoothk" : "") +
-         (c.block_outliers ? "_blockoutliers" : "") + (c.consumers != 0 ? "_" + std::to_string(c.consumers) + "consumers" : "");
+         (c.block_outliers ? "_blockoutliers" : "") + (c.consumers != 0 ? "_" + std::to_string(c.consumers) + "consumers" : "") +
+         (c.window.bounded() ? "_window" + bound(c.window.left) + "_" + bound(c.window.right) : "");
 }
 
 // attention_input, then whole blocks scaled by powers of two. token_block is
@@ -291,6 +294,7 @@ GpuResult run_gpu(const MxCase& c, const std::vector<float>& q, const std::vecto
   a.o = o.ptr, a.o_stride_b = a.q_stride_b, a.o_stride_s = a.q_stride_s, a.o_stride_h = a.q_stride_h;
   a.lse = lse.ptr;
   if (expansion == sm90::fwd::Fp4Expansion::fold_pass) a.consumers = c.consumers;  // the expansion runs two
+  a.window_left = static_cast<int>(c.window.left), a.window_right = static_cast<int>(c.window.right);
   sm90::fwd::forward_fp8(a, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   GpuResult r;
@@ -317,6 +321,7 @@ emulator::ForwardResult run_emulator(const MxCase& c, const std::vector<float>& 
   opt.mask = c.mask;
   opt.direct_p = c.direct_p;
   opt.smooth_k = c.smooth_k;
+  opt.window = c.window;
   opt.target = Target::sm90;
   return emulator::forward(c.shape, q, k, v, opt);
 }
@@ -425,6 +430,12 @@ INSTANTIATE_TEST_SUITE_P(
         MxCase{kMx, {2, 2, 2, 513, 1000, 128}, MaskKind::none, false, false, false, 1},
         MxCase{kMx, {1, 2, 1, 300, 150, 128}, MaskKind::causal, false, true, false, 1},
         MxCase{kMx, {1, 4, 2, 256, 512, 128}, MaskKind::causal, false, true, true, 2},
+        // Sliding windows on recipe mxfp4 (both expansions): two-sided and
+        // narrower than a tile, and rows that see no key; exp2 FP4 P on its
+        // one-consumer kernel (the launcher's choice at D = 128), Direct-P on two.
+        MxCase{kMx, {2, 4, 2, 700, 900, 128}, MaskKind::none, false, true, false, 0, {100, 37}},
+        MxCase{kMx, {1, 2, 1, 600, 300, 128}, MaskKind::causal, false, true, true, 0, {130, 0}},
+        MxCase{kMx, {2, 4, 2, 700, 900, 128}, MaskKind::causal, true, true, false, 0, {5, -1}},
         // D = 256: the fold pass feeds the 256-wide kernel (two CTAs per query block).
         MxCase{kMx, {2, 4, 2, 200, 333, 256}, MaskKind::causal, true, true},
         MxCase{kMx, {1, 2, 1, 300, 150, 256}, MaskKind::causal, true, false},
