@@ -24,6 +24,9 @@ enum class PCode : std::uint8_t {
   mxfp4_exp2,
 };
 
+// P by ex2.approx (the comparison baselines, FP8 or FP4 P) rather than by Direct-P.
+constexpr bool p_by_exp2(PCode c) { return c == PCode::exp2_cvt || c == PCode::mxfp4_exp2; }
+
 // Keys of one Vᵀ row are padded to this multiple (the kernel's key tile), so
 // Vᵀ tiles never run past the end of a row.
 inline constexpr std::int64_t kVtKeyAlign = 128;

@@ -52,8 +52,7 @@ void forward_fp8(const Fp8ForwardArgs& args, cudaStream_t stream) {
   // FP4ATTN_FWD_CONSUMERS (1, 2 or 3) picks the consumer count of the calls
   // that leave it to the launcher and have a kernel of that many, so that A/B
   // runs of the whole library (bench/) compare the kernels in one process.
-  const bool exp2_p = a.p_code == PCode::exp2_cvt || a.p_code == PCode::mxfp4_exp2;
-  const bool one_consumer_kernel = a.q_fp4 == nullptr && ((a.D == 64 && fp8_p) || (a.D == 128 && exp2_p));
+  const bool one_consumer_kernel = a.q_fp4 == nullptr && ((a.D == 64 && fp8_p) || (a.D == 128 && p_by_exp2(a.p_code)));
   if (const char* forced = std::getenv("FP4ATTN_FWD_CONSUMERS"); forced != nullptr && a.consumers == 0) {
     const int n = std::atoi(forced);
     if (n == 2 || (n == 1 && one_consumer_kernel) || (n == 3 && head_dim == 64 && a.q_fp4 == nullptr)) a.consumers = n;

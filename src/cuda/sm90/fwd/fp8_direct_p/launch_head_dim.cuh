@@ -67,8 +67,7 @@ inline bool three_consumers(const Fp8ForwardArgs& a) {
 }
 
 inline bool one_consumer(const Fp8ForwardArgs& a) {
-  return one_consumer_pays_off(a.Sk, a.D, a.mask != MaskKind::none,
-                               a.p_code == PCode::exp2_cvt || a.p_code == PCode::mxfp4_exp2);
+  return one_consumer_pays_off(a.Sk, a.D, a.mask != MaskKind::none, p_by_exp2(a.p_code));
 }
 
 // The maps describe the operands as they are in memory, a.D channels; the
@@ -136,7 +135,7 @@ void launch_e4m3_inputs(const Fp8ForwardArgs& a, cudaStream_t stream) {
   if constexpr ((kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt) && HeadDim == 64)
     if (a.D == HeadDim && (a.consumers == 1 || (a.consumers == 0 && one_consumer(a) && !three_consumers(a))))
       return launch<64, 1, kPCode>(a, stream);
-  if constexpr ((kPCode == PCode::exp2_cvt || kPCode == PCode::mxfp4_exp2) && HeadDim == 128)
+  if constexpr (p_by_exp2(kPCode) && HeadDim == 128)
     if (a.D == HeadDim && (a.consumers == 1 || (a.consumers == 0 && one_consumer(a))))
       return launch<128, 1, kPCode>(a, stream);
   if constexpr (kPCode == PCode::direct_p || kPCode == PCode::exp2_cvt)
